@@ -1,0 +1,44 @@
+# av_infer: the two commands are `make demo` and `make test`; both set up what they need.
+PY        ?= python3
+VENV      := .venv
+VPY       := $(VENV)/bin/python
+NETNS     := scripts/netns_run.sh
+PYX       := $(wildcard cython_ext/*.pyx cython_ext/*.pxd)
+DEMO_ARGS ?=
+BENCH_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup build test demo bench lint gpu-check clean
+
+setup: $(VENV)/.stamp-deps build
+
+$(VENV)/.stamp-deps: requirements.txt constraints.txt
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --disable-pip-version-check -r requirements.txt -c constraints.txt
+	touch $@
+
+# Cython hot paths (cython_ext/*.pyx -> av_infer/_cy/*.so) and the console script.
+build: $(VENV)/.stamp-build
+$(VENV)/.stamp-build: $(VENV)/.stamp-deps $(PYX) setup.py pyproject.toml
+	$(VPY) setup.py -q build_ext --inplace
+	$(VPY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+test: setup
+	$(VENV)/bin/ruff check av_infer nodes tests scripts launch
+	$(NETNS) $(VPY) -m pytest $(PYTEST_ARGS)
+
+demo: setup
+	$(NETNS) $(VPY) -m av_infer.demo $(DEMO_ARGS)
+
+bench: setup
+	$(VPY) -m av_infer.cli bench --workload all --policy all --out out/ $(BENCH_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check av_infer nodes tests scripts launch
+
+gpu-check: setup
+	bash scripts/gpu_check.sh
+
+clean:
+	rm -rf build av_infer/_cy/*.so av_infer/_cy/*.c cython_ext/*.c $(VENV)/.stamp-build

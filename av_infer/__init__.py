@@ -1,0 +1,47 @@
+"""av_infer: a real-time GPU inference runtime for ROS 2 autonomous-driving stacks.
+
+Importing av_infer never touches a GPU or ROS. The public names load lazily.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from av_infer.errors import (  # noqa: F401
+    AvInferError,
+    DeadlineMissedError,
+    DeviceFaultError,
+    InvalidInputError,
+    InvalidParameterError,
+    ModelLoadError,
+    ModelTooLargeError,
+    RuntimeClosedError,
+    UnboundDimensionError,
+    UnknownModelError,
+    UnsupportedModelError,
+)
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Runtime": "av_infer.runtime",
+    "Priority": "av_infer.sched.request",
+    "Result": "av_infer.sched.request",
+    "Timings": "av_infer.sched.request",
+    "compile_model": "av_infer.model.compiler",
+    "Plan": "av_infer.model.plan",
+}
+
+if TYPE_CHECKING:
+    from av_infer.model.compiler import compile_model  # noqa: F401
+    from av_infer.model.plan import Plan  # noqa: F401
+    from av_infer.runtime import Runtime  # noqa: F401
+    from av_infer.sched.request import Priority, Result, Timings  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'av_infer' has no attribute {name!r}")

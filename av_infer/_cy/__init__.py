@@ -1,0 +1,1 @@
+"""Compiled Cython hot paths (built from cython_ext/ by setup.py)."""

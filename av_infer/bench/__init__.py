@@ -1,0 +1,1 @@
+"""av_infer.bench"""

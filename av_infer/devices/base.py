@@ -1,0 +1,154 @@
+"""The one small interface between the scheduler and a device (cpu, sim, cuda).
+
+The split follows REEF-N (REEF §4.4): the *scheduler* decides what runs (modes, EDF,
+preemption, restore points); the *device* owns streams, one virtual host queue (vHQ) in
+front of each, and a dispatcher that moves launches from a vHQ to its stream keeping at most
+``c`` kernels in flight. Devices never make scheduling decisions; the scheduler never
+touches a device's internals.
+
+Designed for the CUDA device first: there the dispatcher is a Cython thread that drains the
+vHQs and calls ``cuLaunchKernel`` without the GIL, so everything the dispatcher needs per
+launch is plain integers in the vHQ ring ``(task id, kernel index)``; argument arrays are
+packed per task at ``new_task`` time. ``set_preempt`` is a device-memory write
+(``cuStreamWriteValue32`` on a dedicated high-priority stream on CUDA). Every compiled
+kernel checks its stream's flag word first and returns at once when it is set (lazy
+eviction), so preempting never waits for queued work, only for blocks already running.
+
+Threading contract:
+* ``enqueue``/``reset``/``set_preempt``/``set_capacity`` are called by the scheduler
+  (from one thread at a time) and return without waiting for the device.
+* ``on_complete`` (given to ``start``) is called once per transmitted launch, in stream
+  order, from a device thread (cpu, cuda) or from inside the simulator's event loop (sim).
+  It must not block.
+* ``now()`` is the clock every timestamp uses (wall time, or virtual time in the sim).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from av_infer.model.plan import Plan
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One launch left the device: it ran (``executed``) or evicted itself at its flag check.
+
+    ``executed`` is ``None`` where the device cannot tell (CUDA kernels that return at the
+    flag check look like completed ones).
+    """
+
+    stream: int
+    task: int
+    kernel: int
+    executed: bool | None
+    t_start: float
+    t_end: float
+
+
+@dataclass(frozen=True, slots=True)
+class ResetInfo:
+    """What ``Device.reset`` reports for restore-from-c (all kernel indices of ``task``).
+
+    ``last_sent`` is k_l, the last kernel transmitted to the stream (-1 if none);
+    ``done`` is the number of leading kernels whose completion was observed; ``dropped``
+    how many queued launches the reset discarded (reclaimed in the background).
+    """
+
+    task: int
+    last_sent: int
+    done: int
+    dropped: int
+
+
+CompletionCallback = Callable[[Completion], None]
+
+
+class Device(ABC):
+    """Base class: names every hook once; backends fill them."""
+
+    name: str = "device"
+    #: Streams are numbered from 0; priority: higher number = more urgent (RT streams use
+    #: the device's highest priority, BE streams its lowest).
+
+    # -- clock ---------------------------------------------------------------------------
+    @abstractmethod
+    def now(self) -> float:
+        """Seconds on this device's clock (monotonic; virtual in the simulator)."""
+
+    # -- models and tasks ----------------------------------------------------------------
+    @abstractmethod
+    def load_plan(self, plan: Plan) -> Any:
+        """Make the plan's weights resident; returns an opaque handle. Compiles kernels."""
+
+    @abstractmethod
+    def unload_plan(self, handle: Any) -> None:
+        """Free the plan's resident weights (its tasks must be released first)."""
+
+    @abstractmethod
+    def resident_bytes(self, handle: Any) -> int:
+        """Bytes of device memory the loaded plan holds (weights), measured, not guessed."""
+
+    @abstractmethod
+    def new_task(self, handle: Any, task: int) -> None:
+        """Allocate the task's activation arena and pack its launch arguments."""
+
+    @abstractmethod
+    def release_task(self, task: int) -> None:
+        """Free a task's arena. Its launches must have completed or been reset."""
+
+    @abstractmethod
+    def write_inputs(self, task: int, inputs: dict[str, np.ndarray]) -> None:
+        """Copy validated inputs into the buffers the task's first kernels read."""
+
+    @abstractmethod
+    def read_outputs(self, task: int) -> dict[str, np.ndarray]:
+        """Copy the task's outputs out (fresh host arrays the caller owns)."""
+
+    # -- streams, vHQs, preemption -------------------------------------------------------
+    @abstractmethod
+    def open_stream(self, priority: int) -> int:
+        """Create a stream with its vHQ; returns its id."""
+
+    @abstractmethod
+    def enqueue(self, stream: int, task: int, first: int, last: int) -> None:
+        """Append launches of kernels ``first..last`` (inclusive) of ``task`` to the vHQ."""
+
+    @abstractmethod
+    def reset(self, stream: int) -> ResetInfo | None:
+        """Drop every queued (not yet transmitted) launch in O(1); None if the vHQ is idle.
+
+        Launches already transmitted (at most c) stay on the stream: they complete or
+        evict themselves if the stream's flag is set.
+        """
+
+    @abstractmethod
+    def in_flight(self, stream: int) -> int:
+        """Launches transmitted to the stream and not yet completed."""
+
+    @abstractmethod
+    def set_preempt(self, stream: int, flag: bool) -> None:
+        """Write the stream's preemption flag word."""
+
+    @abstractmethod
+    def set_capacity(self, c: int) -> None:
+        """At most ``c`` launches in flight per stream from now on (REEF's DQ capacity)."""
+
+    # -- lifecycle -----------------------------------------------------------------------
+    @abstractmethod
+    def start(self, on_complete: CompletionCallback) -> None:
+        """Start dispatching; completions are reported through ``on_complete``."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop dispatching and free everything. Idempotent."""
+
+    # -- optional ------------------------------------------------------------------------
+    def telemetry(self) -> dict[str, Any]:
+        """Device facts for diagnostics (name, memory, utilisation, clocks)."""
+        return {"device": self.name}

@@ -1,0 +1,85 @@
+"""Typed errors. Every request is answered exactly once: outputs, or one of these.
+
+Each error carries a stable ``code`` (used by the ROS layer's responses and by JSON
+reports) and a message that says what was wrong.
+"""
+
+from __future__ import annotations
+
+
+class AvInferError(Exception):
+    """Base of every error av_infer raises on purpose."""
+
+    code = "error"
+
+
+# -- model loading / compiling -----------------------------------------------------------
+class ModelLoadError(AvInferError):
+    """The model file is missing, corrupt or not a valid ONNX model."""
+
+    code = "model_load"
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The model uses operators (or attributes) av_infer cannot compile.
+
+    ``unsupported`` maps op type -> list of node names, every one of them, so a user fixes
+    the export once rather than one error at a time.
+    """
+
+    code = "unsupported_model"
+
+    def __init__(self, unsupported: dict[str, list[str]], detail: str = ""):
+        self.unsupported = {k: list(v) for k, v in sorted(unsupported.items())}
+        parts = [f"{op} (nodes: {', '.join(names)})" for op, names in self.unsupported.items()]
+        msg = "unsupported operators: " + "; ".join(parts)
+        if detail:
+            msg += f". {detail}"
+        super().__init__(msg)
+
+
+class UnboundDimensionError(ModelLoadError):
+    """A dynamic input dimension was not bound by a user-given input shape."""
+
+    code = "unbound_dimension"
+
+
+# -- requests ----------------------------------------------------------------------------
+class InvalidInputError(AvInferError):
+    """Wrong input names, shape or dtype; rejected at submit, never queued."""
+
+    code = "invalid_input"
+
+
+class InvalidParameterError(AvInferError):
+    """A runtime setting (policy, c, deadline, ...) was rejected; nothing changed."""
+
+    code = "invalid_parameter"
+
+
+class UnknownModelError(AvInferError):
+    code = "unknown_model"
+
+
+class DeadlineMissedError(AvInferError):
+    """The request's deadline passed before it could run and its client drops late work."""
+
+    code = "deadline_missed"
+
+
+class RuntimeClosedError(AvInferError):
+    """The runtime shut down before the request completed."""
+
+    code = "shutdown"
+
+
+class DeviceFaultError(AvInferError):
+    """The device failed while running the request (e.g. a CUDA error)."""
+
+    code = "device_fault"
+
+
+class ModelTooLargeError(AvInferError):
+    """The model cannot fit the cache budget even after evicting everything evictable."""
+
+    code = "model_too_large"

@@ -1,0 +1,33 @@
+"""Builds the Cython hot paths: every cython_ext/NAME.pyx becomes av_infer._cy.NAME."""
+
+from pathlib import Path
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+ROOT = Path(__file__).parent
+extensions = [
+    Extension(
+        f"av_infer._cy.{pyx.stem}",
+        [str(pyx.relative_to(ROOT))],
+        include_dirs=[np.get_include(), "cython_ext"],
+        extra_compile_args=["-O3"],
+    )
+    for pyx in sorted((ROOT / "cython_ext").glob("*.pyx"))
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        language_level=3,
+        include_path=["cython_ext"],
+        compiler_directives={"boundscheck": False, "wraparound": False, "cdivision": True},
+    ),
+    data_files=[
+        ("share/ament_index/resource_index/packages", ["resource/av_infer"]),
+        ("share/av_infer", ["package.xml"]),
+        ("share/av_infer/launch", [str(p) for p in sorted(Path("launch").glob("*.py"))]),
+        ("share/av_infer/param", [str(p) for p in sorted(Path("param").glob("*.yaml"))]),
+    ],
+)
