@@ -3,7 +3,7 @@ PY        ?= python3
 VENV      := .venv
 VPY       := $(VENV)/bin/python
 NETNS     := scripts/netns_run.sh
-PYX       := $(wildcard cython_ext/*.pyx cython_ext/*.pxd)
+PYX       := $(wildcard cython_ext/*.pyx cython_ext/av_infer/_cy/*.pxd)
 DEMO_ARGS ?=
 BENCH_ARGS ?=
 PYTEST_ARGS ?=
@@ -32,7 +32,7 @@ demo: setup
 	$(NETNS) $(VPY) -m av_infer.demo $(DEMO_ARGS)
 
 bench: setup
-	$(VPY) -m av_infer.cli bench --workload all --policy all --out out/ $(BENCH_ARGS)
+	$(VPY) -m av_infer.cli bench --workload all --policy all --device sim --duration 10 --out out/ $(BENCH_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check av_infer nodes tests scripts launch
