@@ -1,0 +1,180 @@
+"""The ``av-infer`` command: models list|check|show, bench (see av_infer/bench/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from av_infer.errors import AvInferError
+
+
+def parse_input_shapes(values: Sequence[str] | None) -> dict[str, list[int]] | list[int] | None:
+    """``1,3,320,320`` (single-input model) or ``name=1,3,320,320`` per input."""
+    if not values:
+        return None
+    named: dict[str, list[int]] = {}
+    for v in values:
+        name, sep, dims = v.rpartition("=")
+        try:
+            shape = [int(d) for d in dims.split(",") if d.strip()]
+        except ValueError:
+            raise SystemExit(f"--input-shape: not a list of integers: {v!r}") from None
+        if not sep:
+            if len(values) > 1:
+                raise SystemExit("--input-shape: use NAME=DIMS when giving several shapes")
+            return shape
+        named[name] = shape
+    return named
+
+
+def resolve_model(name_or_path: str, variant: str) -> tuple[str, Path]:
+    """A zoo name (built on first use) or a path to an ONNX file."""
+    from av_infer.model import zoo
+
+    if name_or_path in zoo.names():
+        return name_or_path, zoo.path(name_or_path, variant=variant)
+    p = Path(name_or_path)
+    if not p.exists():
+        raise SystemExit(
+            f"{name_or_path!r} is neither a zoo model ({', '.join(zoo.names())}) nor a file"
+        )
+    return p.stem, p
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    from av_infer.model import zoo
+
+    for name in zoo.names():
+        print(name)
+    return 0
+
+
+def cmd_models_check(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from av_infer.model import zoo
+    from av_infer.model.check import CPU_TOLERANCE, check_model
+
+    targets = list(zoo.names()) if args.all else args.model
+    if not targets:
+        raise SystemExit("models check: give NAME_OR_PATH (or --all)")
+    shapes = parse_input_shapes(args.input_shape)
+    reports, failed = [], []
+    bar = tqdm(targets, desc="check", unit="model", disable=args.json == "-" or len(targets) < 2)
+    for target in bar:
+        bar.set_postfix_str(target)
+        try:
+            name, path = resolve_model(target, args.variant)
+            reports.append(check_model(path, input_shapes=shapes, name=name))
+        except AvInferError as e:
+            failed.append({"model": target, "error": e.code, "message": str(e)})
+            print(f"{target}: {type(e).__name__}: {e}", file=sys.stderr)
+    rows = [r.to_dict() for r in reports]
+    if args.json:
+        doc = rows[0] if len(rows) == 1 and not args.all and not failed else {
+            "models": rows, "errors": failed}
+        text = json.dumps(doc, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text)
+    if args.json != "-":
+        print_check_table(rows)
+        print(f"tolerance: max relative error <= {CPU_TOLERANCE:g} vs ONNX Runtime (CPU)")
+    bad = failed or [r for r in reports if not r.ok]
+    return 1 if bad else 0
+
+
+def print_check_table(rows: list[dict]) -> None:
+    hdr = (f"{'model':<18}{'kernels':>8}{'unopt':>7}{'weights':>11}{'activ.':>11}"
+           f"{'compile s':>10}{'cpu ms':>9}{'ort ms':>9}{'max rel err':>13}  ok")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['model']:<18}{r['kernels']:>8}{r['kernels_unoptimized']:>7}"
+              f"{_fmt_bytes(r['weight_bytes']):>11}{_fmt_bytes(r['activation_bytes']):>11}"
+              f"{r['compile_s']:>10.2f}{r['run_s'] * 1e3:>9.1f}{r['ort_s'] * 1e3:>9.1f}"
+              f"{r['max_rel_err']:>13.2e}  {'yes' if r['ok'] else 'NO'}")
+
+
+def cmd_models_show(args: argparse.Namespace) -> int:
+    from av_infer.model.compiler import compile_model
+
+    name, path = resolve_model(args.model, args.variant)
+    plan = compile_model(path, input_shapes=parse_input_shapes(args.input_shape), name=name)
+    print(f"{plan.name}: {len(plan.kernels)} kernels, weights {_fmt_bytes(plan.weight_bytes)}, "
+          f"activations {_fmt_bytes(plan.activation_bytes)}, reuse guard {plan.reuse_guard}")
+    for n, (shape, dtype) in plan.input_spec().items():
+        print(f"  input  {n}: {dtype}{list(shape)}")
+    for n, (shape, dtype) in plan.output_spec().items():
+        print(f"  output {n}: {dtype}{list(shape)}")
+    print(f"{'#':>4} {'kind':<14}{'name':<34}{'grid':>16}{'block':>7}{'smem':>7}  output")
+    for k in plan.kernels:
+        out = plan.tensors[k.outputs[0]] if k.outputs else None
+        grid = "x".join(str(g) for g in k.geometry.grid)
+        extra = ""
+        if k.args.get("epilogue"):
+            extra = " +" + "+".join(str(s[0]) for s in k.args["epilogue"])
+        print(f"{k.index:>4} {k.kind + extra:<14.14}{k.name:<34.34}{grid:>16}"
+              f"{k.geometry.threads:>7}{k.geometry.smem:>7}  "
+              f"{out.dtype + str(list(out.shape)) if out else ''}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="av-infer", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    models = sub.add_parser("models", help="the model zoo and the compiler")
+    msub = models.add_subparsers(dest="models_command", required=True)
+    m_list = msub.add_parser("list", help="list zoo models")
+    m_list.set_defaults(func=cmd_models_list)
+
+    def model_args(sp: argparse.ArgumentParser, many: bool) -> None:
+        sp.add_argument("model", nargs="*" if many else None, metavar="NAME_OR_PATH")
+        sp.add_argument("--variant", choices=["scaled", "full"], default="scaled",
+                        help="zoo variant (default: scaled)")
+        sp.add_argument("--input-shape", action="append", metavar="[NAME=]D0,D1,...",
+                        help="bind dynamic dimensions; NAME= per input for multi-input models")
+
+    m_check = msub.add_parser("check", help="compile, run on the CPU, compare with ONNX Runtime")
+    model_args(m_check, many=True)
+    m_check.add_argument("--all", action="store_true", help="every zoo model")
+    m_check.add_argument("--json", metavar="OUT", help="write the report as JSON ('-': stdout)")
+    m_check.set_defaults(func=cmd_models_check)
+
+    m_show = msub.add_parser("show", help="print the kernel table of the compiled plan")
+    model_args(m_show, many=False)
+    m_show.set_defaults(func=cmd_models_show)
+
+    try:
+        from av_infer.bench.cli import add_bench_parser
+    except ImportError:
+        pass
+    else:
+        add_bench_parser(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except AvInferError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
