@@ -338,7 +338,7 @@ cdef class VHQ:
 
     @property
     def c(self):
-        """Device-queue capacity: at most c launches in flight (1..64, settable any time)."""
+        """Device-queue capacity: at most c launches in flight (1..VHQ_MAX_C=4096, settable any time)."""
         return self._c
 
     @c.setter

@@ -51,7 +51,7 @@ def test_bad_arguments():
         q.push(1, 5, 4)
     with pytest.raises(ValueError):
         q.push(1, -1, 4)
-    for bad in (0, 65, -3):
+    for bad in (0, 4097, -3):
         with pytest.raises(ValueError):
             q.c = bad
         with pytest.raises(ValueError):

@@ -57,13 +57,20 @@ class ResetInfo:
 
     ``last_sent`` is k_l, the last kernel transmitted to the stream (-1 if none);
     ``done`` is the number of leading kernels whose completion was observed; ``dropped``
-    how many queued launches the reset discarded (reclaimed in the background).
+    how many queued launches the reset discarded (reclaimed in the background);
+    ``restore_c`` the largest capacity in effect while the in-flight launches were sent:
+    restore from ``restore_point(last_sent, done, restore_c)`` (using the current c after a
+    lowering of c could skip kernels that never ran).
+
+    Protocol: reset a stream *before* raising its preemption flag, so every completion
+    counted in ``done`` really executed.
     """
 
     task: int
     last_sent: int
     done: int
     dropped: int
+    restore_c: int = 0
 
 
 CompletionCallback = Callable[[Completion], None]
@@ -149,6 +156,14 @@ class Device(ABC):
         """Stop dispatching and free everything. Idempotent."""
 
     # -- optional ------------------------------------------------------------------------
+    # set_stream_capacity(stream, c): per-stream device-queue capacity. The scheduler's
+    # "wait" policy (REEF §7.3 wait-based baseline) lets BE streams transmit without the c
+    # bound; devices that cannot do it raise NotImplementedError and "wait" runs with c.
+    # Implemented by cpu; sim and cuda should implement it too.
+    def set_stream_capacity(self, stream: int, c: int) -> None:
+        """At most ``c`` launches in flight on ``stream`` (overrides ``set_capacity``)."""
+        raise NotImplementedError(f"{self.name} has no per-stream capacity")
+
     def telemetry(self) -> dict[str, Any]:
         """Device facts for diagnostics (name, memory, utilisation, clocks)."""
         return {"device": self.name}

@@ -180,9 +180,12 @@ KERNEL_KINDS: dict[str, str] = {
     "over leading dims: y = alpha * op(a) @ op(b). args: trans_a, trans_b, alpha, bias "
     "(tensor name or None, broadcast to y, scaled by beta), beta, epilogue.",
     "binary": "inputs (a, b) -> (y,). args: op in add|sub|mul|div|pow|max|min; "
-    "numpy broadcasting.",
+    "numpy broadcasting. Also emitted by the compiler: mod, equal, less, less_equal, "
+    "greater, greater_equal (bool y), and, or, xor.",
     "unary": "inputs (x,) -> (y,). args: ops: list of [name, params] applied in order "
-    "(see ACTIVATIONS plus sqrt, erf, exp, log, neg, abs, reciprocal).",
+    "(see ACTIVATIONS plus sqrt, erf, exp, log, neg, abs, reciprocal; the compiler also "
+    "emits not, floor, ceil, round, sign, sin, cos, softsign, elu{alpha}, "
+    "selu{alpha,gamma}, softplus, gelu_tanh).",
     "pool": "inputs (x,) -> (y,). args: mode max|avg, kernel[2], strides[2], pads[4], "
     "dilations[2], ceil_mode, count_include_pad.",
     "global_pool": "inputs (x,) -> (y,). args: mode avg|max. Reduces H, W keeping dims.",
@@ -193,7 +196,8 @@ KERNEL_KINDS: dict[str, str] = {
     "split": "inputs (x,) -> (y0, y1, ...). args: axis, sizes (list).",
     "transpose": "inputs (x,) -> (y,). args: perm.",
     "slice": "inputs (x,) -> (y,). args: starts, ends, axes, steps (all normalised, "
-    "non-negative starts, clamped ends; negative steps allowed).",
+    "non-negative starts, clamped ends; negative steps allowed: then an end of -1 means "
+    "'through index 0', i.e. Python's None, not the last element).",
     "pad": "inputs (x,) -> (y,). args: pads (2*rank, ONNX order), mode constant|reflect|"
     "edge, value.",
     "gather": "inputs (data, indices) -> (y,). args: axis.",
@@ -205,6 +209,8 @@ KERNEL_KINDS: dict[str, str] = {
     "batchnorm": "inputs (x, scale, bias, mean, var) -> (y,). args: epsilon. Only when it "
     "cannot be folded into a producer.",
     "where": "inputs (cond, a, b) -> (y,). numpy broadcasting.",
+    "trace": "no tensors. A measured kernel of a REEF trace (args: storage indices): "
+    "simulator workload only; no device executes it.",
 }
 
 #: Activations usable in ``unary`` ops and conv/gemm epilogues: name -> parameter names.

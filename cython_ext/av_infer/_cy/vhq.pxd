@@ -12,7 +12,7 @@ from cpython.pythread cimport PyThread_type_lock
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
 cdef enum:
-    VHQ_MAX_C = 64          # largest device-queue capacity c; size of the in-flight ring
+    VHQ_MAX_C = 4096        # largest device-queue capacity c (power of 2); size of the in-flight ring. Large so the `wait` baseline can put a whole model in flight
 
 
 cdef struct LaunchRange:    # kernels next..last (inclusive) of one task, not yet transmitted

@@ -1,0 +1,299 @@
+"""Kernel profiles: how long each kernel of a plan takes and how many of its blocks fit an SM.
+
+One format serves three producers and every consumer: the simulator reads it to model
+time, the padding selection (DKP rules 1 and 2) reads durations and occupancies, and it is
+written by
+
+* :func:`derive_profile`: an estimate from a plan's launch geometry and flops/bytes
+  (roofline + occupancy calculator), for plans nobody has measured yet;
+* :func:`load_reef_trace`: measured MI50 numbers from the public REEF traces;
+* the GPU kernel profiler (CUDA-event timings), later.
+
+Units: durations in microseconds (as REEF's traces), sizes in bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from av_infer.model.plan import Buffer, Geometry, Kernel, Plan
+
+#: Bump when the serialized form changes.
+PROFILE_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """What the occupancy calculator, the roofline and the simulator need of a GPU.
+
+    ``launch_us`` is the latency from the runtime transmitting a launch to the launch
+    being visible in the device's queue; ``evict_us`` the cost of a launch that reaches
+    the SMs and evicts itself at its flag check (REEF §4.1: fetch + dispatch + return).
+    """
+
+    name: str
+    sms: int
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+    regs_per_sm: int
+    smem_per_sm: int
+    peak_tflops: float
+    bandwidth_gbs: float
+    launch_us: float = 5.0
+    evict_us: float = 5.0
+    floor_us: float = 2.0  # shortest kernel: launch-to-retire of an empty kernel
+
+
+#: GPUs the project reasons about. MI50 is where REEF's traces were measured (60 CUs; the
+#: traces show up to 32 resident blocks per CU and REEF §4.1 a ~30 µs reset of a c=4
+#: device queue, hence ~6 µs per self-evicting kernel).
+GPUS: dict[str, GpuSpec] = {
+    "mi50": GpuSpec(
+        name="mi50", sms=60, max_threads_per_sm=2560, max_blocks_per_sm=32,
+        regs_per_sm=65536, smem_per_sm=65536, peak_tflops=13.4, bandwidth_gbs=1024.0,
+        launch_us=5.0, evict_us=6.0,
+    ),
+    "h100": GpuSpec(
+        name="h100", sms=132, max_threads_per_sm=2048, max_blocks_per_sm=32,
+        regs_per_sm=65536, smem_per_sm=233472, peak_tflops=67.0, bandwidth_gbs=3350.0,
+        launch_us=4.0, evict_us=3.0,
+    ),
+    "orin": GpuSpec(
+        name="orin", sms=16, max_threads_per_sm=1536, max_blocks_per_sm=16,
+        regs_per_sm=65536, smem_per_sm=167936, peak_tflops=5.3, bandwidth_gbs=204.8,
+        launch_us=8.0, evict_us=5.0,
+    ),
+}
+
+
+def gpu_spec(gpu: str | GpuSpec) -> GpuSpec:
+    """Accept a name from :data:`GPUS` or a spec."""
+    if isinstance(gpu, GpuSpec):
+        return gpu
+    try:
+        return GPUS[gpu.lower()]
+    except KeyError:
+        raise ValueError(f"unknown GPU {gpu!r}; known: {sorted(GPUS)}") from None
+
+
+@dataclass
+class KernelProfile:
+    """One kernel: duration alone on the whole GPU and its occupancy.
+
+    ``latency_by_bps[i]`` (when known) is the kernel's duration when its blocks are packed
+    ``i + 1`` per SM (REEF's profiler output); its length is the occupancy level count.
+    """
+
+    index: int
+    name: str
+    duration_us: float
+    blocks: int
+    threads: int
+    regs: int = 32
+    smem: int = 0
+    blocks_per_sm: int = 1
+    latency_by_bps: list[float] | None = None
+
+
+@dataclass
+class ModelProfile:
+    """Per-kernel profiles of one plan on one GPU (``sms`` as measured)."""
+
+    model: str
+    device: str
+    sms: int
+    kernels: list[KernelProfile] = field(default_factory=list)
+
+    @property
+    def total_us(self) -> float:
+        """Sum of kernel durations: the model's latency alone, ignoring launch gaps."""
+        return sum(k.duration_us for k in self.kernels)
+
+    def to_json(self) -> str:
+        doc: dict[str, Any] = {"format": PROFILE_FORMAT_VERSION, **dataclasses.asdict(self)}
+        return json.dumps(doc)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelProfile:
+        doc = json.loads(text)
+        fmt = doc.pop("format", PROFILE_FORMAT_VERSION)
+        if fmt != PROFILE_FORMAT_VERSION:
+            raise ValueError(f"profile format {fmt} is not {PROFILE_FORMAT_VERSION}")
+        kernels = [KernelProfile(**k) for k in doc.pop("kernels")]
+        return cls(kernels=kernels, **doc)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Atomic write (temp file + rename) so a concurrent reader never sees half a file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(self.to_json())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ModelProfile:
+        return cls.from_json(Path(path).read_text())
+
+
+# -- estimates from geometry ------------------------------------------------------------
+
+
+def occupancy(geometry: Geometry, gpu: GpuSpec) -> int:
+    """Max resident blocks per SM from threads, registers and shared memory (>= 1)."""
+    threads = max(1, geometry.threads)
+    limits = [gpu.max_blocks_per_sm, gpu.max_threads_per_sm // threads]
+    if geometry.regs > 0:
+        limits.append(gpu.regs_per_sm // (geometry.regs * threads))
+    if geometry.smem > 0:
+        limits.append(gpu.smem_per_sm // geometry.smem)
+    return max(1, min(limits))
+
+
+def estimate_duration_us(kernel: Kernel, gpu: GpuSpec, blocks_per_sm: int) -> float:
+    """Roofline time corrected by how much of the GPU the launch can fill, plus a floor.
+
+    One partial wave uses ``sms_used / sms`` of the SMs, each saturated once a quarter of its
+    thread slots are resident; several waves pay for the idle tail of the last one.
+    """
+    g = kernel.geometry
+    blocks = max(1, g.blocks)
+    roof_s = max(
+        kernel.flops / (gpu.peak_tflops * 1e12), kernel.bytes_moved / (gpu.bandwidth_gbs * 1e9)
+    )
+    full_wave = gpu.sms * blocks_per_sm
+    waves = math.ceil(blocks / full_wave)
+    if waves == 1:
+        per_sm = math.ceil(blocks / gpu.sms)
+        sms_used = min(gpu.sms, blocks)
+        saturation = min(1.0, per_sm * max(1, g.threads) / (gpu.max_threads_per_sm / 4))
+        util = sms_used / gpu.sms * saturation
+    else:
+        util = blocks / (waves * full_wave)
+    return gpu.floor_us + roof_s * 1e6 / util
+
+
+def derive_profile(plan: Plan, gpu: str | GpuSpec) -> ModelProfile:
+    """Estimate a profile from geometry (occupancy calculator) and flops/bytes (roofline)."""
+    spec = gpu_spec(gpu)
+    kernels = []
+    for k in plan.kernels:
+        bps = occupancy(k.geometry, spec)
+        kernels.append(
+            KernelProfile(
+                index=k.index, name=k.name, duration_us=estimate_duration_us(k, spec, bps),
+                blocks=k.geometry.blocks, threads=k.geometry.threads, regs=k.geometry.regs,
+                smem=k.geometry.smem, blocks_per_sm=bps,
+            )
+        )
+    return ModelProfile(model=plan.name, device=spec.name, sms=spec.sms, kernels=kernels)
+
+
+# -- REEF traces --------------------------------------------------------------------------
+
+_DTYPE_BYTES = {
+    "float32": 4, "float16": 2, "int64": 8, "int32": 4, "byte": 1, "uint1": 1, "uint8": 1,
+}
+
+
+def default_trace_dir() -> Path:
+    """``$AV_INFER_REEF_TRACES``, else ``shared/reef-kernel-traces`` beside or in the repo."""
+    env = os.environ.get("AV_INFER_REEF_TRACES")
+    if env:
+        return Path(env)
+    root = Path(__file__).resolve().parent.parent
+    for shared in (root.parent / "shared", root / "shared"):
+        cand = shared / "reef-kernel-traces"
+        if cand.is_dir():
+            return cand
+    return root.parent / "shared" / "reef-kernel-traces"
+
+
+def reef_models(trace_dir: str | os.PathLike[str] | None = None) -> list[str]:
+    """Models with both a kernel list and a profile in the trace directory."""
+    d = Path(trace_dir) if trace_dir is not None else default_trace_dir()
+    return sorted(
+        p.name[: -len(".profile.json")] for p in d.glob("*.profile.json")
+        if (d / p.name.replace(".profile.json", ".json")).is_file()
+    )
+
+
+def _storage_role(name: str) -> str:
+    if name == "data" or name.startswith("input"):
+        return "input"
+    if name == "output":
+        return "output"
+    if name in ("null", "temp_arg"):
+        return "activation"
+    return "weight"
+
+
+def load_reef_trace(
+    model: str, trace_dir: str | os.PathLike[str] | None = None, gpu: str | GpuSpec = "mi50"
+) -> tuple[Plan, ModelProfile]:
+    """A REEF model as a simulator workload: a ``trace`` Plan plus its measured profile.
+
+    The plan has the trace's launch geometry, buffers from its storage table (weights are
+    sized but not materialised) and no graph inputs/outputs: it cannot run on a real
+    device, only in the simulator. Durations are REEF's ``total_latency`` per kernel;
+    ``blocks_per_sm`` is the number of occupancy levels REEF measured.
+    """
+    d = Path(trace_dir) if trace_dir is not None else default_trace_dir()
+    try:
+        trace = json.loads((d / f"{model}.json").read_text())
+        prof = json.loads((d / f"{model}.profile.json").read_text())
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"no REEF trace for {model!r} in {d}: {e.filename}") from None
+    spec = gpu_spec(gpu)
+    smem_by_name: dict[str, int] = trace.get("shared_memory", {})
+    lat: dict[str, dict[str, Any]] = prof["kernel_latency"]
+
+    buffers: dict[int, Buffer] = {}
+    offset = 0
+    for i, s in enumerate(trace["storage"]):
+        nbytes = int(s["size"]) * _DTYPE_BYTES.get(s.get("stype", "float32"), 4)
+        role = _storage_role(s["name"])
+        if role == "weight":
+            buffers[i] = Buffer(id=i, nbytes=nbytes, role="weight")
+        else:
+            buffers[i] = Buffer(id=i, nbytes=nbytes, role=role, offset=offset)  # type: ignore[arg-type]
+            offset += nbytes
+
+    kernels: list[Kernel] = []
+    kprofs: list[KernelProfile] = []
+    for idx, k in enumerate(trace["kernels"]):
+        gx, gy, gz, bx, by, bz = (int(v) for v in k["launch_params"])
+        smem = int(smem_by_name.get(k["name"], 0))
+        geom = Geometry(grid=(gx, gy, gz), block=(bx, by, bz), smem=smem)
+        kernels.append(
+            Kernel(index=idx, kind="trace", name=k["name"], inputs=(), outputs=(),
+                   args={"storage": list(k.get("args", []))}, geometry=geom)
+        )
+        entry = lat[k["name"]]
+        levels = [float(x) for x in entry.get("latency", [])] or None
+        kprofs.append(
+            KernelProfile(
+                index=idx, name=k["name"], duration_us=float(entry["total_latency"]),
+                blocks=geom.blocks, threads=geom.threads, regs=geom.regs, smem=geom.smem,
+                blocks_per_sm=len(levels) if levels else occupancy(geom, spec),
+                latency_by_bps=levels,
+            )
+        )
+    plan = Plan(
+        name=model, kernels=kernels, tensors={}, buffers=buffers, inputs=[], outputs=[],
+        arena_bytes=offset, reuse_guard=max(16, len(kernels)),
+        stats={"source": "reef-trace", "model_latency_us": float(prof["model_latency"])},
+    )
+    profile = ModelProfile(model=model, device=spec.name, sms=spec.sms, kernels=kprofs)
+    return plan, profile
