@@ -76,7 +76,11 @@ def cmd_models_check(args: argparse.Namespace) -> int:
         bar.set_postfix_str(target)
         try:
             name, path = resolve_model(target, args.variant)
-            reports.append(check_model(path, input_shapes=shapes, name=name))
+            target_shapes, inputs = shapes, None
+            if shapes is None and target in zoo.names():
+                inputs = zoo.sample_inputs(target, args.variant)  # binds dynamic dims too
+                target_shapes = {k: list(v.shape) for k, v in inputs.items()}
+            reports.append(check_model(path, target_shapes, inputs=inputs, name=name))
         except AvInferError as e:
             failed.append({"model": target, "error": e.code, "message": str(e)})
             print(f"{target}: {type(e).__name__}: {e}", file=sys.stderr)
