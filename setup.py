@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 from Cython.Build import cythonize
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
 ROOT = Path(__file__).parent
 extensions = [
@@ -18,6 +18,9 @@ extensions = [
 ]
 
 setup(
+    # av_infer/ and its subpackages, plus nodes/ installed as `av_infer_nodes`.
+    packages=find_packages(include=["av_infer", "av_infer.*"]) + ["av_infer_nodes"],
+    package_dir={"av_infer_nodes": "nodes"},
     ext_modules=cythonize(
         extensions,
         language_level=3,

@@ -1,0 +1,372 @@
+"""``make demo``: the whole ROS 2 graph in ONE process on synthetic camera streams.
+
+Two cameras publish synthetic rgb8 images at 30 Hz; two RT perception nodes run a scaled
+zoo model each with a 33 ms deadline after the image stamp; a BE monitoring node runs a
+third model closed-loop (the cabin camera sends its next frame when the previous output
+came back); the runtime host owns the Runtime (cuda when usable, else cpu) and publishes
+/diagnostics. After ``--duration`` seconds it prints a per-client table, then measures what
+the ROS layer adds over a direct ``Runtime.submit`` (same model, same preprocessed tensor,
+one request at a time, nothing else running), and writes out/demo.png and out/demo.json.
+
+    scripts/netns_run.sh .venv/bin/python -m av_infer.demo --duration 20
+    AV_INFER_NETNS=0 make demo   # to watch with `ros2 topic echo /diagnostics` elsewhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m av_infer.demo", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds of traffic (20)")
+    ap.add_argument("--device", default="auto", help="auto (cuda if usable), cpu, cuda, sim")
+    ap.add_argument("--variant", default="scaled", choices=("scaled", "full"))
+    ap.add_argument("--front-model", default="auto",
+                    help="RT model, front camera (auto: measured, see --rt-budget)")
+    ap.add_argument("--rear-model", default="auto", help="RT model, rear camera (auto)")
+    ap.add_argument("--rt-candidates", default="resnet152,inception_v3,vgg19,tiny_cnn",
+                    help="zoo models the auto choice measures")
+    ap.add_argument("--rt-budget", type=float, default=0.4,
+                    help="auto: the two RT models' standalone p50 sum at most this share of "
+                    "the frame period (0.4)")
+    ap.add_argument("--cabin-model", default="densenet201", help="BE model, closed loop")
+    ap.add_argument("--rate", type=float, default=30.0, help="camera rate in Hz (30)")
+    ap.add_argument("--deadline-ms", type=float, default=33.0, help="RT relative deadline")
+    ap.add_argument("--image-size", default="320x240", help="camera WxH (320x240)")
+    ap.add_argument("--policy", default="reef")
+    ap.add_argument("--c", type=int, default=4)
+    ap.add_argument("--overhead-n", type=int, default=100,
+                    help="requests per path in the ROS-overhead phase (100)")
+    ap.add_argument("--out", default="out", help="output folder (out/)")
+    ap.add_argument("--threads", type=int, default=2, help="executor threads (2)")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap.parse_args(argv)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def _fmt(v: float | None, nd: int = 2) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
+
+
+class Recorder:
+    """Every output the demo's clients produced: (t since start, latency, e2e, ok, ...)."""
+
+    def __init__(self, t0: float):
+        self.t0 = t0
+        self.lock = threading.Lock()
+        self.rows: dict[str, list[dict[str, Any]]] = {}
+        self.on = True
+
+    def listener(self, client: str, node: Any):
+        def record(resp: Any, image: Any, t_recv: float) -> None:
+            now_ros = node.get_clock().now().nanoseconds * 1e-9
+            stamp = image.header.stamp.sec + image.header.stamp.nanosec * 1e-9
+            row = {"t": time.monotonic() - self.t0, "ok": resp.ok, "code": resp.code,
+                   "latency_ms": (resp.timings.get("latency") or math.nan) * 1e3,
+                   "e2e_ms": (now_ros - stamp) * 1e3,
+                   "deadline_met": resp.timings.get("deadline_met"),
+                   "preempted": int(resp.timings.get("preempted") or 0)}
+            with self.lock:
+                if self.on:
+                    self.rows.setdefault(client, []).append(row)
+        return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    import rclpy
+    from av_infer_nodes.common import from_msg
+    from av_infer_nodes.image_node import IMAGE_QOS
+    from av_infer_nodes.monitoring_node import MonitoringNode
+    from av_infer_nodes.perception_node import PerceptionNode
+    from av_infer_nodes.preprocess import image_to_tensor
+    from av_infer_nodes.runtime_node import RuntimeNode, make_runtime
+    from av_infer_nodes.testing import RosHarness, make_image, wait_for
+    from rclpy.parameter import Parameter
+    from sensor_msgs.msg import Image
+    from std_msgs.msg import UInt8MultiArray
+
+    width, height = (int(v) for v in args.image_size.lower().split("x"))
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # the Runtime first, so the device choice is printed with its reason
+    rt, device, why = make_runtime(args.device, policy=args.policy, c=args.c)
+    print(f"[demo] device: {device} ({why})", flush=True)
+    front, rear, calibration = _pick_rt_models(rt, args)
+    models = {"front": front, "rear": rear, "cabin": args.cabin_model}
+
+    h = RosHarness(num_threads=args.threads)
+    try:
+        h.add(RuntimeNode(context=h.context, runtime=rt, parameter_overrides=[
+            Parameter("device", value=device),
+            Parameter("models", value=sorted(set(models.values()))),
+            Parameter("model_variant", value=args.variant),
+            Parameter("policy", value=args.policy), Parameter("c", value=args.c),
+            Parameter("diagnostics_period_s", value=1.0)]))
+        clients: dict[str, Any] = {}
+        for cam in ("front", "rear"):
+            clients[cam] = h.add(PerceptionNode(
+                f"perception_{cam}", context=h.context, runtime=rt,
+                cli_args=["--ros-args", "-r", f"image:=/{cam}/image_raw"],
+                parameter_overrides=[Parameter("model", value=models[cam]),
+                                     Parameter("relative_deadline_ms", value=args.deadline_ms),
+                                     Parameter("model_variant", value=args.variant)]))
+        clients["cabin"] = h.add(MonitoringNode(
+            "monitoring_cabin", context=h.context, runtime=rt,
+            cli_args=["--ros-args", "-r", "image:=/cabin/image_raw"],
+            parameter_overrides=[Parameter("model", value=models["cabin"]),
+                                 Parameter("model_variant", value=args.variant),
+                                 Parameter("max_in_flight", value=1)]))
+        cams = h.node("demo_cameras")
+        pubs = {c: cams.create_publisher(Image, f"/{c}/image_raw", IMAGE_QOS)
+                for c in ("front", "rear", "cabin")}
+        wait_for(lambda: all(p.get_subscription_count() for p in pubs.values()), 15,
+                 what="camera subscriptions")
+
+        # pre-rendered frames (a few per camera), re-stamped on every publication
+        frames = {c: [make_image(cams, f"{c}_camera", height, width, "rgb8", seed=i + 10 * k)
+                      for i in range(4)] for k, c in enumerate(pubs)}
+        seq = {c: 0 for c in pubs}
+
+        def publish(cam: str) -> None:
+            img = frames[cam][seq[cam] % len(frames[cam])]
+            seq[cam] += 1
+            img.header.stamp = cams.get_clock().now().to_msg()
+            pubs[cam].publish(img)
+
+        # warm-up: each model once (first-run costs are not what the demo measures)
+        for cam in models:
+            x = rt.input_spec(models[cam])
+            (name, (shape, _)), = x.items()
+            rt.submit(models[cam], {name: np.zeros(shape, np.float32)}, client="warmup"
+                      ).result(120)
+
+        t0 = time.monotonic()
+        rec = Recorder(t0)
+        for node in clients.values():
+            node.add_result_listener(rec.listener(node.p["client"], node))
+
+        running = threading.Event()
+        running.set()
+
+        def cabin_next(resp: Any, image: Any, t_recv: float) -> None:
+            if running.is_set():
+                publish("cabin")  # closed loop: next frame when the previous one is done
+
+        clients["cabin"].add_result_listener(cabin_next)
+        timers = [cams.create_timer(1.0 / args.rate, lambda c=c: publish(c))
+                  for c in ("front", "rear")]
+        publish("cabin")
+
+        while (elapsed := time.monotonic() - t0) < args.duration:
+            time.sleep(0.5)
+            if not args.no_progress:
+                with rec.lock:
+                    parts = [f"{c}: {sum(r['ok'] for r in rows)} ok/"
+                             f"{sum(r['deadline_met'] is False for r in rows)} miss"
+                             for c, rows in sorted(rec.rows.items())]
+                print(f"\r[demo] {elapsed:5.1f}/{args.duration:.0f} s  " + "  ".join(parts),
+                      end="", flush=True)
+        running.clear()
+        for t in timers:
+            t.cancel()
+        time.sleep(0.5)
+        with rec.lock:
+            rec.on = False
+        wall = time.monotonic() - t0
+        print(flush=True)
+        stats = rt.stats()
+
+        table = []
+        for cam, node in clients.items():
+            name = node.p["client"]
+            rows = rec.rows.get(name, [])
+            ok = [r for r in rows if r["ok"]]
+            lat = [r["latency_ms"] for r in ok]
+            e2e = [r["e2e_ms"] for r in ok]
+            cs = (stats.get("clients") or {}).get(name, {})
+            table.append({
+                "client": name, "priority": node.p["priority"], "model": models[cam],
+                "completed": len(ok), "failed": len(rows) - len(ok),
+                "dropped": node.counters["dropped_busy"] + node.counters["dropped_not_ready"],
+                "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99),
+                "e2e_p50_ms": _pct(e2e, 50), "e2e_p99_ms": _pct(e2e, 99),
+                "deadline_misses": int(cs.get("deadline_misses", sum(
+                    r["deadline_met"] is False for r in rows))),
+                "throughput_rps": len(ok) / wall,
+                "preemptions": sum(r["preempted"] for r in ok),
+            })
+        _print_table(table, device, wall)
+
+        overhead = _ros_overhead(args, rt, h, cams, clients["front"], pubs["front"],
+                                 frames["front"][0], models["front"], image_to_tensor,
+                                 from_msg, UInt8MultiArray, wait_for)
+        print(f"[demo] ROS overhead ({width}x{height} rgb8 -> {models['front']}, "
+              f"n={overhead['n']}): ROS path p50 {overhead['ros_p50_ms']:.2f} / p99 "
+              f"{overhead['ros_p99_ms']:.2f} ms; direct submit p50 "
+              f"{overhead['direct_p50_ms']:.2f} / p99 {overhead['direct_p99_ms']:.2f} ms; "
+              f"added p50 {overhead['added_p50_ms']:.2f} / p99 {overhead['added_p99_ms']:.2f}"
+              f" ms (preprocess alone p50 {overhead['preprocess_p50_ms']:.2f} ms)")
+
+        result = {"device": device, "device_reason": why, "duration_s": wall,
+                  "config": {k: v for k, v in vars(args).items()},
+                  "models": models, "calibration": calibration, "clients": table,
+                  "ros_overhead": overhead,
+                  "node_counters": {n.p["client"]: dict(n.counters)
+                                    for n in clients.values()},
+                  "runtime_stats": stats}
+        (out_dir / "demo.json").write_text(json.dumps(result, indent=2, default=str))
+        _plot(rec, table, out_dir / "demo.png", device)
+        print(f"[demo] wrote {out_dir / 'demo.json'} and {out_dir / 'demo.png'}")
+    finally:
+        h.close()
+        rt.close(drain=False)
+        if rclpy.ok():
+            rclpy.shutdown()
+    return 0
+
+
+def _standalone_p50_ms(rt: Any, model: str, variant: str, runs: int = 7) -> float:
+    """Loads ``model`` (zoo) if needed and measures its standalone latency."""
+    from av_infer.model import zoo
+
+    if model not in rt.models():
+        rt.load_model(model, zoo.path(model, variant))
+    (name, (shape, _)), = rt.input_spec(model).items()
+    x = {name: np.zeros(shape, np.float32)}
+    rt.submit(model, x, client="calibration").result(120)
+    lat = [rt.submit(model, x, priority="RT", client="calibration").result(120)
+           .timings.latency * 1e3 for _ in range(runs)]
+    return float(np.median(lat))
+
+
+def _pick_rt_models(rt: Any, args: argparse.Namespace) -> tuple[str, str, dict[str, Any]]:
+    """Explicit models as given; ``auto``: the heaviest pair of candidates whose measured
+    standalone p50 sum fits ``rt_budget`` x the frame period (distinct models preferred)."""
+    if args.front_model != "auto" and args.rear_model != "auto":
+        return args.front_model, args.rear_model, {}
+    cands = [m for m in args.rt_candidates.split(",") if m]
+    p50 = {m: _standalone_p50_ms(rt, m, args.variant) for m in cands}
+    budget = args.rt_budget * 1e3 / args.rate
+    print("[demo] standalone p50 (ms): " + ", ".join(f"{m} {v:.1f}" for m, v in p50.items())
+          + f"; RT budget {budget:.1f} ms per frame pair", flush=True)
+    fixed = {"front": args.front_model, "rear": args.rear_model}
+    pairs = [(a, b) for a in cands for b in cands
+             if (fixed["front"] in ("auto", a)) and (fixed["rear"] in ("auto", b))]
+    fits = [pr for pr in pairs if p50.get(pr[0], 0) + p50.get(pr[1], 0) <= budget]
+    fits.sort(key=lambda pr: (pr[0] != pr[1], p50[pr[0]] + p50[pr[1]]), reverse=True)
+    if not fits:  # nothing fits: the lightest pair, said so
+        fits = sorted(pairs, key=lambda pr: p50[pr[0]] + p50[pr[1]])
+        print("[demo] no candidate pair fits the budget; using the lightest", flush=True)
+    front, rear = fits[0]
+    print(f"[demo] RT models: front {front}, rear {rear}", flush=True)
+    return front, rear, {"standalone_p50_ms": p50, "budget_ms": budget}
+
+
+def _print_table(table: list[dict[str, Any]], device: str, wall: float) -> None:
+    cols = [("client", "client", 18), ("prio", "priority", 4), ("model", "model", 13),
+            ("done", "completed", 6), ("fail", "failed", 5), ("drop", "dropped", 5),
+            ("p50 ms", "p50_ms", 7), ("p99 ms", "p99_ms", 7), ("e2e p50", "e2e_p50_ms", 8),
+            ("e2e p99", "e2e_p99_ms", 8), ("misses", "deadline_misses", 6),
+            ("req/s", "throughput_rps", 6), ("preempt", "preemptions", 7)]
+    print(f"[demo] {wall:.1f} s on {device}; latency = runtime arrival -> completion, "
+          "e2e = image stamp -> output callback")
+    print("  ".join(f"{h:>{w}}" for h, _, w in cols))
+    for row in table:
+        cells = []
+        for _, key, w in cols:
+            v = row[key]
+            s = _fmt(v, 1) if isinstance(v, float) or v is None else str(v)
+            cells.append(f"{s:>{w}}")
+        print("  ".join(cells))
+
+
+def _ros_overhead(args, rt, h, cams, node, pub, image, model, image_to_tensor, from_msg,
+                  msg_type, wait_for) -> dict[str, Any]:
+    """One request at a time, nothing else running: image -> perception node -> output
+    subscriber (ROS path) vs ``rt.submit`` of the same preprocessed tensor (direct)."""
+    got = threading.Event()
+    sub = cams.create_subscription(msg_type, f"/{node.get_name()}/output",
+                                   lambda m: got.set(), 10)
+    wait_for(lambda: sub.get_publisher_count() > 0, 10, what="output subscription")
+    spec = rt.input_spec(model)
+    (name, (shape, _)), = spec.items()
+    pre = []
+    tensor = None
+    for _ in range(20):
+        t = time.perf_counter()
+        tensor = image_to_tensor(image.encoding, image.height, image.width, image.step,
+                                 image.data, shape)
+        pre.append((time.perf_counter() - t) * 1e3)
+    ros, direct = [], []
+    for i in range(args.overhead_n * 2):
+        if i % 2 == 0:  # interleave so both paths see the same machine state
+            got.clear()
+            t = time.perf_counter()
+            image.header.stamp = cams.get_clock().now().to_msg()
+            pub.publish(image)
+            if got.wait(5.0):
+                ros.append((time.perf_counter() - t) * 1e3)
+        else:
+            t = time.perf_counter()
+            fut = rt.submit(model, {name: tensor}, priority="RT", client="direct")
+            fut.result(10)
+            direct.append((time.perf_counter() - t) * 1e3)
+        time.sleep(0.002)
+    cams.destroy_subscription(sub)
+    out = {"n": min(len(ros), len(direct)), "image": f"{image.width}x{image.height} rgb8",
+           "model": model, "ros_p50_ms": _pct(ros, 50), "ros_p99_ms": _pct(ros, 99),
+           "direct_p50_ms": _pct(direct, 50), "direct_p99_ms": _pct(direct, 99),
+           "preprocess_p50_ms": _pct(pre, 50),
+           "lost": args.overhead_n - len(ros)}
+    out["added_p50_ms"] = out["ros_p50_ms"] - out["direct_p50_ms"]
+    out["added_p99_ms"] = out["ros_p99_ms"] - out["direct_p99_ms"]
+    return out
+
+
+def _plot(rec: Recorder, table: list[dict[str, Any]], path: Path, device: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for row in table:
+        rows = [r for r in rec.rows.get(row["client"], []) if r["ok"]]
+        if not rows:
+            continue
+        label = f"{row['client']} ({row['priority']}, {row['model']})"
+        ax1.plot([r["t"] for r in rows], [r["latency_ms"] for r in rows], ".", ms=3,
+                 label=label)
+        lat = np.sort([r["latency_ms"] for r in rows])
+        ax2.plot(lat, np.arange(1, lat.size + 1) / lat.size, label=label)
+    ax1.set_xlabel("time (s)")
+    ax1.set_ylabel("latency (ms)")
+    ax1.set_title(f"latency over time ({device})")
+    ax2.set_xlabel("latency (ms)")
+    ax2.set_ylabel("CDF")
+    ax2.set_title("latency CDF")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

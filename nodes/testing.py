@@ -1,0 +1,143 @@
+"""Helpers for tests and the demo: a private rclpy context spun in a thread, synthetic
+camera images, bounded waits and node subprocesses that are always cleaned up.
+
+Run anything that creates a ROS 2 context inside ``scripts/netns_run.sh`` (LOCALHOST
+discovery in a fresh network namespace).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import rclpy
+from rclpy.context import Context
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.node import Node
+from sensor_msgs.msg import Image
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class RosHarness:
+    """An rclpy context with a MultiThreadedExecutor spinning in a background thread."""
+
+    def __init__(self, num_threads: int = 4, args: list[str] | None = None):
+        self.context = Context()
+        rclpy.init(context=self.context, args=args)
+        self.executor = MultiThreadedExecutor(num_threads=num_threads, context=self.context)
+        self.nodes: list[Node] = []
+        self._thread = threading.Thread(target=self._spin, name="ros-harness", daemon=True)
+        self._thread.start()
+
+    def _spin(self) -> None:
+        try:
+            self.executor.spin()
+        except Exception:  # noqa: BLE001 - shutdown races end the spin
+            pass
+
+    def add(self, node: Node) -> Node:
+        self.nodes.append(node)
+        self.executor.add_node(node)
+        return node
+
+    def node(self, name: str, **kw: Any) -> Node:
+        return self.add(Node(name, context=self.context, **kw))
+
+    def close(self) -> None:
+        for node in reversed(self.nodes):
+            self.executor.remove_node(node)
+            node.destroy_node()
+        self.nodes.clear()
+        self.executor.shutdown(timeout_sec=2.0)
+        if self.context.ok():
+            rclpy.shutdown(context=self.context)
+        self._thread.join(timeout=5.0)
+
+    def __enter__(self) -> RosHarness:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, period: float = 0.02,
+             what: str = "condition") -> Any:
+    """Polls ``pred`` until truthy; raises TimeoutError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(period)
+
+
+def make_image(node: Node, frame_id: str, height: int = 48, width: int = 64,
+               encoding: str = "rgb8", seed: int = 0, stamp: Any = None) -> Image:
+    """A synthetic camera frame (moving gradient + noise) stamped with the node's clock."""
+    rng = np.random.default_rng(seed)
+    ch = 1 if encoding == "mono8" else 3
+    yy, xx = np.mgrid[0:height, 0:width]
+    base = ((xx + yy + seed * 7) % 256).astype(np.uint8)
+    img = np.repeat(base[:, :, None], ch, axis=2)
+    img = (img + rng.integers(0, 32, img.shape, dtype=np.uint8)).astype(np.uint8)
+    msg = Image()
+    msg.header.stamp = stamp if stamp is not None else node.get_clock().now().to_msg()
+    msg.header.frame_id = frame_id
+    msg.height, msg.width, msg.encoding = height, width, encoding
+    msg.is_bigendian = 0
+    msg.step = width * ch
+    msg.data = img.tobytes()
+    return msg
+
+
+class NodeProcess:
+    """``python -m <module> --ros-args ...`` as a child; ``stop()`` sends SIGINT, then kills.
+
+    Output goes to a log file (``log``) so a chatty child never blocks on a full pipe.
+    """
+
+    def __init__(self, module: str, ros_args: Sequence[str] = (), args: Sequence[str] = (),
+                 log_dir: Path | None = None, env: dict[str, str] | None = None):
+        log_dir = Path(log_dir or os.environ.get("TMPDIR", "/tmp"))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log = log_dir / f"{module.rsplit('.', 1)[-1]}-{os.getpid()}-{id(self)}.log"
+        cmd = [sys.executable, "-m", module, *args]
+        if ros_args:
+            cmd += ["--ros-args", *ros_args]
+        self.cmd = cmd
+        full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        self._log_file = open(self.log, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=self._log_file,
+                                     stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGINT (Ctrl-C), wait; SIGKILL if it hangs. Returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5.0)
+        self._log_file.close()
+        return self.proc.returncode

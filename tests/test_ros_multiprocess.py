@@ -1,0 +1,164 @@
+"""Across processes: runtime host in one subprocess, perception node (runtime:=remote) in
+another, this test process publishing images, reading outputs and changing parameters
+through the nodes' parameter services. Both nodes start from param/av_infer.param.yaml.
+
+Run inside scripts/netns_run.sh (make test does): LOCALHOST discovery, fresh netns.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+rclpy = pytest.importorskip("rclpy")
+
+from av_infer_nodes.common import from_msg  # noqa: E402
+from av_infer_nodes.image_node import IMAGE_QOS  # noqa: E402
+from av_infer_nodes.testing import (  # noqa: E402
+    NodeProcess,
+    RosHarness,
+    make_image,
+    wait_for,
+)
+from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
+from rcl_interfaces.msg import Parameter as ParameterMsg  # noqa: E402
+from rcl_interfaces.msg import ParameterType, ParameterValue  # noqa: E402
+from rcl_interfaces.srv import SetParameters  # noqa: E402
+from rclpy.parameter import Parameter  # noqa: E402
+from rclpy.parameter_client import AsyncParameterClient  # noqa: E402
+from sensor_msgs.msg import Image  # noqa: E402
+from std_msgs.msg import UInt8MultiArray  # noqa: E402
+
+from av_infer import tensor_codec as codec  # noqa: E402
+
+pytestmark = [pytest.mark.ros, pytest.mark.timeout(60)]
+PARAMS = "param/av_infer.param.yaml"
+
+
+def _future_result(fut, timeout: float, what: str):
+    wait_for(fut.done, timeout, what=what)
+    return fut.result()
+
+
+@pytest.fixture(scope="module")
+def procs(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("ros_logs")
+    host = NodeProcess("av_infer_nodes.runtime_node", log_dir=logs, ros_args=[
+        "--params-file", PARAMS, "-p", "device:=cpu", "-p", "models:=[tiny_cnn]",
+        "-p", "c:=3", "-p", "diagnostics_period_s:=0.2"])
+    per = NodeProcess("av_infer_nodes.perception_node", log_dir=logs, ros_args=[
+        "--params-file", PARAMS, "-p", "model:=tiny_cnn", "-p", "runtime:=remote",
+        "-p", "relative_deadline_ms:=500.0", "-r", "image:=/mp_cam/image"])
+    h = RosHarness()
+    try:
+        yield h, h.node("mp_tester"), host, per
+    finally:
+        h.close()
+        codes = {p.cmd[2]: p.stop() for p in (per, host)}
+        for p in (per, host):
+            print(f"--- {p.cmd[2]} ---\n{p.output()[-3000:]}")
+        assert all(c == 0 for c in codes.values()), codes  # clean exit on SIGINT
+
+
+def test_image_across_processes_same_header(procs):
+    h, tester, host, per = procs
+    outs: list = []
+    lock = threading.Lock()
+
+    def on_out(msg):
+        with lock:
+            outs.append(codec.decode_response(*from_msg(msg)))
+
+    tester.create_subscription(UInt8MultiArray, "/av_infer_perception/output", on_out, 10)
+    pub = tester.create_publisher(Image, "/mp_cam/image", IMAGE_QOS)
+    wait_for(lambda: pub.get_subscription_count() > 0 or not (host.alive() and per.alive()), 30,
+             what="perception subscription")
+    assert host.alive() and per.alive(), (host.output()[-3000:], per.output()[-3000:])
+    sent: dict[str, tuple[int, int]] = {}
+    deadline = time.monotonic() + 40
+    i = 0
+    # the perception node drops images until the host's model table and topics matched
+    while time.monotonic() < deadline:
+        img = make_image(tester, f"mp{i}", 30, 40, "bgr8", seed=i)
+        sent[f"mp{i}"] = (img.header.stamp.sec, img.header.stamp.nanosec)
+        pub.publish(img)
+        i += 1
+        time.sleep(0.1)
+        with lock:
+            if sum(r.ok for r in outs) >= 5:
+                break
+    with lock:
+        got = list(outs)
+    assert sum(r.ok for r in got) >= 5, (got, host.output()[-2000:], per.output()[-2000:])
+    for r in got:
+        assert r.ok, (r.code, r.message)
+        assert r.stamp == sent[r.frame_id]  # correlation: the image's header came back
+        assert r.outputs["logits"].shape == (1, 10)
+        assert r.timings["deadline_met"] is True
+
+
+def test_params_file_applied(procs):
+    h, tester, host, per = procs
+    client = AsyncParameterClient(tester, "av_infer_runtime")
+    assert client.wait_for_services(timeout_sec=30)
+    names = ["models", "pinned_models", "c", "policy", "model_variant", "max_be_streams"]
+    got = _future_result(client.get_parameters(names), 10, "get_parameters").values
+    vals = dict(zip(names, (Parameter.from_parameter_msg(
+        ParameterMsg(name=n, value=v)).value for n, v in zip(names, got))))
+    assert list(vals["models"]) == ["tiny_cnn"]  # -p after --params-file wins
+    assert list(vals["pinned_models"]) == ["inception_v3"]  # from the YAML
+    assert vals["c"] == 3 and vals["model_variant"] == "scaled" and vals["max_be_streams"] == 2
+    pclient = AsyncParameterClient(tester, "av_infer_perception")
+    assert pclient.wait_for_services(timeout_sec=30)
+    pnames = ["relative_deadline_ms", "resize", "runtime", "priority", "mean"]
+    pv = _future_result(pclient.get_parameters(pnames), 10, "get_parameters").values
+    assert pv[0].double_value == 500.0 and pv[1].string_value == "bilinear"
+    assert pv[2].string_value == "remote" and pv[3].string_value == "RT"
+    assert list(pv[4].double_array_value) == pytest.approx([0.485, 0.456, 0.406])
+
+
+def _runtime_status(tester, timeout: float = 10.0) -> dict[str, str]:
+    """Key/values of the latest 'av_infer: runtime' diagnostics status."""
+    latest: list = []
+    sub = tester.create_subscription(DiagnosticArray, "/diagnostics", latest.append, 10)
+    try:
+        wait_for(lambda: latest, timeout, what="/diagnostics")
+        t_end = time.monotonic() + 0.5  # let one fresh publication in
+        while time.monotonic() < t_end:
+            time.sleep(0.05)
+        status = next(s for s in latest[-1].status if s.name == "av_infer: runtime")
+        return {kv.key: kv.value for kv in status.values}
+    finally:
+        tester.destroy_subscription(sub)
+
+
+def test_parameters_from_another_process(procs):
+    h, tester, host, per = procs
+    client = AsyncParameterClient(tester, "av_infer_runtime")
+    assert client.wait_for_services(timeout_sec=30)
+    res = _future_result(client.set_parameters([Parameter("policy", value="seq"),
+                                                Parameter("c", value=2)]), 10, "set")
+    assert all(r.successful for r in res.results), res
+    wait_for(lambda: (lambda s: s["policy"] == "seq" and s["c"] == "2")(_runtime_status(tester)),
+             15, what="runtime policy seq, c 2 in /diagnostics")
+    # invalid values are rejected with a reason and change nothing
+    res = _future_result(client.set_parameters([Parameter("policy", value="bogus")]), 10, "set")
+    assert not res.results[0].successful and "bogus" in res.results[0].reason
+    res = _future_result(client.set_parameters([Parameter("c", value=99)]), 10, "set")
+    assert not res.results[0].successful and res.results[0].reason
+    res = _future_result(client.set_parameters([Parameter("device", value="sim")]), 10, "set")
+    assert not res.results[0].successful and "read-only" in res.results[0].reason.lower()
+    # the raw service, as `ros2 param set` uses it
+    srv = tester.create_client(SetParameters, "/av_infer_runtime/set_parameters")
+    assert srv.wait_for_service(timeout_sec=10)
+    req = SetParameters.Request(parameters=[ParameterMsg(
+        name="policy", value=ParameterValue(type=ParameterType.PARAMETER_STRING,
+                                            string_value="reef"))])
+    resp = _future_result(srv.call_async(req), 10, "SetParameters")
+    assert resp.results[0].successful
+    status = wait_for(lambda: (lambda s: s if s["policy"] == "reef" else None)(
+        _runtime_status(tester)), 15, what="policy reef")
+    assert status["c"] == "2"  # the rejected c=99 changed nothing
+    tester.destroy_client(srv)
