@@ -83,3 +83,15 @@ class ModelTooLargeError(AvInferError):
     """The model cannot fit the cache budget even after evicting everything evictable."""
 
     code = "model_too_large"
+
+
+class RejectedError(AvInferError):
+    """The active policy does not serve this request (e.g. BE work under ``rt_only``)."""
+
+    code = "rejected"
+
+
+class DeviceUnavailableError(AvInferError):
+    """The named device cannot be used here (no GPU, no driver, or not built yet)."""
+
+    code = "device_unavailable"

@@ -31,6 +31,10 @@ cdef enum:
     MIN_RING = 16
 
 
+#: Largest device-queue capacity c a vHQ accepts (size of its in-flight ring).
+MAX_C = VHQ_MAX_C
+
+
 def restore_point(last_sent, done, c):
     """Kernel index a preempted task restarts from: ``max(done, last_sent - c)``, ≥ 0."""
     return restore_point_c(last_sent, done, c)

@@ -1,0 +1,676 @@
+"""The public Runtime: load models, submit requests, get futures; everything else is inside.
+
+Why a thin shell around the scheduler: the ROS nodes, the CLI and the benches all talk to
+this one API (DESIGN.md: ROS code never reaches past it). The Runtime validates everything
+a caller can get wrong *before* anything is queued (a bad request becomes an already-failed
+future, never an exception and never a queue entry), copies inputs so callers can reuse
+their buffers, and picks the *driver* of the synchronous :class:`Scheduler`:
+
+* wall-clock devices (cpu, cuda): one scheduler thread consumes an event queue; ``submit``
+  and device completions only post events, so nothing the caller does blocks on the device;
+* virtual devices (``device.virtual``, the simulator): handlers run inline inside the
+  simulator's single-threaded event loop, deterministically.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from av_infer.cache import ModelCache
+from av_infer.devices import make_device
+from av_infer.devices.base import Completion, Device
+from av_infer.errors import (
+    AvInferError,
+    InvalidInputError,
+    InvalidParameterError,
+    RuntimeClosedError,
+    UnknownModelError,
+)
+from av_infer.model.plan import Plan
+from av_infer.qos import UtilityTracker, check_deadlines
+from av_infer.sched.model_services import ModelServices, batch_name, compile_batch_plans
+from av_infer.sched.policies import WAIT_BE_CAPACITY, get_policy
+from av_infer.sched.request import Priority, Request, Result, Timings
+from av_infer.sched.scheduler import ModelEntry, Scheduler
+
+__all__ = ["ModelInfo", "Runtime"]
+
+Spec = dict[str, tuple[tuple[int, ...], str]]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What ``load_model`` made resident."""
+
+    name: str
+    plan: Plan
+    input_spec: Spec
+    output_spec: Spec
+    weight_bytes: int
+    activation_bytes: int
+    kernels: int
+    resident_bytes: int = 0
+    pinned: bool = False
+
+
+@dataclass
+class _ClientConfig:
+    priority: Priority = Priority.BE
+    relative_deadline: float | None = None
+    drop_late: bool = False
+
+
+class Runtime:
+    """A real-time inference runtime on one device. Thread-safe; see the module docstring.
+
+    ``device``: ``"cpu"``, ``"sim"``, ``"cuda"`` or a :class:`Device`; ``device_options``
+    go to its constructor. ``policy``: see :mod:`av_infer.sched.policies`. ``c``: device
+    queue capacity (REEF's DQ bound). ``max_be_streams``: BE tasks that run concurrently.
+    ``edf_preempt``: a more urgent RT request takes over the RT stream at a kernel boundary.
+    ``preempt_drain`` (reef): start RT only after the <= c launched BE kernels finished or
+    evicted themselves, REEF-N's literal order (§4.4). Off by default: RT goes at once to
+    the highest-priority stream, where the block scheduler gives it SMs as BE blocks end,
+    so RT never waits for a whole running BE kernel (in-order BE streams would make it).
+    """
+
+    def __init__(
+        self,
+        device: str | Device = "cpu",
+        policy: str = "reef",
+        c: int = 4,
+        max_be_streams: int = 2,
+        edf_preempt: bool = False,
+        preempt_drain: bool = False,
+        device_options: Mapping[str, Any] | None = None,
+        cache_budget: int | None = None,
+        cache_max_models: int | None = None,
+        batching: bool = False,
+        batch_quantum: float = 0.005,
+        max_batch: int = 8,
+    ) -> None:
+        get_policy(policy)
+        c = _check_c(c, [])
+        if not isinstance(max_be_streams, int) or max_be_streams < 1:
+            raise InvalidParameterError(
+                f"max_be_streams must be an int >= 1, got {max_be_streams!r}")
+        self._device = make_device(device, **dict(device_options or {}))
+        self._virtual = bool(getattr(self._device, "virtual", False))
+        self._sched = Scheduler(self._device, policy, c, max_be_streams, edf_preempt,
+                                preempt_drain)
+        # -- model cache, adaptive batching, utility (av_infer.cache/batching/qos) --------
+        # cache_budget None: the device's free memory if it reports one, else unlimited.
+        self._cache = ModelCache(self._device, cache_budget, cache_max_models,
+                                 mode="inline" if self._virtual else "thread")
+        self._services = ModelServices(self._cache, self._wake, batching, batch_quantum)
+        self._sched.ext = self._services
+        self._utility = UtilityTracker()
+        self._sources: dict[str, tuple[Any, Any]] = {}  # ONNX sources, for batch plans
+        self._batch_max = _check_max_batch(max_batch)
+        self._batch_info: dict[str, str] = {}  # model -> batch sizes or why unavailable
+        self._lock = threading.RLock()
+        self._models: dict[str, ModelEntry] = {}
+        self._clients: dict[str, _ClientConfig] = {}
+        self._ids = itertools.count(1)
+        self._closed = False
+        self._submit_errors: dict[str, int] = {}
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        if self._virtual:
+            self._device.start(self._complete_inline)
+        else:
+            self._thread = threading.Thread(target=self._loop, name="av_infer-scheduler",
+                                            daemon=True)
+            self._thread.start()
+            self._device.start(self._complete_posted)
+
+    # -- drivers ----------------------------------------------------------------------------
+    def _complete_inline(self, comp: Completion) -> None:
+        self._sched.post(("complete", comp))
+
+    def _complete_posted(self, comp: Completion) -> None:
+        self._events.put(("complete", comp))
+
+    def _loop(self) -> None:
+        sched, get = self._sched, self._events.get
+        try:
+            while not sched.stopped:
+                sched.post(get())
+        finally:
+            self._device.close()
+
+    def _post(self, event: tuple) -> None:
+        if self._virtual:
+            self._sched.post(event)
+        else:
+            self._events.put(event)
+
+    def _control(self, fn: Callable[[], Any], wait: bool = True) -> Any:
+        """Run ``fn`` on the scheduler (between events) and return its result."""
+        fut: Future = Future()
+        ev = ("control", fn, fut)
+        if self._virtual or threading.current_thread() is self._thread:
+            self._sched.post(ev)  # inline, or after the event being handled
+            return fut.result() if fut.done() else None
+        if self._thread is None or not self._thread.is_alive():
+            return fn()
+        self._events.put(ev)
+        return fut.result() if wait else None
+
+    # -- models -----------------------------------------------------------------------------
+    def load_model(
+        self,
+        name: str,
+        source: str | os.PathLike | bytes | Any,
+        input_shapes: Mapping[str, Any] | Any = None,
+        pin: bool = False,
+    ) -> ModelInfo:
+        """Compile ``source`` (ONNX path/bytes/ModelProto, or a ready Plan) and make it
+        resident on the device under ``name``."""
+        self._check_open()
+        if not isinstance(name, str) or not name:
+            raise InvalidParameterError(f"model name must be a non-empty string, got {name!r}")
+        with self._lock:
+            if name in self._models:
+                raise InvalidParameterError(f"model {name!r} is already loaded; unload it first")
+        if isinstance(source, Plan):
+            plan = source
+        else:
+            from av_infer.model.compiler import compile_model
+
+            if isinstance(source, Path):
+                source = str(source)
+            plan = compile_model(source, input_shapes, name=name)
+        if self._sched.c + 1 > plan.reuse_guard:
+            raise InvalidParameterError(
+                f"model {name!r}: plan reuse_guard={plan.reuse_guard} cannot restore with "
+                f"c={self._sched.c} (needs c + 1 <= reuse_guard): lower c or recompile"
+            )
+        handle = self._cache_load(name, plan, bool(pin))
+        entry = ModelEntry(name, plan, handle, pinned=bool(pin))
+        with self._lock:
+            if name in self._models:
+                self._cache.unregister(name)
+                raise InvalidParameterError(f"model {name!r} is already loaded")
+            self._models[name] = entry
+            if not isinstance(source, Plan):
+                self._sources[name] = (source, input_shapes)
+        if self._services.batching:
+            self._add_batch_plans(name)
+        return self._info(entry)
+
+    # -- cache and batching (av_infer.cache, av_infer.batching) ----------------------------
+    def _wake(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the scheduler soon (a cache load finished)."""
+        if not self._closed or self._thread is not None:
+            self._control(fn, wait=False)
+
+    def _cache_load(self, name: str, plan: Plan, pin: bool) -> Any:
+        """Register with the cache and make resident (pinned: never evicted); the handle."""
+        self._cache.register(name, plan, pin=pin)
+        try:
+            if pin:
+                return self._cache.handle(name)
+            return self._cache.ensure_resident(name, count=False).result()
+        except BaseException:
+            self._cache.unregister(name)
+            raise
+
+    def _add_batch_plans(self, name: str) -> None:
+        """Compile (off the RT path) and register the plans of ``name`` for batch sizes."""
+        with self._lock:
+            entry, src = self._models.get(name), self._sources.get(name)
+        if entry is None:
+            return
+        have = set(self._services.batch_entries.get(name, {}))
+        sizes = [b for b in _pow2(self._batch_max) if b > 1 and b not in have]
+        if not sizes:
+            return
+        plans, why = compile_batch_plans(name, src[0] if src else None,
+                                         src[1] if src else None, entry.plan, sizes)
+        if not plans:
+            self._batch_info[name] = f"unavailable: {why}"
+            return
+        ents = {}
+        for b, p in plans.items():
+            self._cache.register(batch_name(name, b), p, preload=True)  # evictable
+            ents[b] = ModelEntry(batch_name(name, b), p, None)
+        self._batch_info[name] = "batch sizes " + ", ".join(
+            str(b) for b in sorted({1, *have, *plans}))
+        self._control(lambda: self._services.add_batch_entries(name, ents))
+
+    def set_cache_budget(self, budget: int | None) -> None:
+        """Device-memory budget of the model cache in bytes (None: unlimited). Shrinking
+        evicts least-recently-used BE models not in use; below pinned bytes: refused."""
+        self._check_open()
+        self._cache.set_budget(budget)
+
+    def set_cache_max_models(self, cap: int | None) -> None:
+        self._check_open()
+        self._cache.set_max_models(cap)
+
+    def set_batching(self, enabled: bool, max_batch: int | None = None,
+                     quantum: float | None = None) -> None:
+        """Adaptive batching of BE requests on/off (Rafiqi §3.3). Enabling compiles batch
+        plans (sizes 2, 4, ... up to ``max_batch``) for models whose ONNX batch dim is
+        dynamic; it runs the compiler in the caller's thread."""
+        self._check_open()
+        if max_batch is not None:
+            self._batch_max = _check_max_batch(max_batch)
+        if quantum is not None and not (isinstance(quantum, (int, float)) and quantum > 0):
+            raise InvalidParameterError(f"batch quantum must be seconds > 0, got {quantum!r}")
+        if enabled:
+            for name in self.models():
+                self._add_batch_plans(name)
+        mb = self._batch_max
+        self._control(lambda: self._services.set_batching(bool(enabled), quantum, mb))
+
+    def _info(self, e: ModelEntry) -> ModelInfo:
+        try:
+            resident = int(self._cache.stats()["models"][e.name]["bytes"] or 0)
+        except Exception:  # noqa: BLE001 - diagnostics only
+            resident = 0
+        return ModelInfo(e.name, e.plan, e.plan.input_spec(), e.plan.output_spec(),
+                         e.plan.weight_bytes, e.plan.activation_bytes, len(e.plan.kernels),
+                         resident, e.pinned)
+
+    def unload_model(self, name: str) -> None:
+        """Forget ``name``: new submits fail; accepted requests still complete, then its
+        device memory is freed."""
+        with self._lock:
+            entry = self._models.pop(name, None)
+        if entry is None:
+            raise UnknownModelError(f"unknown model {name!r}; loaded: {self.models()}")
+        if self._closed:
+            return
+        self._control(lambda: self._sched.unload(entry))
+
+    def models(self) -> list[str]:
+        with self._lock:
+            return list(self._models)
+
+    def model_info(self, name: str) -> ModelInfo:
+        return self._info(self._entry(name))
+
+    def _entry(self, name: str) -> ModelEntry:
+        with self._lock:
+            e = self._models.get(name)
+        if e is None:
+            raise UnknownModelError(f"unknown model {name!r}; loaded: {self.models()}")
+        return e
+
+    def input_spec(self, name: str) -> Spec:
+        return self._entry(name).plan.input_spec()
+
+    def output_spec(self, name: str) -> Spec:
+        return self._entry(name).plan.output_spec()
+
+    # -- clients ----------------------------------------------------------------------------
+    def configure_client(
+        self,
+        client: str,
+        priority: Priority | str = Priority.BE,
+        relative_deadline: float | None = None,
+        drop_late: bool = False,
+        soft_deadline: float | None = None,
+        hard_deadline: float | None = None,
+    ) -> None:
+        """Defaults for ``client``'s requests: priority, deadline relative to arrival
+        (seconds), and whether requests that can only start after their deadline are
+        dropped (DeadlineMissedError) rather than run late. ``soft_deadline``/
+        ``hard_deadline`` (relative seconds) turn on the client's mean deadline utility in
+        ``stats()["utility"]`` (1 until soft, linear to 0 at hard; av_infer.qos)."""
+        if soft_deadline is not None or hard_deadline is not None:
+            try:
+                sd = float(hard_deadline if soft_deadline is None else soft_deadline)
+                hd = float(soft_deadline if hard_deadline is None else hard_deadline)
+            except (TypeError, ValueError):
+                raise InvalidParameterError(
+                    f"soft/hard deadlines must be seconds, got {soft_deadline!r}, "
+                    f"{hard_deadline!r}") from None
+            check_deadlines(sd, hd)
+        if not isinstance(client, str) or not client:
+            raise InvalidParameterError(f"client must be a non-empty string, got {client!r}")
+        try:
+            prio = Priority.parse(priority)
+        except (ValueError, TypeError) as e:
+            raise InvalidParameterError(str(e)) from None
+        if relative_deadline is not None:
+            try:
+                rd = float(relative_deadline)
+            except (TypeError, ValueError):
+                raise InvalidParameterError(
+                    f"relative_deadline must be seconds > 0, got {relative_deadline!r}") from None
+            if not rd > 0 or math.isnan(rd):
+                raise InvalidParameterError(
+                    f"relative_deadline must be seconds > 0 (or None), got {relative_deadline!r}")
+            relative_deadline = rd
+        with self._lock:
+            self._clients[client] = _ClientConfig(prio, relative_deadline, bool(drop_late))
+        self._utility.configure(client, soft_deadline, hard_deadline)
+
+    # -- requests ---------------------------------------------------------------------------
+    def submit(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        priority: Priority | str | None = None,
+        deadline: float | None = None,
+        client: str = "default",
+        arrival: float | None = None,
+    ) -> Future[Result]:
+        """Queue one inference; returns its future. Never raises for a bad request: the
+        future is already failed with the typed error (nothing was queued).
+
+        ``priority`` defaults to the client's configured one (BE if unconfigured);
+        ``deadline`` is absolute on ``now()``'s clock, default arrival + the client's
+        relative deadline (inf if none); ``arrival`` defaults to ``now()``.
+        """
+        fut: Future = Future()
+        try:
+            req = self._make_request(model, inputs, priority, deadline, client, arrival, fut)
+        except AvInferError as e:
+            self._count_submit_error(e)
+            fut.set_exception(e)
+            return fut
+        with self._lock:
+            if self._closed:
+                err = RuntimeClosedError("runtime is closed")
+                self._count_submit_error(err)
+                fut.set_exception(err)
+                return fut
+            entry = self._models.get(model)
+            if entry is None:  # unloaded meanwhile
+                err = UnknownModelError(f"unknown model {model!r}; loaded: {list(self._models)}")
+                self._count_submit_error(err)
+                fut.set_exception(err)
+                return fut
+            self._post(("arrival", req, entry))
+        if self._utility.deadlines(req.client) is not None:
+            fut.add_done_callback(lambda f, c=req.client: self._record_utility(c, f))
+        return fut
+
+    def _record_utility(self, client: str, fut: Future) -> None:
+        try:
+            lat: float | None = fut.result().timings.latency
+        except BaseException:  # noqa: BLE001 - a failed request is worth 0
+            lat = None
+        self._utility.record(client, lat)
+
+    def _count_submit_error(self, e: AvInferError) -> None:
+        with self._lock:
+            self._submit_errors[e.code] = self._submit_errors.get(e.code, 0) + 1
+
+    def _make_request(self, model: str, inputs: Any, priority: Any, deadline: Any,
+                      client: Any, arrival: Any, fut: Future) -> Request:
+        if self._closed:
+            raise RuntimeClosedError("runtime is closed")
+        if not isinstance(client, str) or not client:
+            raise InvalidParameterError(f"client must be a non-empty string, got {client!r}")
+        entry = self._entry(model)
+        with self._lock:
+            cfg = self._clients.get(client) or _ClientConfig()
+        if priority is None:
+            prio = cfg.priority
+        else:
+            try:
+                prio = Priority.parse(priority)
+            except (ValueError, TypeError) as e:
+                raise InvalidParameterError(str(e)) from None
+        copied = _validate_inputs(model, entry.plan.input_spec(), inputs)
+        if arrival is None:
+            arrival = self._device.now()
+        else:
+            arrival = _number("arrival", arrival)
+        if deadline is None:
+            deadline = arrival + cfg.relative_deadline if cfg.relative_deadline else math.inf
+        else:
+            deadline = _number("deadline", deadline, allow_inf=True)
+        return Request(next(self._ids), model, copied, prio, client, deadline, cfg.drop_late,
+                       Timings(arrival), fut)
+
+    # -- settings ---------------------------------------------------------------------------
+    def now(self) -> float:
+        """The device clock (seconds): what deadlines and timings are measured on."""
+        return self._device.now()
+
+    @property
+    def device(self) -> Device:
+        return self._device
+
+    @property
+    def policy(self) -> str:
+        return self._sched.policy.name
+
+    def set_policy(self, name: str) -> None:
+        """Switch policy; it applies to the next decisions (running work is not undone,
+        except that ``rt_only`` rejects queued BE and fails running BE)."""
+        self._check_open()
+        pol = get_policy(name)
+        self._control(lambda: self._sched.set_policy(pol.name))
+
+    @property
+    def c(self) -> int:
+        return self._sched.c
+
+    def set_c(self, c: int) -> None:
+        """Device queue capacity: 1 <= c and c + 1 <= every loaded plan's reuse_guard."""
+        self._check_open()
+        with self._lock:
+            guards = [e.plan.reuse_guard for e in self._models.values()]
+        c = _check_c(c, guards)
+        self._control(lambda: self._sched.set_c(c))
+
+    @property
+    def edf_preempt(self) -> bool:
+        return self._sched.edf_preempt
+
+    def set_edf_preempt(self, flag: bool) -> None:
+        self._check_open()
+        self._control(lambda: self._sched.set_edf_preempt(flag))
+
+    @property
+    def preempt_drain(self) -> bool:
+        return self._sched.preempt_drain
+
+    def set_preempt_drain(self, flag: bool) -> None:
+        self._check_open()
+        self._control(lambda: self._sched.set_preempt_drain(flag))
+
+    def add_listener(self, fn: Callable[[str, dict], None]) -> None:
+        """Call ``fn(event, payload)`` on arrival/dispatch/preempt/restore/kernel/complete/
+        fail, from the scheduler (keep it short; no cost when none is registered)."""
+        def add() -> None:
+            self._sched.listeners = [*self._sched.listeners, fn]
+        self._control(add)
+
+    def remove_listener(self, fn: Callable[[str, dict], None]) -> None:
+        def rm() -> None:
+            self._sched.listeners = [f for f in self._sched.listeners if f is not fn]
+        self._control(rm)
+
+    # -- diagnostics ------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """A JSON-able snapshot: per client/model counters and latency percentiles,
+        preemptions, queue depths, mode, policy, c and device telemetry."""
+        sched = self._sched
+        snap = sched.stats.snapshot()
+        depths: Any = None
+        if not self._closed and not self._virtual and self._thread is not None \
+                and self._thread.is_alive() and threading.current_thread() is not self._thread:
+            fut: Future = Future()
+            self._events.put(("control", sched.queue_depths, fut))
+            try:
+                depths = fut.result(timeout=2.0)
+            except Exception:  # noqa: BLE001 - fall back to an unsynchronised read
+                depths = None
+        if depths is None:
+            try:
+                depths = sched.queue_depths()
+            except RuntimeError:
+                depths = {}
+        snap["queues"] = depths
+        snap["mode"] = "real-time" if (sched.rt_queue or sched.rt_active) else "normal"
+        snap["policy"] = sched.policy.name
+        snap["c"] = sched.c
+        snap["edf_preempt"] = sched.edf_preempt
+        snap["preempt_drain"] = sched.preempt_drain
+        snap["closed"] = self._closed
+        with self._lock:
+            snap["submit_errors"] = dict(self._submit_errors)
+            snap["loaded_models"] = list(self._models)
+        snap["cache"] = _jsonable(self._cache.stats())
+        for _ in range(3):  # the scheduler thread may be updating the batchers
+            try:
+                snap["batching"] = _jsonable({**self._services.batching_stats(),
+                                              "availability": dict(self._batch_info)})
+                break
+            except RuntimeError:
+                continue
+        utility = self._utility.summary()
+        if utility:
+            snap["utility"] = _jsonable(utility)
+        try:
+            snap["device"] = _jsonable(self._device.telemetry())
+        except Exception as e:  # noqa: BLE001
+            snap["device"] = {"device": self._device.name, "error": str(e)}
+        return snap
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeClosedError("runtime is closed")
+
+    def close(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop. ``drain``: finish everything queued or running first (up to ``timeout``
+        seconds, then fail the rest); otherwise fail queued and running requests with
+        RuntimeClosedError at once. Idempotent; every future is answered on return."""
+        with self._lock:
+            already = self._closed
+            self._closed = True
+        sched = self._sched
+        if self._virtual:
+            if already:
+                return
+            if drain:
+                run = getattr(self._device, "run", None)
+                if run is not None:
+                    run()
+            self._sched.post(("control", lambda: sched.shutdown(False), None))
+            self._device.close()
+            self._cache.close(unload=False)
+            return
+        me = threading.current_thread()
+        if not already:
+            self._events.put(("control", lambda: sched.shutdown(drain), None))
+        if self._thread is None or self._thread is me:
+            return  # called from a callback on the scheduler thread: it stops by itself
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._events.put(("control", lambda: sched.shutdown(False), None))
+            self._thread.join()
+        self._cache.close(unload=False)
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def _check_max_batch(b: Any) -> int:
+    if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 1 <= int(b) <= 256:
+        raise InvalidParameterError(f"max_batch must be an int in 1..256, got {b!r}")
+    return int(b)
+
+
+def _pow2(n: int) -> list[int]:
+    """1, 2, 4, ... up to n: the batch sizes plans are compiled for."""
+    out, b = [], 1
+    while b <= n:
+        out.append(b)
+        b *= 2
+    return out
+
+
+def _check_c(c: Any, guards: list[int]) -> int:
+    if isinstance(c, bool) or not isinstance(c, (int, np.integer)):
+        raise InvalidParameterError(f"c must be an int, got {c!r}")
+    c = int(c)
+    if c < 1 or c > WAIT_BE_CAPACITY:
+        raise InvalidParameterError(f"c must be in 1..{WAIT_BE_CAPACITY}, got {c}")
+    if guards and c + 1 > min(guards):
+        raise InvalidParameterError(
+            f"c={c} too large: restore needs c + 1 <= reuse_guard, and a loaded plan has "
+            f"reuse_guard={min(guards)}")
+    return c
+
+
+def _number(what: str, v: Any, allow_inf: bool = False) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise InvalidParameterError(f"{what} must be a number (seconds), got {v!r}") from None
+    if math.isnan(x) or (math.isinf(x) and not (allow_inf and x > 0)):
+        raise InvalidParameterError(f"{what} must be a finite number of seconds, got {v!r}")
+    return x
+
+
+def _validate_inputs(model: str, spec: Spec, inputs: Any) -> dict[str, np.ndarray]:
+    """Exact names, shapes and dtypes (no silent casts); returns private copies."""
+    if not isinstance(inputs, Mapping):
+        raise InvalidInputError(
+            f"model {model!r}: inputs must be a dict of name -> numpy array, "
+            f"got {type(inputs).__name__}")
+    want = _fmt_spec(spec)
+    missing = [n for n in spec if n not in inputs]
+    extra = [n for n in inputs if n not in spec]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing {missing}")
+        if extra:
+            parts.append(f"unexpected {extra}")
+        raise InvalidInputError(f"model {model!r}: {', '.join(parts)}; expects {want}")
+    out: dict[str, np.ndarray] = {}
+    for name, (shape, dtype) in spec.items():
+        v = inputs[name]
+        if not isinstance(v, np.ndarray):
+            raise InvalidInputError(
+                f"model {model!r} input {name!r}: expected a numpy array {dtype}{list(shape)}, "
+                f"got {type(v).__name__}")
+        if v.shape != tuple(shape) or v.dtype != np.dtype(dtype):
+            raise InvalidInputError(
+                f"model {model!r} input {name!r}: expected {dtype}{list(shape)}, "
+                f"got {v.dtype}{list(v.shape)}")
+        out[name] = v.copy(order="C")
+    return out
+
+
+def _fmt_spec(spec: Spec) -> str:
+    return ", ".join(f"{n}: {dt}{list(sh)}" for n, (sh, dt) in spec.items())
+
+
+def _jsonable(o: Any) -> Any:
+    if isinstance(o, dict):
+        return {str(k): _jsonable(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_jsonable(v) for v in o]
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if o is None or isinstance(o, (bool, int, float, str)):
+        return o
+    return str(o)

@@ -1,0 +1,81 @@
+"""The scheduling policies, in one table: what each one does, so the scheduler has no
+policy-name ``if`` chains and comparisons stay honest (DESIGN.md "Policies").
+
+Every policy runs RT requests one at a time in EDF order (optionally switched at kernel
+boundaries, ``edf_preempt``); they differ in how BE work shares the device with RT work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from av_infer.errors import InvalidParameterError
+
+#: How RT arrival treats running BE tasks.
+#: ``none``: BE keeps running; ``wait``: stop feeding BE, start RT once every launched BE
+#: kernel finished (REEF §7.3 baseline); ``reset``: REEF-N reset-based preemption (vHQ
+#: reset + preemption flag: the <= c launched BE kernels finish or evict themselves at
+#: their flag check; BE is restored from the restore point). RT starts at once on the
+#: high-priority stream, or — with the scheduler's ``preempt_drain`` — after those <= c
+#: launches drained (REEF-N's literal order; what makes Fig. 15a grow with c).
+PreemptKind = Literal["none", "wait", "reset"]
+
+#: vHQ capacity used on BE streams under ``wait``: "everything launched" (REEF's baseline
+#: has a whole model in the GPU queues), bounded by the vHQ's in-flight ring
+#: (``VHQ_MAX_C`` = 4096 launches per stream, more than any zoo model has kernels).
+WAIT_BE_CAPACITY = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    name: str
+    accepts_be: bool  # False: BE submits are rejected (RejectedError)
+    exclusive: bool  # one task at a time on the whole device (RT first)
+    rt_high_priority: bool  # RT on the device's high-priority stream, else a plain one
+    preempt: PreemptKind
+    be_unbounded: bool  # BE streams transmit without the c bound (wait-based baseline)
+    available: bool = True
+    doc: str = ""
+
+    @property
+    def be_concurrent_with_rt(self) -> bool:
+        """BE tasks may start or continue while RT work is queued or running."""
+        return self.accepts_be and not self.exclusive and self.preempt == "none"
+
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("rt_only", False, False, True, "none", False,
+               doc="RT alone (the latency reference); BE is rejected."),
+        Policy("seq", True, True, False, "none", False,
+               doc="One task at a time, RT first (EDF), then BE round-robin; no preemption."),
+        Policy("streams", True, False, False, "none", False,
+               doc="RT and BE concurrently on plain streams of equal priority."),
+        Policy("prio_streams", True, False, True, "none", False,
+               doc="As streams, RT on the highest stream priority (the CPU device cannot "
+               "honour stream priorities; sim and cuda do)."),
+        Policy("wait", True, False, True, "wait", True,
+               doc="Wait-based preemption: BE launches unbounded; on RT arrival stop "
+               "feeding BE and start RT once launched BE kernels finished."),
+        Policy("reef", True, False, True, "reset", False,
+               doc="REEF-N: vHQ reset + preemption flag, RT on the high-priority stream "
+               "(at once, or after the <= c launched BE kernels drained with "
+               "preempt_drain), BE restored from max(done, k_l - c)."),
+        Policy("reef_dkp", True, False, True, "reset", False, available=False,
+               doc="REEF-N plus dynamic kernel padding (not available yet)."),
+    )
+}
+
+
+def get_policy(name: str) -> Policy:
+    """The policy called ``name``; InvalidParameterError if unknown or not available."""
+    pol = POLICIES.get(str(name).strip().lower())
+    if pol is None:
+        raise InvalidParameterError(
+            f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}"
+        )
+    if not pol.available:
+        raise InvalidParameterError(f"policy {pol.name!r} is not available in this build")
+    return pol

@@ -1,0 +1,87 @@
+"""Requests, their priorities, timings and results: what flows through the scheduler."""
+
+from __future__ import annotations
+
+import enum
+import math
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class Priority(enum.IntEnum):
+    """RT requests are ordered by deadline and preempt BE work; BE uses what RT leaves."""
+
+    RT = 0
+    BE = 1
+
+    @classmethod
+    def parse(cls, value: Priority | str | int) -> Priority:
+        if isinstance(value, Priority):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls[value.strip().upper()]
+            except KeyError:
+                raise ValueError(f"priority must be 'RT' or 'BE', got {value!r}") from None
+        return cls(int(value))
+
+
+@dataclass
+class Timings:
+    """Timestamps on the device clock (seconds) and preemption counters of one request.
+
+    ``arrival`` is the scheduled arrival (what latency is measured from, DESIGN.md);
+    ``start`` when the scheduler first gave it to a stream; ``first_kernel_start`` when its
+    first kernel started on the device (preemption latency = this - arrival, for RT);
+    ``end`` when its last kernel completed.
+    """
+
+    arrival: float
+    start: float = math.nan
+    first_kernel_start: float = math.nan
+    end: float = math.nan
+    preempted: int = 0
+    kernels_reexecuted: int = 0
+    kernels_padded: int = 0  # BE kernel launches that ran as padding (DKP)
+
+    @property
+    def latency(self) -> float:
+        return self.end - self.arrival
+
+    @property
+    def queueing(self) -> float:
+        return self.start - self.arrival
+
+
+@dataclass
+class Result:
+    """What a successful request's future resolves to."""
+
+    request_id: int
+    model: str
+    client: str
+    priority: Priority
+    outputs: dict[str, np.ndarray]
+    timings: Timings
+    deadline: float = math.inf
+
+    @property
+    def deadline_met(self) -> bool:
+        return self.timings.end <= self.deadline
+
+
+@dataclass(eq=False)
+class Request:
+    """One inference call as the scheduler holds it. Users never build these directly."""
+
+    id: int
+    model: str
+    inputs: dict[str, np.ndarray]
+    priority: Priority
+    client: str
+    deadline: float  # absolute, device clock; math.inf when none
+    drop_late: bool
+    timings: Timings
+    future: Future = field(default_factory=Future)

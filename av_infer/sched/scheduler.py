@@ -1,0 +1,699 @@
+"""The scheduler core: REEF-N reset-based preemption with EDF ordering of RT requests.
+
+Why one synchronous core: the same decisions must run against wall-clock devices (cpu,
+cuda: one scheduler thread fed by an event queue) and against the simulator (virtual time,
+handlers called inline from its event loop). So this class never blocks and never starts
+threads; a *driver* (``Runtime``) decides who calls :meth:`Scheduler.post`. Events are
+processed one at a time; events posted while one is being handled (a future's callback
+submitting again, a simulator completing inline) are queued and handled after it, so the
+handlers are never re-entered.
+
+Decisions follow DESIGN.md and REEF §3-4: RT requests in EDF order, one RT task fed at a
+time; BE requests round-robin across clients, one BE stream per running BE task. What an
+RT arrival does to running BE work is the policy's ``preempt`` kind (see policies.py):
+
+* ``reset`` (REEF-N): ``device.reset(s)`` first (so the vHQ's ``done`` counts only
+  kernels that really executed), then ``set_preempt(s, True)``; the RT task starts at once
+  on the RT stream. When no RT work is left and a preempted stream has drained, its flag
+  is cleared and the task restored from ``restore_point(k_l, done, c)``.
+* ``wait``: reset the BE vHQs without a flag (launched kernels run on), start RT once every
+  BE stream drained, resume BE tasks from where they stopped.
+* ``none``: BE keeps running beside RT (or, ``exclusive``, nothing runs beside anything).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from av_infer._cy.vhq import restore_point
+from av_infer.devices.base import Completion, Device
+from av_infer.errors import (
+    AvInferError,
+    DeadlineMissedError,
+    DeviceFaultError,
+    RejectedError,
+    RuntimeClosedError,
+    UnknownModelError,
+)
+from av_infer.model.plan import Plan
+from av_infer.sched.policies import WAIT_BE_CAPACITY, Policy, get_policy
+from av_infer.sched.queues import BeQueues, RtQueue
+from av_infer.sched.request import Priority, Request, Result
+from av_infer.sched.stats import Stats
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[str, dict], None]
+
+# Task states.
+QUEUED, RUNNING, PAUSED, PREEMPTED, ABORTING, DONE = range(6)
+_STATE_NAMES = ("queued", "running", "paused", "preempted", "aborting", "done")
+
+
+@dataclass(eq=False)
+class ModelEntry:
+    """A plan loaded on the device. ``refs`` counts requests accepted and not answered."""
+
+    name: str
+    plan: Plan
+    handle: Any
+    pinned: bool = False
+    refs: int = 0
+    unloading: bool = False
+
+    @property
+    def n_kernels(self) -> int:
+        return len(self.plan.kernels)
+
+
+@dataclass(eq=False)
+class Task:
+    """A request the scheduler holds: a plan instance with a cursor."""
+
+    req: Request
+    entry: ModelEntry
+    n: int
+    state: int = QUEUED
+    stream: int = -1
+    allocated: bool = False
+    answered: bool = False
+    done: int = 0  # leading kernels known to have executed
+    outstanding: int = 0  # launches enqueued and not yet completed or dropped
+    resume_from: int = 0  # next kernel to enqueue when (re)started
+    enq_from: int = 0  # first kernel of the latest enqueue
+    preempt_info: tuple[int, int, int] | None = None  # (last_sent, done, c) at reset
+
+    @property
+    def tid(self) -> int:
+        return self.req.id
+
+    @property
+    def rt(self) -> bool:
+        return self.req.priority == Priority.RT
+
+
+@dataclass(eq=False)
+class StreamState:
+    id: int
+    kind: str  # "rt_hi" | "rt" | "be"
+    owner: Task | None = None  # BE: the task owning the stream (running or preempted)
+    outstanding: int = 0
+    flagged: bool = False
+    tasks: set[int] = field(default_factory=set)
+
+
+class Scheduler:
+    """Synchronous scheduling core; see the module docstring. Not thread-safe by design:
+    exactly one driver calls :meth:`post` at a time."""
+
+    def __init__(
+        self,
+        device: Device,
+        policy: str = "reef",
+        c: int = 4,
+        max_be_streams: int = 2,
+        edf_preempt: bool = False,
+        preempt_drain: bool = False,
+    ) -> None:
+        self.device = device
+        self.policy: Policy = get_policy(policy)
+        self.c = int(c)
+        self.edf_preempt = bool(edf_preempt)
+        self.preempt_drain = bool(preempt_drain)
+        self.stats = Stats()
+        self.listeners: list[Listener] = []
+        self.rt_queue = RtQueue()
+        self.be_queues = BeQueues()
+        self.tasks: dict[int, Task] = {}  # allocated or running tasks (not queued ones)
+        self.rt_active: set[Task] = set()  # RT tasks started and not finished
+        self.rt_fed: Task | None = None  # the RT task whose kernels are being fed
+        self.closing = False  # no more arrivals; stop once idle
+        self.stopped = False
+        self._pending: deque[tuple] = deque()
+        self._answers: list[tuple[Future, Any, bool]] = []
+        self._busy = False
+        self._queued_ids: set[int] = set()
+        #: cache/batching hooks (av_infer.sched.model_services.ModelServices), set by Runtime
+        self.ext: Any = None
+        # Streams: RT on the device's high priority, one plain RT stream for the policies
+        # that give RT no priority, and the BE streams.
+        self.rt_hi = StreamState(device.open_stream(1), "rt_hi")
+        self.rt_plain = StreamState(device.open_stream(0), "rt")
+        self.be_streams = [StreamState(device.open_stream(0), "be") for _ in range(max_be_streams)]
+        self.streams: dict[int, StreamState] = {
+            s.id: s for s in (self.rt_hi, self.rt_plain, *self.be_streams)
+        }
+        self._apply_capacity()
+
+    # -- driver entry point ---------------------------------------------------------------
+    def post(self, event: tuple) -> None:
+        """Handle ``event`` now, or after the one being handled (never re-entrant)."""
+        self._pending.append(event)
+        if self._busy:
+            return
+        self._busy = True
+        try:
+            while self._pending or self._answers:
+                if self._pending:
+                    ev = self._pending.popleft()
+                    try:
+                        self._handle(ev)
+                    except Exception:  # the scheduler must survive anything
+                        log.exception("scheduler: error handling %s", ev[0])
+                    if self.closing and not self.stopped and self.idle():
+                        self.stopped = True
+                self._flush_answers()
+        finally:
+            self._busy = False
+
+    def _handle(self, ev: tuple) -> None:
+        kind = ev[0]
+        if kind == "complete":
+            self.on_complete(ev[1])
+        elif kind == "arrival":
+            self.on_arrival(ev[1], ev[2])
+        elif kind == "control":
+            fn, fut = ev[1], ev[2]
+            try:
+                res = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                if fut is not None and not fut.done():
+                    fut.set_exception(e)
+            else:
+                if fut is not None and not fut.done():
+                    fut.set_result(res)
+            self._schedule()
+        else:
+            raise ValueError(f"unknown event {kind!r}")
+
+    def idle(self) -> bool:
+        """Nothing queued, nothing on the device."""
+        return not self.rt_queue and not self.be_queues and not self.tasks
+
+    # -- listeners --------------------------------------------------------------------------
+    def _emit(self, kind: str, payload: dict) -> None:
+        for fn in self.listeners:
+            try:
+                fn(kind, payload)
+            except Exception:
+                log.exception("listener %r failed on %s", fn, kind)
+
+    # -- handlers -----------------------------------------------------------------------------
+    def on_arrival(self, req: Request, entry: ModelEntry) -> None:
+        """A validated request arrives: queue it (RT: EDF; BE: its client's FIFO)."""
+        task = Task(req, entry, entry.n_kernels)
+        entry.refs += 1
+        if entry.handle is None:
+            self._fail(task, UnknownModelError(f"model {req.model!r} was unloaded"))
+            return
+        with self.stats.lock:
+            self.stats.client(req.client, req.priority.name).submitted += 1
+            self.stats.model(req.model)["submitted"] += 1
+        if self.listeners:
+            self._emit("arrival", {"request_id": req.id, "model": req.model,
+                                   "client": req.client, "priority": req.priority.name,
+                                   "deadline": req.deadline, "t": req.timings.arrival})
+        if self.closing:
+            self._fail(task, RuntimeClosedError("runtime is closing"))
+            return
+        if task.rt:
+            self.rt_queue.push(req.deadline, task)
+        elif not self.policy.accepts_be:
+            self._fail(task, RejectedError(
+                f"BE request rejected: policy {self.policy.name!r} serves RT only"))
+            return
+        else:
+            self.be_queues.push(req.client, task)
+            if self.ext is not None:  # cache/batching hook
+                self.ext.on_arrival(self, task)
+        self._queued_ids.add(req.id)
+        self._schedule()
+
+    def on_complete(self, comp: Completion) -> None:
+        """One launch left the device (ran or evicted itself)."""
+        s = self.streams.get(comp.stream)
+        if s is not None:
+            s.outstanding -= 1
+        if self.listeners:
+            self._emit("kernel", {"stream": comp.stream, "task": comp.task,
+                                  "kernel": comp.kernel, "executed": comp.executed,
+                                  "t_start": comp.t_start, "t_end": comp.t_end})
+        task = self.tasks.get(comp.task)
+        if task is None:
+            self._schedule()
+            return
+        task.outstanding -= 1
+        executed = comp.executed
+        if executed is None:  # the device cannot tell: trust it unless the flag was up
+            executed = not (s is not None and s.flagged)
+        if executed and comp.kernel == task.done:
+            if task.done == 0 and math.isnan(task.req.timings.first_kernel_start):
+                task.req.timings.first_kernel_start = comp.t_start
+            task.done += 1
+        if task.state == ABORTING:
+            if task.outstanding <= 0:
+                self._release(task)
+        elif task.done >= task.n and not task.answered:
+            self._finish(task, comp.t_end)
+        elif task.state == DONE and task.outstanding <= 0:
+            self._release(task)
+        self._schedule()
+
+    # -- control (called through post(("control", fn, fut))) ----------------------------------
+    def set_policy(self, name: str) -> None:
+        pol = get_policy(name)
+        old, self.policy = self.policy, pol
+        if not pol.accepts_be:
+            err = RejectedError(f"BE request rejected: policy switched to {pol.name!r}")
+            for t in self.be_queues.clear():
+                self._queued_ids.discard(t.tid)
+                self._fail(t, err)
+            for s in self.be_streams:
+                if s.owner is not None and not s.owner.answered:
+                    self._abort(s.owner, err)
+        if old.be_unbounded != pol.be_unbounded:
+            self._apply_capacity()
+
+    def set_c(self, c: int) -> None:
+        self.c = int(c)
+        self._apply_capacity()
+
+    def set_edf_preempt(self, flag: bool) -> None:
+        self.edf_preempt = bool(flag)
+
+    def set_preempt_drain(self, flag: bool) -> None:
+        self.preempt_drain = bool(flag)
+
+    def shutdown(self, drain: bool) -> None:
+        """Stop accepting arrivals; without ``drain`` fail everything queued or running."""
+        self.closing = True
+        if drain:
+            return
+        try:
+            err = RuntimeClosedError("runtime closed before the request completed")
+            for t in self.rt_queue.clear() + self.be_queues.clear():
+                self._queued_ids.discard(t.tid)
+                self._fail(t, err)
+            for t in list(self.tasks.values()):
+                if not t.answered:
+                    self._fail(t, err)
+        finally:
+            self.tasks.clear()
+            self.rt_active.clear()
+            self.rt_fed = None
+            for s in self.streams.values():
+                s.owner = None
+            self.stopped = True
+
+    def queue_depths(self) -> dict[str, Any]:
+        return {"rt": len(self.rt_queue), "be": self.be_queues.depths(),
+                "running": len(self.tasks)}
+
+    # -- capacity ---------------------------------------------------------------------------
+    def _apply_capacity(self) -> None:
+        self.device.set_capacity(self.c)
+        if self.policy.be_unbounded:
+            setter = getattr(self.device, "set_stream_capacity", None)
+            for s in self.be_streams:
+                try:
+                    setter(s.id, WAIT_BE_CAPACITY)
+                except (NotImplementedError, TypeError):
+                    log.warning("device %s has no per-stream capacity: 'wait' runs its BE "
+                                "streams with c=%d", self.device.name, self.c)
+                    break
+
+    # -- the decision routine ---------------------------------------------------------------
+    def _schedule(self) -> None:
+        if self.stopped:
+            return
+        self._schedule_rt()
+        self._schedule_be()
+
+    def _rt_stream_for(self, task: Task) -> StreamState:
+        if task.outstanding > 0 and task.stream in self.streams:
+            return self.streams[task.stream]  # launches still there: keep stream order
+        return self.rt_hi if self.policy.rt_high_priority else self.rt_plain
+
+    def _be_running(self) -> bool:
+        return any(s.owner is not None and s.owner.state == RUNNING for s in self.be_streams)
+
+    def _schedule_rt(self) -> None:
+        pol = self.policy
+        cur = self.rt_fed
+        if cur is not None:
+            if not (self.edf_preempt and self.rt_queue):
+                return
+            top = self.rt_queue.peek()
+            if top is None or not top[0] < cur.req.deadline:
+                return
+            self._rt_switch(cur)
+        while self.rt_queue:
+            if pol.exclusive and (self._be_running() or self.rt_active):
+                return
+            if pol.preempt != "none":
+                self._preempt_be(flag=pol.preempt == "reset")
+                if (pol.preempt == "wait" or self.preempt_drain) and any(
+                        s.outstanding > 0 for s in self.be_streams if s.owner is not None):
+                    return  # what BE launched finishes or self-evicts first
+            task = self.rt_queue.pop()
+            self._queued_ids.discard(task.tid)
+            if self._start(task, self._rt_stream_for(task)):
+                return
+
+    def _rt_switch(self, cur: Task) -> None:
+        """edf_preempt: a more urgent RT request takes the RT stream at a kernel boundary."""
+        s = self.streams[cur.stream]
+        info = self.device.reset(s.id)
+        self.rt_fed = None
+        if info is None:
+            return  # fully transmitted: it drains and completes on its own
+        self._account_dropped(cur, s, info.dropped)
+        resume = max(info.last_sent + 1, info.done) if info.task == cur.tid else cur.enq_from
+        if resume >= cur.n:
+            return  # nothing was dropped: it completes on its own
+        cur.resume_from = resume
+        cur.state = PAUSED
+        self.rt_active.discard(cur)
+        self.rt_queue.push(cur.req.deadline, cur)
+        self._queued_ids.add(cur.tid)
+        cur.req.timings.preempted += 1
+        with self.stats.lock:
+            self.stats.rt_switches += 1
+        if self.listeners:
+            self._emit("preempt", {"request_id": cur.tid, "stream": s.id, "kind": "edf",
+                                   "last_sent": info.last_sent, "done": info.done,
+                                   "t": self.device.now()})
+
+    def _account_dropped(self, task: Task, s: StreamState, dropped: int) -> None:
+        task.outstanding -= dropped
+        s.outstanding -= dropped
+
+    def _preempt_be(self, flag: bool) -> None:
+        """Reset every BE stream that is feeding a task; with ``flag``, raise its flag."""
+        for s in self.be_streams:
+            t = s.owner
+            if t is None or t.state != RUNNING:
+                continue
+            info = self.device.reset(s.id)
+            if info is None:
+                continue  # nothing queued or in flight: its completions are on the way
+            self._account_dropped(t, s, info.dropped)
+            mine = info.task == t.tid
+            if flag:
+                self.device.set_preempt(s.id, True)
+                s.flagged = True
+                t.state = PREEMPTED
+                t.preempt_info = (info.last_sent if mine else -1,
+                                  info.done if mine else t.enq_from, self.c)
+            else:
+                if info.dropped == 0:
+                    continue  # everything launched: it runs to completion
+                t.state = PAUSED
+                t.resume_from = max(info.last_sent + 1, info.done) if mine else t.enq_from
+            t.req.timings.preempted += 1
+            with self.stats.lock:
+                self.stats.preemptions += 1
+            if self.listeners:
+                self._emit("preempt", {"request_id": t.tid, "stream": s.id,
+                                       "kind": "reset" if flag else "wait",
+                                       "last_sent": info.last_sent, "done": info.done,
+                                       "dropped": info.dropped, "t": self.device.now()})
+
+    def _schedule_be(self) -> None:
+        pol = self.policy
+        rt_mode = bool(self.rt_queue) or bool(self.rt_active)
+        # Idle flagged streams (aborted or finished tasks) get their flag back down.
+        for s in self.be_streams:
+            if s.flagged and s.owner is None and s.outstanding <= 0:
+                self.device.set_preempt(s.id, False)
+                s.flagged = False
+        if not pol.accepts_be:
+            return
+        if rt_mode and not pol.be_concurrent_with_rt:
+            return
+        # Resume preempted / paused tasks first (they own their streams).
+        for s in self.be_streams:
+            t = s.owner
+            if t is None or t.state not in (PREEMPTED, PAUSED):
+                continue
+            if pol.exclusive and (self._be_running() or self.rt_active):
+                return
+            if t.state == PREEMPTED:
+                if s.outstanding > 0:
+                    continue  # wait until every launch of the reset stream completed
+                self._restore(t, s)
+            else:
+                self._enqueue(t, s, t.resume_from)
+                if self.listeners:
+                    self._emit("restore", {"request_id": t.tid, "stream": s.id,
+                                           "from": t.resume_from, "reexecuted": 0,
+                                           "t": self.device.now()})
+        # Start new BE tasks on free streams.
+        for s in self.be_streams:
+            if not self.be_queues:
+                return
+            if s.owner is not None or s.outstanding > 0 or s.flagged:
+                continue
+            if pol.exclusive and (self._be_running() or self.rt_active or
+                                  any(x.owner is not None for x in self.be_streams)):
+                return
+            while self.be_queues:
+                t = self.be_queues.pop()
+                self._queued_ids.discard(t.tid)
+                if self.ext is not None:  # cache/batching hook: maybe a batch task
+                    t = self.ext.maybe_batch(self, t)
+                if self._start(t, s):
+                    break
+
+    def _restore(self, t: Task, s: StreamState) -> None:
+        last_sent, done, c = t.preempt_info or (-1, t.done, self.c)
+        rp = int(restore_point(last_sent, done, c)) if last_sent >= 0 else done
+        rp = min(rp, t.done)  # never skip a kernel not known to have executed
+        self.device.set_preempt(s.id, False)
+        s.flagged = False
+        reexec = t.done - rp
+        t.req.timings.kernels_reexecuted += reexec
+        with self.stats.lock:
+            self.stats.restores += 1
+            self.stats.kernels_reexecuted += reexec
+        t.preempt_info = None
+        self._enqueue(t, s, rp)
+        if self.listeners:
+            self._emit("restore", {"request_id": t.tid, "stream": s.id, "from": rp,
+                                   "reexecuted": reexec, "t": self.device.now()})
+
+    # -- task lifecycle ---------------------------------------------------------------------
+    def _start(self, t: Task, s: StreamState) -> bool:
+        """Give ``t`` a stream; False if it was answered instead (late, fault)."""
+        req = t.req
+        now = self.device.now()
+        if req.drop_late and not t.allocated and now > req.deadline:  # never-started only
+            with self.stats.lock:
+                self.stats.client(req.client, req.priority.name).deadline_misses += 1
+            self._fail(t, DeadlineMissedError(
+                f"request {req.id} ({req.model}) missed its deadline by "
+                f"{(now - req.deadline) * 1e3:.3f} ms before it could start"))
+            return False
+        if not t.allocated:
+            handle = t.entry.handle
+            if self.ext is not None:  # cache hook: retain the model, or park t until loaded
+                handle = self.ext.acquire(self, t)
+                if handle is None:
+                    return False
+            try:
+                self.device.new_task(handle, t.tid)
+                t.allocated = True
+                self.tasks[t.tid] = t
+                self.device.write_inputs(t.tid, req.inputs)
+            except Exception as e:  # noqa: BLE001
+                self._fail(t, DeviceFaultError(f"could not start request {req.id}: {e}"))
+                if t.allocated:
+                    self._release(t)
+                elif self.ext is not None:
+                    self.ext.release(t)
+                return False
+            req.inputs = {}
+            req.timings.start = now
+            first = 0
+        else:
+            first = t.resume_from
+        if t.rt:
+            self.rt_fed = t
+            self.rt_active.add(t)
+        else:
+            s.owner = t
+        if self.listeners:
+            self._emit("dispatch", {"request_id": t.tid, "stream": s.id, "first": first,
+                                    "priority": req.priority.name, "t": now})
+        self._enqueue(t, s, first)
+        return True
+
+    def _enqueue(self, t: Task, s: StreamState, first: int) -> None:
+        t.state = RUNNING
+        t.stream = s.id
+        if first >= t.n:
+            return
+        t.enq_from = first
+        n = t.n - first
+        t.outstanding += n
+        s.outstanding += n
+        self.device.enqueue(s.id, t.tid, first, t.n - 1)
+
+    def _detach(self, t: Task) -> None:
+        if t.rt:
+            self.rt_active.discard(t)
+            if self.rt_fed is t:
+                self.rt_fed = None
+        else:
+            s = self.streams.get(t.stream)
+            if s is not None and s.owner is t:
+                s.owner = None
+
+    def _release(self, t: Task) -> None:
+        self.tasks.pop(t.tid, None)
+        if t.allocated:
+            t.allocated = False
+            try:
+                self.device.release_task(t.tid)
+            except Exception:
+                log.exception("release_task(%d) failed", t.tid)
+            if self.ext is not None:  # cache hook: the model may be evicted again
+                self.ext.release(t)
+        if t.state == ABORTING:
+            t.state = DONE
+            s = self.streams.get(t.stream)
+            if s is not None and s.owner is t:
+                s.owner = None
+
+    def _finish(self, t: Task, t_end: float) -> None:
+        req = t.req
+        try:
+            outputs = self.device.read_outputs(t.tid)
+        except Exception as e:  # noqa: BLE001
+            err = e if isinstance(e, AvInferError) else DeviceFaultError(
+                f"request {req.id} ({req.model}) failed on the device: {e}")
+            self._detach(t)
+            self._fail(t, err)
+            t.state = DONE
+            if t.outstanding <= 0:
+                self._release(t)
+            return
+        req.timings.end = t_end
+        self._detach(t)
+        t.state = DONE
+        if t.outstanding <= 0:
+            self._release(t)
+        self._answer(t, Result(req.id, req.model, req.client, req.priority, outputs,
+                               req.timings, req.deadline))
+
+    def _abort(self, t: Task, err: AvInferError) -> None:
+        """Answer a running task with ``err`` and evict its launches."""
+        self._fail(t, err)
+        if t.rt:
+            self._detach(t)
+        s = self.streams.get(t.stream)
+        if t.outstanding > 0 and s is not None:
+            info = self.device.reset(s.id)
+            if info is not None:
+                self._account_dropped(t, s, info.dropped)
+            if t.outstanding > 0 and s.kind == "be":
+                self.device.set_preempt(s.id, True)
+                s.flagged = True
+        if t.outstanding > 0:
+            t.state = ABORTING
+        else:
+            t.state = DONE
+            self._detach(t)
+            self._release(t)
+
+    # -- answering (deferred until the handler is done, so callbacks never re-enter) -------
+    def _answer(self, t: Task, result: Result) -> None:
+        if self.ext is not None and self.ext.intercept_answer(self, t, result):
+            return  # a batch task: its members were answered
+        if t.answered:
+            return
+        t.answered = True
+        req = t.req
+        tm = req.timings
+        with self.stats.lock:
+            cs = self.stats.client(req.client, req.priority.name)
+            cs.completed += 1
+            cs.latency.add(tm.end - tm.arrival)
+            if not math.isnan(tm.first_kernel_start):
+                cs.preemption_latency.add(tm.first_kernel_start - tm.arrival)
+            if tm.end > req.deadline:
+                cs.deadline_misses += 1
+            self.stats.model(req.model)["completed"] += 1
+        self._unref(t.entry)
+        self._answers.append((req.future, result, False))
+        if self.listeners:
+            self._emit("complete", {"request_id": req.id, "model": req.model,
+                                    "client": req.client, "priority": req.priority.name,
+                                    "latency": tm.end - tm.arrival,
+                                    "preempted": tm.preempted,
+                                    "kernels_reexecuted": tm.kernels_reexecuted,
+                                    "deadline_met": tm.end <= req.deadline, "t": tm.end})
+
+    def _fail(self, t: Task, err: AvInferError) -> None:
+        if self.ext is not None and self.ext.intercept_fail(self, t, err):
+            return  # a batch task: its members were failed
+        if t.answered:
+            return
+        t.answered = True
+        req = t.req
+        req.inputs = {}
+        with self.stats.lock:
+            cs = self.stats.client(req.client, req.priority.name)
+            cs.failed += 1
+            code = getattr(err, "code", "error")
+            cs.errors[code] = cs.errors.get(code, 0) + 1
+            self.stats.model(req.model)["failed"] += 1
+        self._unref(t.entry)
+        self._answers.append((req.future, err, True))
+        if self.listeners:
+            self._emit("fail", {"request_id": req.id, "model": req.model, "client": req.client,
+                                "priority": req.priority.name,
+                                "error": getattr(err, "code", "error"), "message": str(err),
+                                "t": self.device.now()})
+
+    def _unref(self, entry: ModelEntry) -> None:
+        entry.refs -= 1
+        if entry.refs <= 0 and entry.unloading:
+            self._unload(entry)
+
+    def _unload(self, entry: ModelEntry) -> None:
+        if self.ext is not None:  # cache hook: the cache owns the device memory
+            entry.handle = None
+            self.ext.unload(entry)
+            return
+        if entry.handle is not None:
+            handle, entry.handle = entry.handle, None
+            try:
+                self.device.unload_plan(handle)
+            except Exception:
+                log.exception("unload_plan(%s) failed", entry.name)
+
+    def unload(self, entry: ModelEntry) -> None:
+        """Free the model's device memory once no accepted request uses it."""
+        entry.unloading = True
+        if entry.refs <= 0:
+            self._unload(entry)
+
+    def _flush_answers(self) -> None:
+        answers, self._answers = self._answers, []
+        for fut, value, is_err in answers:
+            if fut.done():
+                continue
+            try:
+                if is_err:
+                    fut.set_exception(value)
+                else:
+                    fut.set_result(value)
+            except Exception:  # InvalidStateError if someone cancelled it meanwhile
+                log.debug("future already resolved", exc_info=True)
