@@ -1,0 +1,656 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""GIL-free CUDA dispatcher for the cuda device (REEF-N vHQ -> CUDA streams, OSDI'22 §4.4).
+
+Builds on machines without CUDA: the driver API types and prototypes are declared here and
+resolved at run time with ``dlopen("libcuda.so.1")`` + ``dlsym``; nothing links libcuda and
+nothing includes ``cuda.h``. ``load_driver()`` raises ``OSError("libcuda.so.1 not found:
+...")`` where there is no driver.
+
+One dispatcher thread (``Dispatcher.start``) runs a loop inside ``with nogil:``. Per stream:
+1. completions: the oldest in-flight launch whose CUDA event has fired is completed in the
+   stream's vHQ (``complete_c``) and pushed onto the completion ring;
+2. transmissions: while the vHQ allows (fewer than c in flight, ``transmit_c``) the next
+   (task, kernel) is launched with ``cuLaunchKernel`` on the task's pre-packed argument
+   struct (packed at ``new_task`` time; the launch builds only the 2-pointer
+   ``kernelParams`` array: the stream's flag word and the struct) and an event is recorded.
+A Python thread blocks in ``poll`` (GIL released) and forwards completions to the device's
+``on_complete``. Preemption flags are written with ``cuStreamWriteValue32`` on a dedicated
+highest-priority stream; clearing a flag also makes the compute stream wait for the write,
+so a restored kernel can never see a stale "preempted" word.
+"""
+from cpython.pythread cimport (
+    WAIT_LOCK,
+    PyThread_acquire_lock,
+    PyThread_allocate_lock,
+    PyThread_free_lock,
+    PyThread_release_lock,
+    PyThread_type_lock,
+)
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcpy, memset
+from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, nanosleep, timespec
+
+from av_infer._cy.vhq cimport VHQ
+
+cdef extern from "Python.h":
+    int PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds,
+                                    int intr_flag) nogil
+
+# -- driver API, declared by hand (no cuda.h) --------------------------------------------
+ctypedef int CUresult
+ctypedef void* CUcontext
+ctypedef void* CUstream
+ctypedef void* CUevent
+ctypedef void* CUfunction
+ctypedef void* CUmodule
+ctypedef unsigned long long CUdeviceptr
+
+cdef enum:
+    CUDA_SUCCESS = 0
+    CUDA_ERROR_NOT_READY = 600
+    CU_STREAM_NON_BLOCKING = 1
+    CU_EVENT_DISABLE_TIMING = 2
+    CU_STREAM_WRITE_VALUE_DEFAULT = 0
+    RING = 64               # in-flight launches per stream (>= the device's max capacity)
+    MAX_STREAMS = 64
+    TASK_SLOTS = 8192       # open-addressing task table (power of 2)
+    COMP_RING = 65536       # completion ring (power of 2)
+    GEOM_WORDS = 7          # grid xyz, block xyz, dynamic smem
+
+ctypedef CUresult (*p_cuInit)(unsigned int) noexcept nogil
+ctypedef CUresult (*p_cuGetErrorString)(CUresult, const char**) noexcept nogil
+ctypedef CUresult (*p_cuCtxGetCurrent)(CUcontext*) noexcept nogil
+ctypedef CUresult (*p_cuCtxSetCurrent)(CUcontext) noexcept nogil
+ctypedef CUresult (*p_cuCtxGetStreamPriorityRange)(int*, int*) noexcept nogil
+ctypedef CUresult (*p_cuStreamCreateWithPriority)(CUstream*, unsigned int, int) noexcept nogil
+ctypedef CUresult (*p_cuStreamDestroy)(CUstream) noexcept nogil
+ctypedef CUresult (*p_cuStreamSynchronize)(CUstream) noexcept nogil
+ctypedef CUresult (*p_cuStreamWaitEvent)(CUstream, CUevent, unsigned int) noexcept nogil
+ctypedef CUresult (*p_cuStreamWriteValue32)(CUstream, CUdeviceptr, uint32_t, unsigned int) noexcept nogil
+ctypedef CUresult (*p_cuMemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream) noexcept nogil
+ctypedef CUresult (*p_cuEventCreate)(CUevent*, unsigned int) noexcept nogil
+ctypedef CUresult (*p_cuEventDestroy)(CUevent) noexcept nogil
+ctypedef CUresult (*p_cuEventRecord)(CUevent, CUstream) noexcept nogil
+ctypedef CUresult (*p_cuEventQuery)(CUevent) noexcept nogil
+ctypedef CUresult (*p_cuLaunchKernel)(CUfunction, unsigned int, unsigned int, unsigned int,
+                                      unsigned int, unsigned int, unsigned int, unsigned int,
+                                      CUstream, void**, void**) noexcept nogil
+ctypedef CUresult (*p_cuModuleLoadData)(CUmodule*, const void*) noexcept nogil
+ctypedef CUresult (*p_cuModuleUnload)(CUmodule) noexcept nogil
+ctypedef CUresult (*p_cuModuleGetFunction)(CUfunction*, CUmodule, const char*) noexcept nogil
+ctypedef CUresult (*p_cuFuncGetAttribute)(int*, int, CUfunction) noexcept nogil
+
+
+cdef struct Driver:
+    void* lib
+    p_cuInit cuInit
+    p_cuGetErrorString cuGetErrorString
+    p_cuCtxGetCurrent cuCtxGetCurrent
+    p_cuCtxSetCurrent cuCtxSetCurrent
+    p_cuCtxGetStreamPriorityRange cuCtxGetStreamPriorityRange
+    p_cuStreamCreateWithPriority cuStreamCreateWithPriority
+    p_cuStreamDestroy cuStreamDestroy
+    p_cuStreamSynchronize cuStreamSynchronize
+    p_cuStreamWaitEvent cuStreamWaitEvent
+    p_cuStreamWriteValue32 cuStreamWriteValue32
+    p_cuMemsetD32Async cuMemsetD32Async
+    p_cuEventCreate cuEventCreate
+    p_cuEventDestroy cuEventDestroy
+    p_cuEventRecord cuEventRecord
+    p_cuEventQuery cuEventQuery
+    p_cuLaunchKernel cuLaunchKernel
+    p_cuModuleLoadData cuModuleLoadData
+    p_cuModuleUnload cuModuleUnload
+    p_cuModuleGetFunction cuModuleGetFunction
+    p_cuFuncGetAttribute cuFuncGetAttribute
+
+cdef Driver _drv
+cdef bint _loaded = False
+
+
+cdef void* _sym(void* lib, const char* a, const char* b) noexcept:
+    cdef void* p = dlsym(lib, a)
+    if p == NULL and b != NULL:
+        p = dlsym(lib, b)
+    return p
+
+
+def load_driver(str path="libcuda.so.1"):
+    """dlopen the CUDA driver and resolve the entry points; idempotent.
+
+    Raises OSError("libcuda.so.1 not found: ...") without a driver, or naming the missing
+    symbol with a too-old driver.
+    """
+    global _loaded
+    if _loaded:
+        return
+    cdef bytes bpath = path.encode()
+    cdef void* lib = dlopen(bpath, RTLD_NOW | RTLD_LOCAL)
+    cdef const char* err
+    if lib == NULL:
+        err = dlerror()
+        raise OSError(f"{path} not found: {(<bytes>err).decode() if err != NULL else 'dlopen failed'}")
+    names = [
+        (b"cuInit", None), (b"cuGetErrorString", None), (b"cuCtxGetCurrent", None),
+        (b"cuCtxSetCurrent", None), (b"cuCtxGetStreamPriorityRange", None),
+        (b"cuStreamCreateWithPriority", None), (b"cuStreamDestroy_v2", b"cuStreamDestroy"),
+        (b"cuStreamSynchronize", None), (b"cuStreamWaitEvent", None),
+        (b"cuMemsetD32Async", None), (b"cuEventCreate", None),
+        (b"cuEventDestroy_v2", b"cuEventDestroy"), (b"cuEventRecord", None),
+        (b"cuEventQuery", None), (b"cuLaunchKernel", None), (b"cuModuleLoadData", None),
+        (b"cuModuleUnload", None), (b"cuModuleGetFunction", None), (b"cuFuncGetAttribute", None),
+    ]
+    cdef void* p
+    ptrs = {}
+    for a, b in names:
+        if b is None:
+            p = _sym(lib, a, NULL)
+        else:
+            p = _sym(lib, a, b)
+        if p == NULL:
+            raise OSError(f"{path}: symbol {a.decode()} missing (driver too old?)")
+        ptrs[a] = <uintptr_t>p
+    _drv.lib = lib
+    _drv.cuInit = <p_cuInit><uintptr_t>ptrs[b"cuInit"]
+    _drv.cuGetErrorString = <p_cuGetErrorString><uintptr_t>ptrs[b"cuGetErrorString"]
+    _drv.cuCtxGetCurrent = <p_cuCtxGetCurrent><uintptr_t>ptrs[b"cuCtxGetCurrent"]
+    _drv.cuCtxSetCurrent = <p_cuCtxSetCurrent><uintptr_t>ptrs[b"cuCtxSetCurrent"]
+    _drv.cuCtxGetStreamPriorityRange = <p_cuCtxGetStreamPriorityRange><uintptr_t>ptrs[b"cuCtxGetStreamPriorityRange"]
+    _drv.cuStreamCreateWithPriority = <p_cuStreamCreateWithPriority><uintptr_t>ptrs[b"cuStreamCreateWithPriority"]
+    _drv.cuStreamDestroy = <p_cuStreamDestroy><uintptr_t>ptrs[b"cuStreamDestroy_v2"]
+    _drv.cuStreamSynchronize = <p_cuStreamSynchronize><uintptr_t>ptrs[b"cuStreamSynchronize"]
+    _drv.cuStreamWaitEvent = <p_cuStreamWaitEvent><uintptr_t>ptrs[b"cuStreamWaitEvent"]
+    _drv.cuMemsetD32Async = <p_cuMemsetD32Async><uintptr_t>ptrs[b"cuMemsetD32Async"]
+    _drv.cuEventCreate = <p_cuEventCreate><uintptr_t>ptrs[b"cuEventCreate"]
+    _drv.cuEventDestroy = <p_cuEventDestroy><uintptr_t>ptrs[b"cuEventDestroy_v2"]
+    _drv.cuEventRecord = <p_cuEventRecord><uintptr_t>ptrs[b"cuEventRecord"]
+    _drv.cuEventQuery = <p_cuEventQuery><uintptr_t>ptrs[b"cuEventQuery"]
+    _drv.cuLaunchKernel = <p_cuLaunchKernel><uintptr_t>ptrs[b"cuLaunchKernel"]
+    _drv.cuModuleLoadData = <p_cuModuleLoadData><uintptr_t>ptrs[b"cuModuleLoadData"]
+    _drv.cuModuleUnload = <p_cuModuleUnload><uintptr_t>ptrs[b"cuModuleUnload"]
+    _drv.cuModuleGetFunction = <p_cuModuleGetFunction><uintptr_t>ptrs[b"cuModuleGetFunction"]
+    _drv.cuFuncGetAttribute = <p_cuFuncGetAttribute><uintptr_t>ptrs[b"cuFuncGetAttribute"]
+    # optional: stream memory operations (fallback: cuMemsetD32Async on the flag stream)
+    p = _sym(lib, b"cuStreamWriteValue32_v2", b"cuStreamWriteValue32")
+    _drv.cuStreamWriteValue32 = <p_cuStreamWriteValue32>p
+    _loaded = True
+    _check(_drv.cuInit(0), "cuInit")
+
+
+def driver_loaded():
+    return _loaded
+
+
+cdef str _errstr(CUresult r):
+    cdef const char* s = NULL
+    if _loaded and _drv.cuGetErrorString(r, &s) == CUDA_SUCCESS and s != NULL:
+        return (<bytes>s).decode()
+    return f"CUresult {r}"
+
+
+cdef int _check(CUresult r, str what) except -1:
+    if r != CUDA_SUCCESS:
+        raise RuntimeError(f"{what} failed: {_errstr(r)} ({r})")
+    return 0
+
+
+def error_string(int code):
+    """Text of a CUresult (for completions that carry a launch/event error)."""
+    return _errstr(code)
+
+
+cdef inline double _now() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
+
+
+# -- dispatcher state ---------------------------------------------------------------------
+cdef struct Stream:
+    CUstream s
+    CUevent ev[RING]
+    CUevent fev                 # flag-clear event the stream waits on
+    CUdeviceptr flag
+    int64_t task[RING]
+    int32_t kernel[RING]
+    double t0[RING]
+    CUresult err[RING]
+    uint32_t head
+    uint32_t count
+    uint64_t launched
+    uint64_t completed
+
+cdef struct TaskRec:
+    int64_t id                  # -1 empty, -2 tombstone
+    int32_t nk
+    int64_t inflight
+    CUfunction* funcs
+    uint32_t* geom
+    char* args
+    int64_t* offs
+
+cdef struct Comp:
+    int32_t stream
+    int64_t task
+    int32_t kernel
+    int32_t status
+    double t0
+    double t1
+
+
+cdef inline int _vhq_transmit(void* q, int64_t* t, int32_t* k) noexcept nogil:
+    return (<VHQ>q).transmit_c(t, k)
+
+cdef inline int _vhq_complete(void* q, int64_t* t, int32_t* k) noexcept nogil:
+    return (<VHQ>q).complete_c(t, k)
+
+
+cdef class Dispatcher:
+    """Streams, task launch tables, the nogil dispatch loop and the completion ring."""
+
+    cdef CUcontext _ctx
+    cdef Stream* _st
+    cdef void* _vhq[MAX_STREAMS]
+    cdef list _vhq_refs
+    cdef int _nst
+    cdef TaskRec* _tasks
+    cdef PyThread_type_lock _tlock
+    cdef Comp* _ring
+    cdef uint64_t _rhead
+    cdef uint64_t _rtail
+    cdef PyThread_type_lock _rlock
+    cdef PyThread_type_lock _rsig
+    cdef PyThread_type_lock _wake
+    cdef CUstream _fstream
+    cdef int _stop
+    cdef public int spin_us
+    cdef int _prio_lo
+    cdef int _prio_hi
+    cdef uint64_t _loops
+
+    def __cinit__(self):
+        self._st = <Stream*>calloc(MAX_STREAMS, sizeof(Stream))
+        self._tasks = <TaskRec*>calloc(TASK_SLOTS, sizeof(TaskRec))
+        self._ring = <Comp*>calloc(COMP_RING, sizeof(Comp))
+        if self._st == NULL or self._tasks == NULL or self._ring == NULL:
+            raise MemoryError()
+        cdef int i
+        for i in range(TASK_SLOTS):
+            self._tasks[i].id = -1
+        self._tlock = PyThread_allocate_lock()
+        self._rlock = PyThread_allocate_lock()
+        self._rsig = PyThread_allocate_lock()
+        self._wake = PyThread_allocate_lock()
+        PyThread_acquire_lock(self._rsig, WAIT_LOCK)  # semaphores start at 0
+        PyThread_acquire_lock(self._wake, WAIT_LOCK)
+        self._vhq_refs = []
+        self._nst = 0
+        self._stop = 0
+        self.spin_us = 50
+        self._fstream = NULL
+        self._ctx = NULL
+
+    def __init__(self):
+        """Needs a current CUDA context on the calling thread (e.g. CuPy's device)."""
+        load_driver()
+        _check(_drv.cuCtxGetCurrent(&self._ctx), "cuCtxGetCurrent")
+        if self._ctx == NULL:
+            raise RuntimeError("no current CUDA context: initialise the device (CuPy) first")
+        _check(_drv.cuCtxGetStreamPriorityRange(&self._prio_lo, &self._prio_hi),
+               "cuCtxGetStreamPriorityRange")
+        _check(_drv.cuStreamCreateWithPriority(&self._fstream, CU_STREAM_NON_BLOCKING,
+                                               self._prio_hi), "flag stream")
+
+    def __dealloc__(self):
+        cdef int i, j
+        if _loaded and self._ctx != NULL:
+            _drv.cuCtxSetCurrent(self._ctx)
+            for i in range(self._nst):
+                _drv.cuStreamSynchronize(self._st[i].s)
+                for j in range(RING):
+                    _drv.cuEventDestroy(self._st[i].ev[j])
+                _drv.cuEventDestroy(self._st[i].fev)
+                _drv.cuStreamDestroy(self._st[i].s)
+            if self._fstream != NULL:
+                _drv.cuStreamDestroy(self._fstream)
+        if self._tasks != NULL:
+            for i in range(TASK_SLOTS):
+                if self._tasks[i].id >= 0:
+                    self._free_rec(&self._tasks[i])
+        free(self._st)
+        free(self._tasks)
+        free(self._ring)
+        if self._tlock != NULL:
+            PyThread_free_lock(self._tlock)
+        if self._rlock != NULL:
+            PyThread_free_lock(self._rlock)
+        if self._rsig != NULL:
+            PyThread_free_lock(self._rsig)
+        if self._wake != NULL:
+            PyThread_free_lock(self._wake)
+
+    cdef inline void _cur(self) noexcept nogil:
+        _drv.cuCtxSetCurrent(self._ctx)
+
+    @property
+    def priority_range(self):
+        """(least, greatest) CUDA stream priority (greatest is numerically lowest)."""
+        return (self._prio_lo, self._prio_hi)
+
+    # -- streams ------------------------------------------------------------------------
+    def open_stream(self, VHQ vhq, bint realtime, uintptr_t flag_ptr):
+        """A CUDA stream (highest priority if ``realtime``, else lowest) fed by ``vhq``."""
+        if self._nst >= MAX_STREAMS:
+            raise RuntimeError(f"at most {MAX_STREAMS} streams")
+        if vhq.c > RING:
+            raise ValueError(f"vHQ capacity {vhq.c} exceeds the dispatcher ring ({RING})")
+        cdef Stream* st = &self._st[self._nst]
+        cdef int j
+        self._cur()
+        memset(st, 0, sizeof(Stream))
+        _check(_drv.cuStreamCreateWithPriority(&st.s, CU_STREAM_NON_BLOCKING,
+                                               self._prio_hi if realtime else self._prio_lo),
+               "cuStreamCreateWithPriority")
+        for j in range(RING):
+            _check(_drv.cuEventCreate(&st.ev[j], CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        _check(_drv.cuEventCreate(&st.fev, CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        st.flag = <CUdeviceptr>flag_ptr
+        self._vhq_refs.append(vhq)
+        self._vhq[self._nst] = <void*>vhq
+        self._nst += 1  # published last: the loop reads _nst
+        return self._nst - 1
+
+    def stream_handle(self, int s):
+        return <uintptr_t>self._st[s].s
+
+    def sync_stream(self, int s):
+        cdef CUresult r
+        with nogil:
+            self._cur()
+            r = _drv.cuStreamSynchronize(self._st[s].s)
+        _check(r, "cuStreamSynchronize")
+
+    def write_flag(self, int s, uint32_t value):
+        """Write stream ``s``'s preemption word on the flag stream (asynchronously).
+
+        Clearing (value 0) also makes stream ``s`` wait for the write before anything
+        launched afterwards, so restored kernels never read a stale flag.
+        """
+        cdef Stream* st = &self._st[s]
+        cdef CUresult r
+        with nogil:
+            self._cur()
+            if _drv.cuStreamWriteValue32 != NULL:
+                r = _drv.cuStreamWriteValue32(self._fstream, st.flag, value,
+                                              CU_STREAM_WRITE_VALUE_DEFAULT)
+                if r != CUDA_SUCCESS:
+                    r = _drv.cuMemsetD32Async(st.flag, value, 1, self._fstream)
+            else:
+                r = _drv.cuMemsetD32Async(st.flag, value, 1, self._fstream)
+            if r == CUDA_SUCCESS and value == 0:
+                r = _drv.cuEventRecord(st.fev, self._fstream)
+                if r == CUDA_SUCCESS:
+                    r = _drv.cuStreamWaitEvent(st.s, st.fev, 0)
+        _check(r, "write_flag")
+
+    def stream_stats(self, int s):
+        return {"launched": self._st[s].launched, "completed": self._st[s].completed,
+                "in_flight": self._st[s].count}
+
+    # -- modules ------------------------------------------------------------------------
+    def load_module(self, bytes image):
+        cdef CUmodule m
+        cdef const char* p = image
+        self._cur()
+        _check(_drv.cuModuleLoadData(&m, p), "cuModuleLoadData")
+        return <uintptr_t>m
+
+    def unload_module(self, uintptr_t m):
+        self._cur()
+        _check(_drv.cuModuleUnload(<CUmodule>m), "cuModuleUnload")
+
+    def get_function(self, uintptr_t m, str name):
+        cdef CUfunction f
+        cdef bytes b = name.encode()
+        _check(_drv.cuModuleGetFunction(&f, <CUmodule>m, b), f"cuModuleGetFunction({name})")
+        return <uintptr_t>f
+
+    def func_attribute(self, uintptr_t f, int attr):
+        """cuFuncGetAttribute (4: registers/thread, 1: static smem bytes, 0: max threads)."""
+        cdef int v
+        _check(_drv.cuFuncGetAttribute(&v, attr, <CUfunction>f), "cuFuncGetAttribute")
+        return v
+
+    # -- tasks --------------------------------------------------------------------------
+    cdef TaskRec* _find(self, int64_t task, bint insert) noexcept nogil:
+        cdef uint64_t h = (<uint64_t>task * 0x9E3779B97F4A7C15ULL) >> 51
+        cdef uint64_t i
+        cdef TaskRec* free_slot = NULL
+        cdef TaskRec* r
+        for i in range(TASK_SLOTS):
+            r = &self._tasks[(h + i) & (TASK_SLOTS - 1)]
+            if r.id == task:
+                return r
+            if r.id == -2 and free_slot == NULL:
+                free_slot = r
+            if r.id == -1:
+                if not insert:
+                    return NULL
+                return free_slot if free_slot != NULL else r
+        return free_slot if insert else NULL
+
+    cdef void _free_rec(self, TaskRec* r) noexcept nogil:
+        free(r.funcs)
+        free(r.geom)
+        free(r.args)
+        free(r.offs)
+        r.funcs = NULL
+        r.geom = NULL
+        r.args = NULL
+        r.offs = NULL
+
+    def register_task(self, int64_t task, funcs, bytes geom, bytes args, offs):
+        """Launch table of a task: per kernel its CUfunction, 7 geometry words (uint32:
+        grid xyz, block xyz, smem) and the offset of its packed struct in ``args``."""
+        cdef int32_t nk = len(funcs)
+        cdef int32_t i
+        if len(geom) != nk * GEOM_WORDS * 4 or len(offs) != nk:
+            raise ValueError("launch table sizes do not match")
+        cdef CUfunction* fs = <CUfunction*>malloc(max(nk, 1) * sizeof(CUfunction))
+        cdef uint32_t* gm = <uint32_t*>malloc(max(nk, 1) * GEOM_WORDS * 4)
+        cdef char* ag = <char*>malloc(max(len(args), 1))
+        cdef int64_t* of = <int64_t*>malloc(max(nk, 1) * sizeof(int64_t))
+        if fs == NULL or gm == NULL or ag == NULL or of == NULL:
+            free(fs); free(gm); free(ag); free(of)
+            raise MemoryError()
+        for i in range(nk):
+            fs[i] = <CUfunction><uintptr_t>funcs[i]
+            of[i] = offs[i]
+        memcpy(gm, <const char*>geom, len(geom))
+        memcpy(ag, <const char*>args, len(args))
+        cdef TaskRec* r
+        PyThread_acquire_lock(self._tlock, WAIT_LOCK)
+        r = self._find(task, True)
+        if r == NULL:
+            PyThread_release_lock(self._tlock)
+            free(fs); free(gm); free(ag); free(of)
+            raise RuntimeError("task table full")
+        if r.id == task:
+            self._free_rec(r)
+        r.id = task
+        r.nk = nk
+        r.inflight = 0
+        r.funcs = fs
+        r.geom = gm
+        r.args = ag
+        r.offs = of
+        PyThread_release_lock(self._tlock)
+
+    def unregister_task(self, int64_t task):
+        """Forget a task's launch table; False (and nothing freed) while launches are in flight."""
+        cdef TaskRec* r
+        PyThread_acquire_lock(self._tlock, WAIT_LOCK)
+        r = self._find(task, False)
+        if r == NULL:
+            PyThread_release_lock(self._tlock)
+            return True
+        if r.inflight > 0:
+            PyThread_release_lock(self._tlock)
+            return False
+        self._free_rec(r)
+        r.id = -2
+        PyThread_release_lock(self._tlock)
+        return True
+
+    def task_inflight(self, int64_t task):
+        cdef TaskRec* r
+        cdef int64_t n = 0
+        PyThread_acquire_lock(self._tlock, WAIT_LOCK)
+        r = self._find(task, False)
+        if r != NULL:
+            n = r.inflight
+        PyThread_release_lock(self._tlock)
+        return n
+
+    # -- the loop -----------------------------------------------------------------------
+    cdef int _push_comp(self, int32_t s, int64_t t, int32_t k, int32_t status, double t0,
+                        double t1) noexcept nogil:
+        cdef Comp* c
+        PyThread_acquire_lock(self._rlock, WAIT_LOCK)
+        if self._rtail - self._rhead >= COMP_RING:
+            PyThread_release_lock(self._rlock)
+            return 0
+        c = &self._ring[self._rtail & (COMP_RING - 1)]
+        c.stream = s
+        c.task = t
+        c.kernel = k
+        c.status = status
+        c.t0 = t0
+        c.t1 = t1
+        self._rtail += 1
+        PyThread_release_lock(self._rlock)
+        return 1
+
+    cdef int _step(self) noexcept nogil:
+        """One pass over every stream; returns 1 if anything happened, 2 if work is in flight."""
+        cdef int s, busy = 0, inflight = 0
+        cdef Stream* st
+        cdef uint32_t slot
+        cdef CUresult r
+        cdef int64_t t
+        cdef int32_t k
+        cdef TaskRec* rec
+        cdef uint32_t* g
+        cdef void* params[2]
+        cdef int nst = self._nst
+        for s in range(nst):
+            st = &self._st[s]
+            # 1. completions, in stream order
+            while st.count > 0:
+                slot = st.head
+                if st.err[slot] == CUDA_SUCCESS:
+                    r = _drv.cuEventQuery(st.ev[slot])
+                    if r == CUDA_ERROR_NOT_READY:
+                        break
+                else:
+                    r = st.err[slot]
+                if self._rtail - self._rhead >= COMP_RING:
+                    break  # Python is behind: keep the launch in flight for now
+                _vhq_complete(self._vhq[s], &t, &k)
+                PyThread_acquire_lock(self._tlock, WAIT_LOCK)
+                rec = self._find(st.task[slot], False)
+                if rec != NULL and rec.inflight > 0:
+                    rec.inflight -= 1
+                PyThread_release_lock(self._tlock)
+                self._push_comp(s, st.task[slot], st.kernel[slot], r, st.t0[slot], _now())
+                st.head = (slot + 1) % RING
+                st.count -= 1
+                st.completed += 1
+                busy = 1
+            # 2. transmissions while the vHQ allows (< c in flight)
+            while st.count < RING and _vhq_transmit(self._vhq[s], &t, &k):
+                slot = (st.head + st.count) % RING
+                r = -1  # unknown task / kernel index
+                PyThread_acquire_lock(self._tlock, WAIT_LOCK)
+                rec = self._find(t, False)
+                if rec != NULL and 0 <= k < rec.nk:
+                    g = rec.geom + GEOM_WORDS * k
+                    params[0] = &st.flag
+                    params[1] = rec.args + rec.offs[k]
+                    r = _drv.cuLaunchKernel(rec.funcs[k], g[0], g[1], g[2], g[3], g[4], g[5],
+                                            g[6], st.s, params, NULL)
+                    if r == CUDA_SUCCESS:
+                        r = _drv.cuEventRecord(st.ev[slot], st.s)
+                    rec.inflight += 1
+                PyThread_release_lock(self._tlock)
+                st.task[slot] = t
+                st.kernel[slot] = k
+                st.t0[slot] = _now()
+                st.err[slot] = r
+                st.count += 1
+                st.launched += 1
+                busy = 1
+            if st.count > 0:
+                inflight = 1
+        if busy:
+            PyThread_release_lock(self._rsig)
+        return busy | (inflight << 1)
+
+    def _run(self):
+        """The dispatcher thread's body (call from a threading.Thread)."""
+        cdef int state
+        cdef timespec ts
+        cdef double idle_since = 0.0
+        with nogil:
+            self._cur()
+            while not self._stop:
+                state = self._step()
+                self._loops += 1
+                if state & 1:
+                    idle_since = 0.0
+                    continue
+                if state & 2:
+                    # work in flight: poll; nap briefly after spin_us of nothing happening
+                    if idle_since == 0.0:
+                        idle_since = _now()
+                    elif (_now() - idle_since) * 1e6 > self.spin_us:
+                        ts.tv_sec = 0
+                        ts.tv_nsec = 2000
+                        nanosleep(&ts, NULL)
+                    continue
+                idle_since = 0.0
+                PyThread_acquire_lock_timed(self._wake, 2000, 0)  # until enqueue() wakes us
+
+    def wake(self):
+        """New launches were queued: wake the loop if it sleeps."""
+        PyThread_release_lock(self._wake)
+
+    def stop(self):
+        self._stop = 1
+        PyThread_release_lock(self._wake)
+        PyThread_release_lock(self._rsig)
+
+    @property
+    def loops(self):
+        return self._loops
+
+    def poll(self, int max_n=4096, double timeout=0.05):
+        """Completions since the last poll, waiting up to ``timeout`` s for the first:
+        list of (stream, task, kernel, status, t_launch, t_observed)."""
+        cdef long long us = <long long>(timeout * 1e6)
+        cdef int n = 0
+        cdef Comp c
+        out = []
+        if self._rtail == self._rhead:
+            with nogil:
+                PyThread_acquire_lock_timed(self._rsig, us, 0)
+        PyThread_acquire_lock(self._rlock, WAIT_LOCK)
+        while self._rhead != self._rtail and n < max_n:
+            c = self._ring[self._rhead & (COMP_RING - 1)]
+            self._rhead += 1
+            n += 1
+            out.append((c.stream, c.task, c.kernel, c.status, c.t0, c.t1))
+        PyThread_release_lock(self._rlock)
+        return out
