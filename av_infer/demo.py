@@ -51,6 +51,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", default="out", help="output folder (out/)")
     ap.add_argument("--threads", type=int, default=2, help="executor threads (2)")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--skip-check", action="store_true",
+                    help="skip phase 1 (compile every zoo model, compare with ONNX Runtime)")
     return ap.parse_args(argv)
 
 
@@ -103,6 +105,16 @@ def main(argv: list[str] | None = None) -> int:
     width, height = (int(v) for v in args.image_size.lower().split("x"))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if not args.skip_check:
+        # Phase 1: every zoo model compiled, run on the CPU, checked against ONNX Runtime.
+        from av_infer.cli import main as cli_main
+
+        print(f"[demo] phase 1: compile + check every zoo model ({args.variant})", flush=True)
+        if cli_main(["models", "check", "--all", "--variant", args.variant,
+                     "--json", str(out_dir / "check.json")]) != 0:
+            print("[demo] model check FAILED (see above)", flush=True)
+            return 1
+        print("[demo] phase 2: the ROS 2 node graph", flush=True)
     # the Runtime first, so the device choice is printed with its reason
     rt, device, why = make_runtime(args.device, policy=args.policy, c=args.c)
     print(f"[demo] device: {device} ({why})", flush=True)

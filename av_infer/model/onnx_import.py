@@ -284,8 +284,9 @@ def infer_node(
             dims.append(int(d.dim_value))
         else:
             out[vi.name] = Value(tuple(dims), _np_dtype(t.elem_type))
-    if node.op_type in ("MaxPool", "AveragePool") and node.output[0] in out:
-        out[node.output[0]] = _ceil_mode_pool_shape(node, values[node.input[0]], out[node.output[0]])
+    y = node.output[0] if node.output else ""
+    if node.op_type in ("MaxPool", "AveragePool") and y in out:
+        out[y] = _ceil_mode_pool_shape(node, values[node.input[0]], out[y])
     return out
 
 
