@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from av_infer import Runtime
+from av_infer import InvalidParameterError, Runtime
 from av_infer.model import zoo
 from av_infer.model.compiler import compile_model
 from av_infer.sched.policies import POLICIES
@@ -113,7 +113,11 @@ def main() -> None:
     print("-" * len(hdr))
     for pol in args.policies.split(","):
         for with_be in (False, True):
-            r = run_one(pol.strip(), with_be, args, plans)
+            try:
+                r = run_one(pol.strip(), with_be, args, plans)
+            except InvalidParameterError as e:  # e.g. reef_dkp: no padding on the CPU
+                print(f"{pol.strip():<13}refused by the cpu device: {e}")
+                break
             be = f"{r['be_rps']:.1f}" if r["be_rps"] is not None else "-"
             print(f"{r['policy']:<13}{r['load']:<10}{r['n']:>5}{r['p50']:>9.2f}{r['p99']:>9.2f}"
                   f"{r['max']:>9.2f}{r['misses']:>8}{be:>10}{r['preemptions']:>9}  {r['note']}",
