@@ -1,0 +1,174 @@
+"""``av-infer bench``: DISB workloads under the scheduling policies, tables, JSON, plots."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from av_infer.bench import plots
+from av_infer.bench.harness import Bench, BenchConfig, PolicyRun, available_policies
+from av_infer.bench.report import build_report, header, sweep_report, sweep_table, table, write_json
+from av_infer.bench.workload import WorkloadError, expand, load_workload, read_trace, with_trace
+
+
+def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``bench`` on the ``av-infer`` sub-command parser."""
+    p = subparsers.add_parser(
+        "bench", help="run DISB workloads under scheduling policies (REEF §7.2)",
+        description=__doc__ + "  JSON schema: docs/bench.md.")
+    p.add_argument("--workload", default="A",
+                   help="A|B|C|D|E, a DISB JSON file, a comma list, or 'all' (A-E); default A")
+    p.add_argument("--policy", default="all",
+                   help="a policy, a comma list, or 'all' (%(default)s): "
+                   + ", ".join(available_policies()))
+    p.add_argument("--device", choices=["sim", "cpu", "cuda"], default="sim",
+                   help="sim: virtual-time GPU model (default); cpu: real numpy kernels; cuda")
+    p.add_argument("--duration", type=float, default=10.0,
+                   help="seconds of the measured window (virtual on sim); default 10")
+    p.add_argument("--seed", type=int, default=0, help="seed of poisson arrivals and the sim")
+    p.add_argument("--scale", choices=["scaled", "full"], default=None,
+                   help="zoo variant (default: scaled on cpu, full on cuda; on sim only for "
+                   "models without a REEF trace, default full)")
+    p.add_argument("--c", type=int, default=4, help="in-flight kernels per stream (default 4)")
+    p.add_argument("--gpu", default="mi50", help="simulated GPU (sim only): mi50, h100, orin")
+    p.add_argument("--deadline-ms", type=float, default=None,
+                   help="relative deadline of every RT client (default: its period)")
+    p.add_argument("--standalone-n", type=int, default=20,
+                   help="requests per model in the standalone reference (default 20)")
+    p.add_argument("--rate-scale", type=float, default=1.0, metavar="F",
+                   help="multiply open-loop (RT) arrival rates by F, e.g. 0.25 on cpu where "
+                   "DISB's 100 req/s overloads the host (default 1)")
+    p.add_argument("--trace", metavar="FILE",
+                   help="JSON list of ms offsets (or {'trace': [...]}): drives every RT client")
+    p.add_argument("--sweep", metavar="c=1,2,4,8",
+                   help="run --sweep-policy once per value of c instead of the policy list")
+    p.add_argument("--sweep-policy", default="reef", help="policy of --sweep (default reef)")
+    p.add_argument("--json", metavar="OUT", help="write the report as JSON")
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="latency CDF at OUT.png, plus OUT_throughput.png, OUT_timeline.png")
+    p.add_argument("--out", metavar="DIR",
+                   help="write <W>.json and <W>_{cdf,throughput,timeline}.png under DIR")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench)
+    return p
+
+
+def _policies(spec: str) -> list[str]:
+    avail = available_policies()
+    if spec.lower() == "all":
+        return avail
+    names = [s.strip().lower() for s in spec.split(",") if s.strip()]
+    bad = [n for n in names if n not in avail]
+    if bad:
+        raise SystemExit(f"bench: unknown or unavailable policy {bad}; choose from "
+                         f"{', '.join(avail)} or 'all'")
+    return names
+
+
+def _parse_sweep(spec: str) -> tuple[str, list[int]]:
+    param, sep, vals = spec.partition("=")
+    if not sep or param.strip() != "c":
+        raise SystemExit("bench: --sweep takes c=V1,V2,... (only c can be swept)")
+    try:
+        values = [int(v) for v in vals.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"bench: --sweep values must be integers: {vals!r}") from None
+    if not values or min(values) < 1:
+        raise SystemExit("bench: --sweep values must be >= 1")
+    return "c", values
+
+
+def _suffixed(path: str, tag: str | None, extra: str = "") -> Path:
+    p = Path(path)
+    stem = p.stem + (f"_{tag}" if tag else "") + extra
+    return p.with_name(stem + (p.suffix or ".png"))
+
+
+def _tag(wl_name: str) -> str:
+    return Path(wl_name).stem if wl_name.endswith(".json") else wl_name
+
+
+def write_plots(doc: dict[str, Any], runs: list[PolicyRun], cdf_path: Path) -> list[Path]:
+    """CDF at ``cdf_path``; throughput and timeline beside it."""
+    lat = {r.policy: [rec.latency * 1e3 for rec in r.records if rec.rt and rec.ok]
+           for r in runs}
+    base = cdf_path.with_suffix("")
+    name = base.name[:-4] if base.name.endswith("_cdf") else base.name
+    title = f"DISB {doc['workload']} on {doc['device']}"
+    out = [plots.latency_cdf(lat, cdf_path, title=f"{title}: RT latency CDF")]
+    out.append(plots.throughput_bars(doc["policies"], base.with_name(name + "_throughput.png"),
+                                     title=f"{title}: throughput"))
+    tl_run = next((r for r in runs if r.policy == "reef" and r.timeline), None) or next(
+        (r for r in runs if r.timeline), None)
+    out.append(plots.timeline(tl_run.timeline if tl_run else None,
+                              base.with_name(name + "_timeline.png")))
+    return out
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Entry point of ``av-infer bench``."""
+    cfg = BenchConfig(device=args.device, duration=args.duration, seed=args.seed,
+                      scale=args.scale, c=args.c, gpu=args.gpu, deadline_ms=args.deadline_ms,
+                      standalone_n=args.standalone_n, progress=not args.no_progress)
+    if args.c < 1:
+        raise SystemExit("bench: --c must be >= 1")
+    sweep = _parse_sweep(args.sweep) if args.sweep else None
+    policies = _policies(args.sweep_policy if sweep else args.policy)
+    try:
+        workloads = [load_workload(w) for w in expand(args.workload)]
+        if args.trace:
+            tr = read_trace(args.trace)
+            workloads = [with_trace(wl, tr, label=Path(args.trace).stem) for wl in workloads]
+        if args.rate_scale != 1.0:
+            workloads = [wl.scaled(args.rate_scale) for wl in workloads]
+    except WorkloadError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    several = len(workloads) > 1
+    for wl in workloads:
+        tag = _tag(wl.name)
+        bench = Bench(wl, cfg)
+        bench.standalone()
+        if sweep:
+            param, values = sweep
+            runs = []
+            for v in values:
+                print(f"[{wl.name}] {policies[0]} c={v}", file=sys.stderr)
+                runs.append(bench.run_policy(policies[0], c=v))
+            doc = sweep_report(bench, param, values, runs)
+            print(header(doc))
+            print(sweep_table(doc))
+        else:
+            runs = []
+            for pol in policies:
+                if cfg.progress:
+                    print(f"[{wl.name}] {pol}", file=sys.stderr)
+                runs.append(bench.run_policy(pol))
+            doc = build_report(bench, runs)
+            print(header(doc))
+            print(table(doc))
+        print()
+        written: list[Path] = []
+        jtag = tag if several else None
+        if args.json:
+            written.append(write_json(doc, _suffixed(args.json, jtag)))
+        if args.out:
+            out = Path(args.out)
+            kind = f"_sweep_{sweep[0]}" if sweep else ""
+            written.append(write_json(doc, out / f"{tag}{kind}.json"))
+            if sweep:
+                written.append(plots.sweep_plot(doc["sweep"]["values"], doc["sweep"]["results"],
+                                                out / f"{tag}_sweep_{sweep[0]}.png"))
+            else:
+                written += write_plots(doc, runs, out / f"{tag}_cdf.png")
+        if args.plot:
+            if sweep:
+                written.append(plots.sweep_plot(doc["sweep"]["values"], doc["sweep"]["results"],
+                                                _suffixed(args.plot, jtag)))
+            else:
+                written += write_plots(doc, runs, _suffixed(args.plot, jtag))
+        for p in written:
+            print(f"wrote {p}", file=sys.stderr)
+    return 0

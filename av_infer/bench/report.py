@@ -1,0 +1,135 @@
+"""The benchmark report: one JSON document per workload and a text table per run.
+
+The JSON schema is documented field by field in docs/bench.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from av_infer.bench.harness import Bench, PolicyRun
+from av_infer.bench.metrics import summarize
+
+SCHEMA_VERSION = 1
+
+
+def build_report(bench: Bench, runs: list[PolicyRun]) -> dict[str, Any]:
+    """Everything about one workload on one device under each policy run."""
+    cfg = bench.cfg
+    ref = bench.standalone()
+    models: dict[str, Any] = {}
+    for m, src in bench.sources.items():
+        d = src.describe()
+        if m in ref:
+            d["standalone_p50_ms"] = round(ref[m]["p50_s"] * 1e3, 4)
+            d["standalone_p99_ms"] = round(ref[m]["p99_s"] * 1e3, 4)
+            d["standalone_n"] = ref[m]["n"]
+        models[m] = d
+    tasks = []
+    for t in bench.wl.tasks:
+        dl = (cfg.deadline_ms / 1e3 if cfg.deadline_ms else t.period_s) if t.rt else None
+        tasks.append({"id": t.id, "model": t.model, "model_name": t.model_name,
+                      "priority": "RT" if t.rt else "BE", "load": t.load_type,
+                      "frequency": t.frequency or None,
+                      "deadline_ms": round(dl * 1e3, 4) if dl else None})
+    policies: dict[str, Any] = {}
+    for run in runs:
+        sec = summarize(run.records, run.duration, ref, t0=run.t0, preemptions=run.preemptions)
+        sec["c"] = run.c
+        sec["wall_s"] = round(run.wall_s, 3)
+        policies[run.policy] = sec
+    doc: dict[str, Any] = {
+        "schema": SCHEMA_VERSION,
+        "workload": bench.wl.name,
+        "workload_file": bench.wl.source,
+        "device": cfg.device,
+        "gpu": cfg.gpu if cfg.device == "sim" else None,
+        "duration_s": cfg.duration,
+        "seed": cfg.seed,
+        "c": cfg.c,
+        "scale": cfg.variant if cfg.device != "sim" else cfg.scale,
+        "deadline_ms": cfg.deadline_ms,
+        "rate_scale": bench.wl.rate_scale,
+        "models": models,
+        "tasks": tasks,
+        "policies": policies,
+    }
+    return doc
+
+
+def sweep_report(bench: Bench, param: str, values: list[int], runs: list[PolicyRun]
+                 ) -> dict[str, Any]:
+    """A ``--sweep`` document: the usual report plus ``sweep.results[i]`` per value."""
+    doc = build_report(bench, [])
+    ref = bench.standalone()
+    results = []
+    for v, run in zip(values, runs):
+        sec = summarize(run.records, run.duration, ref, t0=run.t0, preemptions=run.preemptions)
+        results.append({param: v, "policy": run.policy, **sec})
+    doc["sweep"] = {"param": param, "policy": runs[0].policy if runs else None,
+                    "values": values, "results": results}
+    return doc
+
+
+def _f(x: Any, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def table(doc: dict[str, Any]) -> str:
+    """A plain-text table, one row per policy."""
+    head = (f"{'policy':<13}{'RT p50':>9}{'p99':>9}{'p99.9':>9}{'max':>9}{'+p50%':>8}"
+            f"{'+p99%':>8}{'miss':>10}{'RT/s':>8}{'BE/s':>8}{'tot/s':>8}{'pre p50us':>10}"
+            f"{'p99us':>9}{'#pre':>7}{'reexec':>7}")
+    lines = [head, "-" * len(head)]
+    for name, p in doc["policies"].items():
+        r = p["rt"]
+        pre = p["preemption_us"]
+        lines.append(
+            f"{name:<13}{_f(r['p50_ms']):>9}{_f(r['p99_ms']):>9}{_f(r['p999_ms']):>9}"
+            f"{_f(r['max_ms']):>9}{_f(r['increase_pct'], '{:.1f}'):>8}"
+            f"{_f(r['increase_p99_pct'], '{:.1f}'):>8}"
+            f"{str(r['deadline_misses']) + '/' + str(r['count']):>10}"
+            f"{_f(r['throughput_rps'], '{:.1f}'):>8}{_f(p['be']['throughput_rps'], '{:.1f}'):>8}"
+            f"{_f(p['throughput_rps'], '{:.1f}'):>8}{_f(pre['p50'], '{:.1f}'):>10}"
+            f"{_f(pre['p99'], '{:.1f}'):>9}{p['preemptions']:>7}{p['kernels_reexecuted']:>7}")
+    return "\n".join(lines)
+
+
+def header(doc: dict[str, Any]) -> str:
+    """What was run, and where each model came from."""
+    dev = doc["device"] + (f" ({doc['gpu']})" if doc.get("gpu") else "")
+    rate = f", RT rates x{doc['rate_scale']:g}" if doc.get("rate_scale", 1.0) != 1.0 else ""
+    out = [f"workload {doc['workload']} on {dev}, {doc['duration_s']:g} s, seed {doc['seed']}, "
+           f"c={doc['c']}{rate}  (latencies in ms; +p50%/+p99%: increase over standalone)"]
+    for m, d in doc["models"].items():
+        sa = (f", standalone p50 {d['standalone_p50_ms']:.3f} ms"
+              if d.get("standalone_p50_ms") is not None else "")
+        out.append(f"  {m:<13} {d['source']}, {d['kernels']} kernels{sa}")
+    return "\n".join(out)
+
+
+def sweep_table(doc: dict[str, Any]) -> str:
+    """One row per swept value."""
+    sw = doc["sweep"]
+    param = sw["param"]
+    head = (f"{param:>4}{'RT p50':>9}{'RT p99':>9}{'pre p50us':>11}{'pre p99us':>11}"
+            f"{'pre max':>9}{'BE/s':>9}{'tot/s':>9}{'reexec':>8}")
+    lines = [f"sweep of {param} under {sw['policy']}", head, "-" * len(head)]
+    for r in sw["results"]:
+        pre = r["preemption_us"]
+        lines.append(
+            f"{r[param]:>4}{_f(r['rt']['p50_ms']):>9}{_f(r['rt']['p99_ms']):>9}"
+            f"{_f(pre['p50'], '{:.1f}'):>11}{_f(pre['p99'], '{:.1f}'):>11}"
+            f"{_f(pre['max'], '{:.1f}'):>9}{_f(r['be']['throughput_rps'], '{:.1f}'):>9}"
+            f"{_f(r['throughput_rps'], '{:.1f}'):>9}{r['kernels_reexecuted']:>8}")
+    return "\n".join(lines)
+
+
+def write_json(doc: dict[str, Any], path: str | Path) -> Path:
+    """Write ``doc`` (indent 2, keys in insertion order)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
