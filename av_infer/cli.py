@@ -1,4 +1,4 @@
-"""The ``av-infer`` command: models list|check|show, bench (see av_infer/bench/cli.py)."""
+"""The ``av-infer`` command: models list|check|show|profile, bench (see av_infer/bench/cli.py)."""
 
 from __future__ import annotations
 
@@ -136,6 +136,25 @@ def cmd_models_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models_profile(args: argparse.Namespace) -> int:
+    """Profile a plan's kernels on a device and save the profile (DKP reads it)."""
+    from av_infer.model.compiler import compile_model
+    from av_infer.profiler import profile_plan
+
+    name, path = resolve_model(args.model, args.variant)
+    plan = compile_model(path, input_shapes=parse_input_shapes(args.input_shape), name=name)
+    try:
+        prof = profile_plan(plan, args.device, repeats=args.repeats, gpu=args.gpu)
+    except NotImplementedError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out or f"{name}.{prof.device}.profile.json")
+    prof.save(out)
+    print(f"{name} on {args.device} ({prof.device}): {len(prof.kernels)} kernels, "
+          f"{prof.total_us:.1f} us in all -> {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="av-infer", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -162,12 +181,19 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(m_show, many=False)
     m_show.set_defaults(func=cmd_models_show)
 
-    try:
-        from av_infer.bench.cli import add_bench_parser
-    except ImportError:
-        pass
-    else:
-        add_bench_parser(sub)
+    m_prof = msub.add_parser("profile", help="per-kernel durations and occupancy on a device "
+                             "(for padding selection and the simulator)")
+    model_args(m_prof, many=False)
+    m_prof.add_argument("--device", choices=["cpu", "sim", "cuda"], default="cpu")
+    m_prof.add_argument("--gpu", default="mi50", help="simulated GPU (--device sim)")
+    m_prof.add_argument("--repeats", type=int, default=5, help="runs per kernel (median)")
+    m_prof.add_argument("--out", metavar="FILE",
+                        help="profile JSON (default NAME.DEVICE.profile.json)")
+    m_prof.set_defaults(func=cmd_models_profile)
+
+    from av_infer.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
     return p
 
 

@@ -49,11 +49,14 @@ class GpuSpec:
     launch_us: float = 5.0
     evict_us: float = 5.0
     floor_us: float = 2.0  # shortest kernel: launch-to-retire of an empty kernel
+    #: relative slowdown of an RT kernel run through the padding dispatcher (branch on
+    #: the block index + jump to the kernel body): REEF Fig. 18a, 0.8% mean, <= 1.21%
+    pad_overhead: float = 0.008
 
 
-#: GPUs the project reasons about. MI50 is where REEF's traces were measured (60 CUs; the
-#: traces show up to 32 resident blocks per CU and REEF §4.1 a ~30 µs reset of a c=4
-#: device queue, hence ~6 µs per self-evicting kernel).
+#: GPUs the project reasons about. MI50 is where REEF's traces were measured (60 CUs of 40
+#: wavefronts = 2560 threads and 64 KB LDS; REEF §4.1 a ~30 µs reset of a c=4 device
+#: queue, hence ~6 µs per self-evicting kernel).
 GPUS: dict[str, GpuSpec] = {
     "mi50": GpuSpec(
         name="mi50", sms=60, max_threads_per_sm=2560, max_blocks_per_sm=32,
@@ -145,6 +148,69 @@ class ModelProfile:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ModelProfile:
         return cls.from_json(Path(path).read_text())
+
+
+# -- the packing model (simulator and padding selection share it) ------------------------
+
+
+def packing(kp: KernelProfile, sms: int, gpu: GpuSpec | None = None
+            ) -> tuple[int, int, float, tuple[float, ...], float, float]:
+    """How one kernel's blocks share SMs: ``(blocks, bps, block_us, curve, press, g_alone)``.
+
+    ``bps``: occupancy, clamped by ``gpu``'s block and thread limits. ``block_us``: time of a
+    block at the density the kernel has alone (``duration / waves``). With a packing curve
+    (REEF's ``latency``: one round of ``i + 1`` co-resident blocks per CU) ``curve`` is it
+    relative to one block alone and a block's *pressure* ``press`` is its mean slope: each
+    extra block on the SM, of this kernel or another, lengthens a block by about that
+    fraction of its time alone (the conv with 104 us alone, 442 us at 7 per CU: ~0.54).
+    Without a curve (``()``) a block demands ``1 / bps`` of its SM (processor sharing).
+    A block at density ``d`` with foreign pressure ``F`` takes
+    ``block_us * max(1, curve_at(curve, press, d) + F) / g_alone``.
+    """
+    blocks = max(1, kp.blocks)
+    bps = max(1, kp.blocks_per_sm)
+    if gpu is not None:
+        bps = max(1, min(bps, gpu.max_blocks_per_sm,
+                         gpu.max_threads_per_sm // max(1, kp.threads)))
+    waves = math.ceil(blocks / (sms * bps))
+    lat = kp.latency_by_bps
+    curve: tuple[float, ...]
+    if lat and lat[0] > 0:
+        curve = tuple(max(1.0, x / lat[0]) for x in lat)
+        press = (curve[-1] - 1.0) / (len(curve) - 1) if len(curve) > 1 else 0.0
+        press = min(1.0, max(0.0, press))
+    else:
+        curve = ()
+        press = 1.0 / bps
+    alone = min(bps, math.ceil(blocks / sms))
+    return (blocks, bps, kp.duration_us / waves, curve, press,
+            max(1.0, curve_at(curve, press, alone)))
+
+
+def curve_at(curve: tuple[float, ...], press: float, d: float) -> float:
+    """Packing-curve value at ``d`` blocks per SM (interpolated; linear past its end).
+
+    Without a curve (``()``): processor sharing, ``d`` blocks demand ``d * press`` of the
+    SM, which only slows them once it exceeds 1 (callers take ``max(1, ...)``).
+    """
+    n = len(curve)
+    if n == 0:
+        return d * press
+    if d <= 1.0:
+        return 1.0
+    if d >= n:
+        return curve[-1] + (d - n) * press
+    i = int(d)
+    return curve[i - 1] + (d - i) * (curve[i] - curve[i - 1])
+
+
+def round_times_us(kp: KernelProfile, sms: int) -> tuple[float, float]:
+    """Time of one round of this kernel's blocks at 1 and at ``blocks_per_sm`` per SM, in
+    the packing model (what padding selection plans with: REEF's ``latency[j]``)."""
+    _, bps, block_us, curve, press, g_alone = packing(kp, sms)
+    one = block_us * max(1.0, curve_at(curve, press, 1)) / g_alone
+    full = block_us * max(1.0, curve_at(curve, press, bps)) / g_alone
+    return one, full
 
 
 # -- estimates from geometry ------------------------------------------------------------
@@ -246,8 +312,15 @@ def load_reef_trace(
 
     The plan has the trace's launch geometry, buffers from its storage table (weights are
     sized but not materialised) and no graph inputs/outputs: it cannot run on a real
-    device, only in the simulator. Durations are REEF's ``total_latency`` per kernel;
-    ``blocks_per_sm`` is the number of occupancy levels REEF measured.
+    device, only in the simulator. Durations are REEF's ``total_latency`` per kernel.
+
+    ``latency_by_bps`` is REEF's ``latency`` list: the time of one round of ``i + 1``
+    blocks packed on one CU. It *rises* with ``i`` (co-resident blocks slow each other):
+    a packing/interference curve, not an occupancy limit. So ``blocks_per_sm`` is the
+    hardware limit of the block's shape (MI50: 2560 threads = 40 wavefronts per CU, 64 KB
+    LDS), and the simulator uses the curve for the slowdown of blocks sharing a CU. The
+    trace's ``total_latency`` is about ``latency[ceil(blocks / CUs) - 1]``: alone, a
+    kernel's blocks are spread breadth-first, one per CU first.
     """
     d = Path(trace_dir) if trace_dir is not None else default_trace_dir()
     try:
@@ -275,7 +348,9 @@ def load_reef_trace(
     for idx, k in enumerate(trace["kernels"]):
         gx, gy, gz, bx, by, bz = (int(v) for v in k["launch_params"])
         smem = int(smem_by_name.get(k["name"], 0))
-        geom = Geometry(grid=(gx, gy, gz), block=(bx, by, bz), smem=smem)
+        # regs=0: the traces do not record registers, so occupancy comes from threads and
+        # LDS only (REEF's TVM kernels are compiled for the occupancy they declare).
+        geom = Geometry(grid=(gx, gy, gz), block=(bx, by, bz), smem=smem, regs=0)
         kernels.append(
             Kernel(index=idx, kind="trace", name=k["name"], inputs=(), outputs=(),
                    args={"storage": list(k.get("args", []))}, geometry=geom)
@@ -286,8 +361,7 @@ def load_reef_trace(
             KernelProfile(
                 index=idx, name=k["name"], duration_us=float(entry["total_latency"]),
                 blocks=geom.blocks, threads=geom.threads, regs=geom.regs, smem=geom.smem,
-                blocks_per_sm=len(levels) if levels else occupancy(geom, spec),
-                latency_by_bps=levels,
+                blocks_per_sm=occupancy(geom, spec), latency_by_bps=levels,
             )
         )
     plan = Plan(

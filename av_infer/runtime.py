@@ -38,9 +38,10 @@ from av_infer.errors import (
     UnknownModelError,
 )
 from av_infer.model.plan import Plan
+from av_infer.profiles import ModelProfile
 from av_infer.qos import UtilityTracker, check_deadlines
 from av_infer.sched.model_services import ModelServices, batch_name, compile_batch_plans
-from av_infer.sched.policies import WAIT_BE_CAPACITY, get_policy
+from av_infer.sched.policies import WAIT_BE_CAPACITY, device_refuses, get_policy
 from av_infer.sched.request import Priority, Request, Result, Timings
 from av_infer.sched.scheduler import ModelEntry, Scheduler
 
@@ -174,10 +175,17 @@ class Runtime:
         source: str | os.PathLike | bytes | Any,
         input_shapes: Mapping[str, Any] | Any = None,
         pin: bool = False,
+        profile: str | os.PathLike | ModelProfile | None = None,
     ) -> ModelInfo:
         """Compile ``source`` (ONNX path/bytes/ModelProto, or a ready Plan) and make it
-        resident on the device under ``name``."""
+        resident on the device under ``name``.
+
+        ``profile``: a kernel profile (``profiles.ModelProfile`` or a file written by
+        ``av-infer models profile``) of this plan on this device. Padding selection (DKP)
+        needs one; the simulator also times the plan with it. Without it the device's own
+        (the simulator's derived or registered one) is used, where it has one."""
         self._check_open()
+        prof = _load_profile(name, profile)
         if not isinstance(name, str) or not name:
             raise InvalidParameterError(f"model name must be a non-empty string, got {name!r}")
         with self._lock:
@@ -196,8 +204,20 @@ class Runtime:
                 f"model {name!r}: plan reuse_guard={plan.reuse_guard} cannot restore with "
                 f"c={self._sched.c} (needs c + 1 <= reuse_guard): lower c or recompile"
             )
+        if prof is not None:
+            if len(prof.kernels) != len(plan.kernels):
+                raise InvalidParameterError(
+                    f"model {name!r}: profile has {len(prof.kernels)} kernels, plan has "
+                    f"{len(plan.kernels)}")
+            setter = getattr(self._device, "set_profile", None)
+            if setter is not None:
+                setter(plan.name, prof)
         handle = self._cache_load(name, plan, bool(pin))
         entry = ModelEntry(name, plan, handle, pinned=bool(pin))
+        if prof is None and handle is not None:
+            getter = getattr(self._device, "profile_of", None)
+            prof = getter(handle) if getter is not None else None
+        entry.profile = prof
         with self._lock:
             if name in self._models:
                 self._cache.unregister(name)
@@ -457,7 +477,17 @@ class Runtime:
         except that ``rt_only`` rejects queued BE and fails running BE)."""
         self._check_open()
         pol = get_policy(name)
+        why = device_refuses(pol, self._device)
+        if why:
+            raise InvalidParameterError(why)
         self._control(lambda: self._sched.set_policy(pol.name))
+
+    def policy_unavailable(self, name: str) -> str | None:
+        """Why ``name`` cannot be used on this runtime's device (None if it can)."""
+        try:
+            return device_refuses(get_policy(name), self._device)
+        except InvalidParameterError as e:
+            return str(e)
 
     @property
     def c(self) -> int:
@@ -525,6 +555,16 @@ class Runtime:
         snap["c"] = sched.c
         snap["edf_preempt"] = sched.edf_preempt
         snap["preempt_drain"] = sched.preempt_drain
+        dev = self._device
+        supported = bool(getattr(dev, "supports_padding", False))
+        snap["padding"] = {
+            "supported": supported,
+            "reason": None if supported else getattr(dev, "padding_reason", "unsupported"),
+            "active": bool(sched.policy.padding and supported),
+            "launches": snap.pop("padded_launches", 0),
+            "blocks": snap.pop("padded_blocks", 0),
+            "kernels": snap.pop("padded_kernels", 0),
+        }
         snap["closed"] = self._closed
         with self._lock:
             snap["submit_errors"] = dict(self._submit_errors)
@@ -615,6 +655,20 @@ def _check_c(c: Any, guards: list[int]) -> int:
             f"c={c} too large: restore needs c + 1 <= reuse_guard, and a loaded plan has "
             f"reuse_guard={min(guards)}")
     return c
+
+
+def _load_profile(name: str, profile: Any) -> ModelProfile | None:
+    """A ModelProfile, a path to one, or None; InvalidParameterError if unreadable."""
+    if profile is None or isinstance(profile, ModelProfile):
+        return profile
+    if isinstance(profile, (str, os.PathLike)):
+        try:
+            return ModelProfile.load(profile)
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise InvalidParameterError(
+                f"model {name!r}: cannot read profile {str(profile)!r}: {e}") from None
+    raise InvalidParameterError(
+        f"model {name!r}: profile must be a ModelProfile or a path, got {type(profile).__name__}")
 
 
 def _number(what: str, v: Any, allow_inf: bool = False) -> float:

@@ -58,8 +58,12 @@ def policy_names() -> tuple[str, ...]:
         return DESIGN_POLICIES
 
 
-def check_policy(name: str) -> str | None:
-    """None if ``name`` is a usable policy, else the reason it is not."""
+def check_policy(name: str, runtime: Any = None) -> str | None:
+    """None if ``name`` is a usable policy (on ``runtime``'s device, when given: reef_dkp
+    needs padded launches, which the cpu device refuses), else the reason it is not."""
+    check = getattr(runtime, "policy_unavailable", None)
+    if callable(check):
+        return check(name)
     try:
         from av_infer.sched.policies import get_policy
     except ImportError:  # pragma: no cover
@@ -256,14 +260,14 @@ class RuntimeNode(Node):
         if name == "policy":
             if not isinstance(value, str):
                 return "policy must be a string"
-            return check_policy(value)
+            return check_policy(value, self.runtime)
         if name == "padding":
             if not isinstance(value, bool):
                 return "padding must be a bool"
             if value and not self._supports("padding"):
                 if merged["policy"] not in ("reef", "reef_dkp"):
                     return "padding needs policy reef"
-                return check_policy("reef_dkp")
+                return check_policy("reef_dkp", self.runtime)
             return None
         if name == "c":
             ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 16

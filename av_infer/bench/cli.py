@@ -55,14 +55,14 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _policies(spec: str) -> list[str]:
-    avail = available_policies()
+def _policies(spec: str, device: str) -> list[str]:
+    avail = available_policies(device)
     if spec.lower() == "all":
         return avail
     names = [s.strip().lower() for s in spec.split(",") if s.strip()]
     bad = [n for n in names if n not in avail]
     if bad:
-        raise SystemExit(f"bench: unknown or unavailable policy {bad}; choose from "
+        raise SystemExit(f"bench: unknown policy {bad}, or one {device!r} cannot run; choose from "
                          f"{', '.join(avail)} or 'all'")
     return names
 
@@ -115,7 +115,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.c < 1:
         raise SystemExit("bench: --c must be >= 1")
     sweep = _parse_sweep(args.sweep) if args.sweep else None
-    policies = _policies(args.sweep_policy if sweep else args.policy)
+    policies = _policies(args.sweep_policy if sweep else args.policy, args.device)
     try:
         workloads = [load_workload(w) for w in expand(args.workload)]
         if args.trace:

@@ -40,11 +40,14 @@ REEF_TRACES = {"vgg19": "vgg", "resnet152": "resnet152", "densenet201": "densene
                "distilbert": "bert"}
 
 
-def available_policies() -> list[str]:
-    """Policies of this build that can run (``all``)."""
-    from av_infer.sched.policies import POLICIES
+def available_policies(device: str = "sim") -> list[str]:
+    """Policies of this build that ``device`` can run (what ``all`` means there)."""
+    from av_infer.devices import device_class
+    from av_infer.sched.policies import POLICIES, device_refuses
 
-    return [p.name for p in POLICIES.values() if p.available]
+    cls = device_class(device)
+    return [p.name for p in POLICIES.values()
+            if p.available and device_refuses(p, cls) is None]
 
 
 @dataclass

@@ -14,6 +14,32 @@ from av_infer.errors import DeviceUnavailableError, InvalidParameterError
 DEVICE_NAMES = ("cpu", "sim", "cuda")
 
 
+def device_class(name: str) -> type[Device]:
+    """The device class for a name, without constructing it (nothing touches a GPU)."""
+    name = str(name).strip().lower()
+    if name == "cpu":
+        from av_infer.devices.cpu import CpuDevice
+
+        return CpuDevice
+    if name == "sim":
+        from av_infer.devices.sim import SimDevice
+
+        return SimDevice
+    if name == "cuda":
+        try:
+            from av_infer.devices.cuda import CudaDevice  # type: ignore[import-not-found]
+        except ImportError as e:
+            raise DeviceUnavailableError(
+                f"the cuda device is not available in this build/machine ({e}); "
+                "use device='cpu' or device='sim'"
+            ) from e
+        return CudaDevice
+    raise InvalidParameterError(
+        f"unknown device {name!r}; choose one of {', '.join(DEVICE_NAMES)} "
+        "or pass a Device instance"
+    )
+
+
 def make_device(name_or_device: str | Device, **kw: Any) -> Device:
     """A device from its name (``"cpu"``, ``"sim"``, ``"cuda"``) or the device itself.
 
@@ -27,28 +53,8 @@ def make_device(name_or_device: str | Device, **kw: Any) -> Device:
                 "configure the instance instead"
             )
         return name_or_device
-    name = str(name_or_device).strip().lower()
-    if name == "cpu":
-        from av_infer.devices.cpu import CpuDevice
-
-        return CpuDevice(**kw)
-    if name == "sim":
-        from av_infer.devices.sim import SimDevice
-
-        return SimDevice(**kw)
-    if name == "cuda":
-        try:
-            from av_infer.devices.cuda import CudaDevice  # type: ignore[import-not-found]
-        except ImportError as e:
-            raise DeviceUnavailableError(
-                f"the cuda device is not available in this build/machine ({e}); "
-                "use device='cpu' or device='sim'"
-            ) from e
-        return CudaDevice(**kw)
-    raise InvalidParameterError(
-        f"unknown device {name_or_device!r}; choose one of {', '.join(DEVICE_NAMES)} "
-        "or pass a Device instance"
-    )
+    return device_class(name_or_device)(**kw)
 
 
-__all__ = ["Completion", "Device", "DeviceUnavailableError", "ResetInfo", "make_device"]
+__all__ = ["Completion", "Device", "DeviceUnavailableError", "ResetInfo", "device_class",
+           "make_device"]

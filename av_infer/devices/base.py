@@ -26,7 +26,7 @@ Threading contract:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,9 @@ class Completion:
     executed: bool | None
     t_start: float
     t_end: float
+    #: padded launch (``Device.enqueue_padded``): the BE parts that ran with it, each
+    #: ``(task, kernel, first_block, n_blocks, blocks_per_sm)``; () for a plain launch
+    parts: tuple[tuple[int, int, int, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +166,25 @@ class Device(ABC):
     def set_stream_capacity(self, stream: int, c: int) -> None:
         """At most ``c`` launches in flight on ``stream`` (overrides ``set_capacity``)."""
         raise NotImplementedError(f"{self.name} has no per-stream capacity")
+
+    # enqueue_padded(stream, task, kernel, parts): dynamic kernel padding (REEF §5). One
+    # launch of RT kernel ``kernel`` of ``task`` that also runs blocks
+    # ``first_block .. first_block + n_blocks - 1`` of each BE part ``(task, kernel,
+    # first_block, n_blocks, blocks_per_sm)`` on the SMs the RT kernel leaves free, at most
+    # ``blocks_per_sm`` of them per SM (the occupancy selection chose); it completes (one
+    # Completion, ``parts`` set) when every block did. On CUDA this is a generated
+    # dispatcher kernel: blocks below the RT kernel's block count call the RT kernel's
+    # ``__device__`` body with their block index, the rest call the BE bodies by block
+    # range (offset by ``first_block``), with one proxy per occupancy level so the
+    # dispatcher does not lower the RT kernel's occupancy (REEF §5.1). Devices that cannot
+    # set ``supports_padding = False`` and say why in ``padding_reason``.
+    supports_padding: bool = False
+    padding_reason: str = "this device has no padded launches"
+
+    def enqueue_padded(self, stream: int, task: int, kernel: int,
+                       parts: Sequence[tuple[int, int, int, int, int]]) -> None:
+        """Append one padded launch of ``kernel`` of ``task`` to the stream's vHQ."""
+        raise NotImplementedError(f"{self.name}: {self.padding_reason}")
 
     def telemetry(self) -> dict[str, Any]:
         """Device facts for diagnostics (name, memory, utilisation, clocks)."""

@@ -144,7 +144,7 @@ class CpuDevice(Device):
         lane = self._lanes[stream]
         with lane.cond:
             r = lane.vhq.reset()
-        return None if r is None else ResetInfo(*r)
+            return None if r is None else ResetInfo(*r, restore_c=lane.vhq.restore_c)
 
     def in_flight(self, stream: int) -> int:
         return self._lanes[stream].vhq.in_flight

@@ -15,20 +15,27 @@ The model, per launch (a ``(task, kernel)`` of a stream):
 3. Ready kernels place blocks on SMs whenever slots free up: higher stream priority first,
    then FIFO by ready time. An SM holds blocks while their resource units fit (one block
    costs ``1/blocks_per_sm`` of an SM, ``blocks_per_sm`` from the profile, clamped by the
-   GPU's thread and block limits). Blocks are placed as batches spread evenly over SMs; a
-   batch ends together. Running blocks cannot be killed (NVIDIA).
-4. Block time = ``duration_us / waves`` with ``waves = ceil(blocks / (sms * bps))``, so a
-   kernel alone on the GPU takes its profiled duration. Sharing an SM slows blocks down
-   (processor sharing, snapshot at placement): a block of kernel k *demands* ``w_k`` of
-   an SM's throughput (from REEF's latency-by-blocks-per-SM curve:
-   ``latency[-1] / (levels * latency[0])``; else ``1/bps``); a batch placed where other
-   blocks already demand ``F`` per SM runs ``max(1, interference*F + d*w) / max(1, d0*w)``
-   times longer (``d`` its blocks per SM, ``d0`` the density it has alone). This is what
-   makes plain concurrent streams slow RT work down; blocks already running are not
-   re-timed when others arrive.
+   GPU's thread and block limits). Blocks go breadth-first in SM order, as a GPU's block
+   dispatcher places them: one per SM from SM 0 (skipping full SMs), then a second round;
+   so concurrent kernels share the low SMs. A placed batch ends together. Running blocks
+   cannot be killed (NVIDIA).
+4. Block time = ``duration_us / waves`` at the density the kernel has alone, so a kernel
+   alone on the GPU takes its profiled duration. Sharing an SM slows blocks down per the
+   packing model of :func:`profiles.packing`: a batch whose most packed SM holds ``d`` of
+   its blocks, placed where other blocks already exert pressure ``F`` (block-weighted mean;
+   each resident block adds its kernel's packing-curve slope, e.g. ~0.54 for a vgg conv),
+   runs ``max(1, curve(d) + interference*F) / curve(d_alone)`` times its block time. This
+   is what makes plain concurrent streams slow RT work down (REEF Fig. 11: GPUStreams);
+   blocks already running are not re-timed when others arrive (a snapshot at placement).
 5. Lazy eviction: blocks read their stream's preemption flag when they *start*. A kernel
    whose blocks start under a set flag exits (``gpu.evict_us`` per kernel, not per block)
    and completes with ``executed=False``; blocks already running finish.
+
+6. Padded launches (:meth:`SimDevice.enqueue_padded`, DKP): the RT kernel keeps REEF's
+   ``cu_partition`` (its blocks packed ``ceil(blocks / sms)`` per SM on the first SMs) and
+   runs ``1 + gpu.pad_overhead`` times longer (the dispatcher); each BE part's blocks run
+   on the other SMs, from the last one down, at most its chosen occupancy per SM, in as
+   many rounds as needed. The launch completes, once, when its last block did.
 
 Everything happens inside :meth:`SimDevice.run` (the event loop); callbacks scheduled with
 :meth:`SimDevice.call_at` (request arrivals, the runtime's handlers) run inline, so a run
@@ -41,7 +48,7 @@ import heapq
 import math
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,10 +57,23 @@ import numpy as np
 from av_infer._cy.vhq import VHQ
 from av_infer.devices.base import Completion, CompletionCallback, Device, ResetInfo
 from av_infer.model.plan import Plan
-from av_infer.profiles import GpuSpec, ModelProfile, derive_profile, gpu_spec
+from av_infer.profiles import (
+    GpuSpec,
+    KernelProfile,
+    ModelProfile,
+    curve_at,
+    derive_profile,
+    gpu_spec,
+    packing,
+)
 
 #: Resource units of one SM; a block of a kernel with occupancy b costs ``_U // b``.
 _U = 1 << 20
+
+#: Per-kernel simulation constants: (blocks, cost units per block, block time alone in
+#: seconds, pressure of one block on its SM, packing curve relative to one block per SM,
+#: curve value at the density the kernel has alone).
+KConsts = tuple[int, int, float, float, tuple[float, ...], float]
 
 #: One timeline entry: (stream, task, kernel, t_start, t_end, executed, blocks started).
 TimelineEntry = tuple[int, int, int, float, float, bool, int]
@@ -66,9 +86,8 @@ class SimPlan:
     plan: Plan
     profile: ModelProfile
     resident: int
-    #: per kernel: (blocks, cost units per block, block time in seconds, SM demand per
-    #: block, blocks per SM when alone)
-    consts: list[tuple[int, int, float, float, float]]
+    #: per kernel, see :func:`kernel_consts`
+    consts: list[KConsts]
 
 
 class _Stream:
@@ -89,22 +108,28 @@ class _KRun:
 
     __slots__ = (
         "stream", "task", "kernel", "seq", "t_ready", "pending", "running", "cost",
-        "block_s", "t_start", "evicted", "started", "evict_until", "w", "alone",
+        "block_s", "t_start", "evicted", "started", "evict_until", "press", "curve",
+        "g_alone", "order", "parts", "parent", "first_block", "done_parts",
     )
 
     def __init__(self, stream: _Stream, task: int, kernel: int, seq: int, t: float,
-                 c: tuple[int, int, float, float, float]) -> None:
+                 c: KConsts) -> None:
         self.stream = stream
         self.task = task
         self.kernel = kernel
         self.seq = seq
         self.t_ready = t
-        self.pending, self.cost, self.block_s, self.w, self.alone = c
+        self.pending, self.cost, self.block_s, self.press, self.curve, self.g_alone = c
         self.running = 0
         self.t_start = math.nan
         self.evicted = False
         self.started = 0
         self.evict_until = 0.0
+        self.order: list[int] | None = None  # SMs it may use, in placement order
+        self.parts: list[_KRun] = []  # padding parts still running (padded RT launch)
+        self.parent: _KRun | None = None  # padding part: the padded launch it belongs to
+        self.first_block = 0
+        self.done_parts: tuple[tuple[int, int, int, int, int], ...] = ()
 
 
 class SimDevice(Device):
@@ -112,6 +137,8 @@ class SimDevice(Device):
 
     name = "sim"
     virtual = True
+    supports_padding = True
+    padding_reason = ""
 
     def __init__(
         self,
@@ -145,12 +172,16 @@ class SimDevice(Device):
         self._ready: list[_KRun] = []  # kernels with blocks still to place
         self._free = [_U] * self.gpu.sms
         self._free_total = _U * self.gpu.sms
-        self._demand = [0.0] * self.gpu.sms  # SM throughput demanded by resident blocks
-        self._rr = 0  # round-robin start SM for small placements
+        self._press = [0.0] * self.gpu.sms  # pressure of the blocks resident on each SM
+        self._order = list(range(self.gpu.sms))
+        self._rev_order = self._order[::-1]
         self._on_complete: CompletionCallback | None = None
         self._closed = False
         self.timeline: list[TimelineEntry] | None = [] if record else None
-        self.stats = {"events": 0, "batches": 0, "kernels": 0, "evicted": 0, "busy_s": 0.0}
+        self.stats = {"events": 0, "batches": 0, "kernels": 0, "evicted": 0, "busy_s": 0.0,
+                      "padded_launches": 0, "padded_blocks": 0, "pad_tail_s": 0.0}
+        #: padding of launches not yet started: (task, kernel) -> BE parts
+        self._padding: dict[tuple[int, int], tuple[tuple[int, int, int, int, int], ...]] = {}
 
     # -- clock and event loop ------------------------------------------------------------
     def now(self) -> float:
@@ -193,22 +224,17 @@ class SimDevice(Device):
                 f"profile of {plan.name!r} has {len(prof.kernels)} kernels, plan has "
                 f"{len(plan.kernels)}"
             )
-        g = self.gpu
-        consts = []
-        for kp in prof.kernels:
-            blocks = max(1, kp.blocks)
-            bps = max(1, min(kp.blocks_per_sm, g.max_blocks_per_sm,
-                             g.max_threads_per_sm // max(1, kp.threads)))
-            waves = math.ceil(blocks / (g.sms * bps))
-            lat = kp.latency_by_bps
-            if lat and len(lat) > 1 and lat[0] > 0:
-                w = min(1.0, max(0.0, lat[-1] / (len(lat) * lat[0])))
-            else:
-                w = 1.0 / bps
-            alone = min(bps, math.ceil(blocks / g.sms))
-            consts.append((blocks, _U // bps, kp.duration_us * 1e-6 / waves, w, alone))
+        consts = [kernel_consts(kp, self.gpu) for kp in prof.kernels]
         resident = plan.weight_bytes
         return SimPlan(plan=plan, profile=prof, resident=resident, consts=consts)
+
+    def set_profile(self, model: str, profile: ModelProfile) -> None:
+        """Simulate plans named ``model`` with ``profile`` (loaded afterwards)."""
+        self.profiles[model] = profile
+
+    def profile_of(self, handle: Any) -> ModelProfile:
+        """The profile a loaded plan is simulated with (what DKP selection should use)."""
+        return handle.profile
 
     def unload_plan(self, handle: Any) -> None:
         for task, h in list(self._tasks.items()):
@@ -243,9 +269,29 @@ class SimDevice(Device):
         s.vhq.push(task, first, last)
         self._pump(s)
 
+    def enqueue_padded(self, stream: int, task: int, kernel: int,
+                       parts: Sequence[tuple[int, int, int, int, int]]) -> None:
+        """One launch of ``kernel`` of ``task`` padded with BE block ranges (see Device)."""
+        for p in parts:
+            if p[0] not in self._tasks:
+                raise ValueError(f"padding part {p}: unknown task {p[0]}")
+            blocks = self._tasks[p[0]].consts[p[1]][0]
+            if p[3] < 1 or p[2] < 0 or p[2] + p[3] > blocks or p[4] < 1:
+                raise ValueError(f"padding part {p}: kernel has {blocks} blocks")
+        if parts:
+            self._padding[(task, kernel)] = tuple(tuple(p) for p in parts)  # type: ignore[misc]
+        self.enqueue(stream, task, kernel, kernel)
+
     def reset(self, stream: int) -> ResetInfo | None:
-        r = self._streams[stream].vhq.reset()
-        return None if r is None else ResetInfo(*r)
+        vhq = self._streams[stream].vhq
+        r = vhq.reset()
+        if r is None:
+            return None
+        info = ResetInfo(*r, restore_c=vhq.restore_c)
+        if self._padding:  # dropped launches take their padding with them
+            for key in [k for k in self._padding if k[0] == info.task and k[1] > info.last_sent]:
+                del self._padding[key]
+        return info
 
     def in_flight(self, stream: int) -> int:
         return self._streams[stream].vhq.in_flight
@@ -305,12 +351,43 @@ class SimDevice(Device):
         k = _KRun(s, task, kernel, self._seq, self._t, self._tasks[task].consts[kernel])
         s.cur = k
         self._ready.append(k)
+        if self._padding:
+            parts = self._padding.pop((task, kernel), None)
+            if parts:
+                self._start_padding(k, parts)
+
+    def _start_padding(self, k: _KRun, parts: tuple[tuple[int, int, int, int, int], ...]) -> None:
+        """A padded launch: the RT kernel pays the dispatcher's overhead and its BE parts
+        become block groups of the same launch, placed from the last SM down."""
+        k.block_s *= 1.0 + self.gpu.pad_overhead
+        self.stats["padded_launches"] += 1
+        sms = self.gpu.sms
+        layers = math.ceil(k.pending / sms)  # REEF's cu_partition: RT keeps whole SMs
+        cu_rt = min(sms, math.ceil(k.pending / layers))
+        k.order = self._order[:cu_rt]
+        be_order = self._rev_order[: sms - cu_rt] or self._rev_order
+        k.done_parts = parts
+        for task, kernel, first, n, occ in parts:
+            h = self._tasks.get(task)
+            if h is None:  # released meanwhile (answered, aborted): nothing to run
+                continue
+            self._seq += 1
+            c = h.consts[kernel]
+            kb = _KRun(k.stream, task, kernel, self._seq, self._t, c)
+            kb.pending = n
+            kb.cost = max(kb.cost, _U // max(1, occ))  # at most `occ` per SM
+            kb.order = be_order
+            kb.parent = k
+            kb.first_block = first
+            k.parts.append(kb)
+            self._ready.append(kb)
+            self.stats["padded_blocks"] += n
 
     def _schedule(self) -> None:
         """Place blocks of ready kernels: higher priority first, then FIFO by ready time."""
         ready = self._ready
         if len(ready) > 1:
-            ready.sort(key=_order)
+            ready.sort(key=_prio)
         i = 0
         while i < len(ready):
             k = ready[i]
@@ -336,39 +413,40 @@ class SimDevice(Device):
             self._at(k.evict_until, self._finish, k)
 
     def _place(self, k: _KRun) -> None:
-        """Start as many of ``k``'s pending blocks as fit, spread evenly over the SMs."""
+        """Start as many of ``k``'s pending blocks as fit, breadth-first over the SMs.
+
+        As a GPU's block dispatcher does: one block per SM in SM order (skipping full SMs),
+        then a second round, and so on, so concurrent kernels share the low SMs and slow
+        each other per their packing curves. A padded launch (``k.order``) keeps its RT
+        blocks on its first SMs and its BE parts on the others, filled from the last
+        SM down: the CUs the padded RT kernel leaves free (REEF Fig. 9's CU partition).
+        """
         free = self._free
         cost = k.cost
         want = k.pending
-        n_sm = len(free)
+        order = k.order if k.order is not None else self._order
+        n_sm = len(order)
         alloc: list[tuple[int, int]] = []
-        if want < n_sm:  # try one block on each of `want` SMs, round robin from _rr
-            rr = self._rr
-            for i in range(rr, n_sm):
+        n = 0
+        if want <= n_sm:  # one block on each of the first `want` SMs with room
+            for i in order:
                 if free[i] >= cost:
                     alloc.append((i, 1))
-                    if len(alloc) == want:
+                    n += 1
+                    if n == want:
                         break
-            else:
-                for i in range(rr):
-                    if free[i] >= cost:
-                        alloc.append((i, 1))
-                        if len(alloc) == want:
-                            break
-            if len(alloc) == want:
-                self._rr = (alloc[-1][0] + 1) % n_sm
-                n = want
-            else:
-                alloc = []
+            if n < want and any(free[i] >= 2 * cost for i, _ in alloc):
+                alloc = []  # fewer SMs with room than blocks: rounds below
+                n = 0
         if not alloc:
-            fits = [f // cost for f in free]
+            fits = [free[i] // cost for i in order]
             total = sum(fits)
             if total == 0:
                 return
             if want >= total:
-                alloc = [(i, f) for i, f in enumerate(fits) if f]
+                alloc = [(i, f) for i, f in zip(order, fits, strict=True) if f]
                 n = total
-            else:  # water-fill to the lowest level L that holds `want` blocks
+            else:  # rounds of one block per SM: the lowest level L that holds `want`
                 n = want
                 srt = sorted(fits)
                 acc = 0  # blocks of SMs whose fit is below the level
@@ -383,28 +461,33 @@ class SimDevice(Device):
                     level += 1
                 base = [f if f < level else level - 1 for f in fits]
                 rem = want - sum(base)
-                for i in range(n_sm):
+                for j in range(n_sm):
                     if rem == 0:
                         break
-                    if fits[i] >= level:
-                        base[i] += 1
+                    if fits[j] >= level:
+                        base[j] += 1
                         rem -= 1
-                alloc = [(i, b) for i, b in enumerate(base) if b]
-        demand = self._demand
-        w = k.w
+                alloc = [(i, b) for i, b in zip(order, base, strict=True) if b]
+        press = self._press
+        p = k.press
         f_sum = 0.0
+        d = 1
         for i, b in alloc:
             free[i] -= b * cost
-            f_sum += demand[i]
-            demand[i] += b * w
+            f_sum += press[i] * b
+            press[i] += b * p
+            if b > d:
+                d = b
         units = n * cost
         s = k.stream
         self._free_total -= units
         s.used += units
-        own = n / len(alloc) * w
-        dur = k.block_s * (
-            max(1.0, self.interference * f_sum / len(alloc) + own) / max(1.0, k.alone * w)
-        )
+        # The batch ends with its most packed SM (d blocks), which follows the kernel's
+        # packing curve; blocks of other kernels (and earlier batches) already on its SMs
+        # add their pressure (block-weighted mean).
+        dur = k.block_s * max(
+            1.0, curve_at(k.curve, p, d) + self.interference * f_sum / n
+        ) / k.g_alone
         if self.jitter:
             dur *= max(0.1, self._rng.gauss(1.0, self.jitter))
         if k.started == 0:
@@ -419,17 +502,29 @@ class SimDevice(Device):
         k, alloc, n = arg
         cost = k.cost
         free = self._free
-        demand = self._demand
-        w = k.w
+        press = self._press
+        p = k.press
         for i, b in alloc:
             free[i] += b * cost
-            demand[i] -= b * w
+            press[i] -= b * p
         units = n * cost
         self._free_total += units
         k.stream.used -= units
         k.running -= n
         if k.running == 0 and k.pending == 0:
-            if k.evicted and k.evict_until > self._t:
+            if k.parent is not None:  # a padding part of a padded launch
+                parent = k.parent
+                parent.parts.remove(k)
+                if self.timeline is not None:
+                    self.timeline.append((k.stream.id, k.task, k.kernel, k.t_start, self._t,
+                                          True, k.started))
+                if not parent.parts and parent.running == 0 and parent.pending == 0:
+                    self.stats["pad_tail_s"] += self._t - parent.evict_until
+                    self._finish(parent)
+            elif k.parts:
+                k.evict_until = self._t  # (unused for a padded launch) RT blocks' end
+                return  # the RT blocks are done; the launch ends with its last BE block
+            elif k.evicted and k.evict_until > self._t:
                 self._at(k.evict_until, self._finish, k)
             else:
                 self._finish(k)
@@ -451,12 +546,19 @@ class SimDevice(Device):
             self._start_head(s)
         self._pump(s)
         if self._on_complete is not None:
-            self._on_complete(Completion(s.id, task, kernel, executed, k.t_start, self._t))
+            self._on_complete(Completion(s.id, task, kernel, executed, k.t_start, self._t,
+                                         k.done_parts))
 
 
-def _order(k: _KRun) -> tuple[int, float, int]:
+def _prio(k: _KRun) -> tuple[int, float, int]:
     return (-k.stream.priority, k.t_ready, k.seq)
 
 
 def _call0(fn: Callable[[], None]) -> None:
     fn()
+
+
+def kernel_consts(kp: KernelProfile, gpu: GpuSpec) -> KConsts:
+    """Simulation constants of one kernel on ``gpu`` (see :func:`profiles.packing`)."""
+    blocks, bps, block_s_us, curve, press, g_alone = packing(kp, gpu.sms, gpu)
+    return (blocks, _U // bps, block_s_us * 1e-6, press, curve, g_alone)

@@ -13,8 +13,10 @@ from typing import Literal
 from av_infer.errors import InvalidParameterError
 
 #: How RT arrival treats running BE tasks.
-#: ``none``: BE keeps running; ``wait``: stop feeding BE, start RT once every launched BE
-#: kernel finished (REEF §7.3 baseline); ``reset``: REEF-N reset-based preemption (vHQ
+#: ``none``: BE keeps running; ``wait``: REEF §7.3's wait-based baseline "with lazy
+#: eviction and no limit on launched kernels": the flag is raised, and RT starts once every
+#: launched BE kernel ran or was fetched and evicted itself (linear in what was launched);
+#: ``reset``: REEF-N reset-based preemption (vHQ
 #: reset + preemption flag: the <= c launched BE kernels finish or evict themselves at
 #: their flag check; BE is restored from the restore point). RT starts at once on the
 #: high-priority stream, or — with the scheduler's ``preempt_drain`` — after those <= c
@@ -36,6 +38,7 @@ class Policy:
     preempt: PreemptKind
     be_unbounded: bool  # BE streams transmit without the c bound (wait-based baseline)
     available: bool = True
+    padding: bool = False  # RT launches padded with blocks of preempted BE tasks (DKP)
     doc: str = ""
 
     @property
@@ -57,16 +60,29 @@ POLICIES: dict[str, Policy] = {
                doc="As streams, RT on the highest stream priority (the CPU device cannot "
                "honour stream priorities; sim and cuda do)."),
         Policy("wait", True, False, True, "wait", True,
-               doc="Wait-based preemption: BE launches unbounded; on RT arrival stop "
-               "feeding BE and start RT once launched BE kernels finished."),
+               doc="Wait-based preemption (REEF §7.3 baseline): BE launches unbounded; on RT "
+               "arrival raise the flag and start RT once every launched BE kernel ran or "
+               "evicted itself; BE restored from what completed."),
         Policy("reef", True, False, True, "reset", False,
                doc="REEF-N: vHQ reset + preemption flag, RT on the high-priority stream "
                "(at once, or after the <= c launched BE kernels drained with "
                "preempt_drain), BE restored from max(done, k_l - c)."),
-        Policy("reef_dkp", True, False, True, "reset", False, available=False,
-               doc="REEF-N plus dynamic kernel padding (not available yet)."),
+        Policy("reef_dkp", True, False, True, "reset", False, padding=True,
+               doc="reef plus dynamic kernel padding: each RT kernel launch carries blocks "
+               "of preempted BE tasks that obey REEF's rules (BE kernel not longer, "
+               "occupancy not lower) on the SMs it leaves free. Needs a device with "
+               "padded launches (sim; cuda later); refused on cpu."),
     )
 }
+
+
+def device_refuses(pol: Policy, device: object) -> str | None:
+    """Why ``device`` cannot run ``pol`` (None if it can): padding needs padded launches."""
+    if pol.padding and not getattr(device, "supports_padding", False):
+        why = getattr(device, "padding_reason", "") or "no padded launches"
+        return (f"policy {pol.name!r} needs dynamic kernel padding, which device "
+                f"{getattr(device, 'name', '?')!r} cannot do: {why}; use 'reef'")
+    return None
 
 
 def get_policy(name: str) -> Policy:

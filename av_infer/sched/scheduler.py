@@ -31,18 +31,21 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from av_infer._cy.dkp_select import Selector
 from av_infer._cy.vhq import restore_point
 from av_infer.devices.base import Completion, Device
 from av_infer.errors import (
     AvInferError,
     DeadlineMissedError,
     DeviceFaultError,
+    InvalidParameterError,
     RejectedError,
     RuntimeClosedError,
     UnknownModelError,
 )
 from av_infer.model.plan import Plan
-from av_infer.sched.policies import WAIT_BE_CAPACITY, Policy, get_policy
+from av_infer.profiles import round_times_us
+from av_infer.sched.policies import WAIT_BE_CAPACITY, Policy, device_refuses, get_policy
 from av_infer.sched.queues import BeQueues, RtQueue
 from av_infer.sched.request import Priority, Request, Result
 from av_infer.sched.stats import Stats
@@ -66,10 +69,29 @@ class ModelEntry:
     pinned: bool = False
     refs: int = 0
     unloading: bool = False
+    #: kernel profile (profiles.ModelProfile) for padding selection; None: never padded
+    profile: Any = None
+    _dkp: list[tuple[float, int, int, float, float]] | None = None
 
     @property
     def n_kernels(self) -> int:
         return len(self.plan.kernels)
+
+    def dkp_numbers(self, sms: int) -> list[tuple[float, int, int, float, float]] | None:
+        """Per kernel ``(duration_us, blocks, blocks_per_sm, round_us, one_us)`` for DKP
+        selection, from the profile: a round of blocks packed ``blocks_per_sm`` / one per
+        SM (``profiles.round_times_us``: REEF's ``latency`` curve scaled to the profiled
+        duration)."""
+        if self._dkp is None and self.profile is not None:
+            if len(self.profile.kernels) != self.n_kernels:
+                return None
+            out = []
+            for kp in self.profile.kernels:
+                one, rnd = round_times_us(kp, sms)
+                out.append((float(kp.duration_us), max(1, kp.blocks), max(1, kp.blocks_per_sm),
+                            rnd, one))
+            self._dkp = out
+        return self._dkp
 
 
 @dataclass(eq=False)
@@ -88,6 +110,12 @@ class Task:
     resume_from: int = 0  # next kernel to enqueue when (re)started
     enq_from: int = 0  # first kernel of the latest enqueue
     preempt_info: tuple[int, int, int] | None = None  # (last_sent, done, c) at reset
+    # DKP (BE tasks): next kernel/block to pad (-1: not padding), completed padded blocks
+    # per kernel, kernels completed by padding.
+    pad_k: int = -1
+    pad_b: int = 0
+    pad_blocks: dict[int, int] = field(default_factory=dict)
+    pad_full: set[int] = field(default_factory=set)
 
     @property
     def tid(self) -> int:
@@ -123,6 +151,9 @@ class Scheduler:
     ) -> None:
         self.device = device
         self.policy: Policy = get_policy(policy)
+        why = device_refuses(self.policy, device)
+        if why:
+            raise InvalidParameterError(why)
         self.c = int(c)
         self.edf_preempt = bool(edf_preempt)
         self.preempt_drain = bool(preempt_drain)
@@ -150,6 +181,12 @@ class Scheduler:
             s.id: s for s in (self.rt_hi, self.rt_plain, *self.be_streams)
         }
         self._apply_capacity()
+        # DKP: candidate slots (one per BE stream) and padding of RT launches in flight.
+        self.sms = _device_sms(device)
+        self._dkp: Selector | None = None
+        if getattr(device, "supports_padding", False) and self.sms:
+            self._dkp = Selector(self.sms, max(16, len(self.be_streams)))
+        self._pad_pending: dict[tuple[int, int], list[tuple[int, int, int, int, int]]] = {}
 
     # -- driver entry point ---------------------------------------------------------------
     def post(self, event: tuple) -> None:
@@ -244,6 +281,8 @@ class Scheduler:
             self._emit("kernel", {"stream": comp.stream, "task": comp.task,
                                   "kernel": comp.kernel, "executed": comp.executed,
                                   "t_start": comp.t_start, "t_end": comp.t_end})
+        if comp.parts or self._pad_pending:
+            self._dkp_credit(comp)
         task = self.tasks.get(comp.task)
         if task is None:
             self._schedule()
@@ -256,6 +295,8 @@ class Scheduler:
             if task.done == 0 and math.isnan(task.req.timings.first_kernel_start):
                 task.req.timings.first_kernel_start = comp.t_start
             task.done += 1
+            while task.done in task.pad_full:  # the rest already ran as padding
+                task.done += 1
         if task.state == ABORTING:
             if task.outstanding <= 0:
                 self._release(task)
@@ -268,6 +309,9 @@ class Scheduler:
     # -- control (called through post(("control", fn, fut))) ----------------------------------
     def set_policy(self, name: str) -> None:
         pol = get_policy(name)
+        why = device_refuses(pol, self.device)
+        if why:
+            raise InvalidParameterError(why)
         old, self.policy = self.policy, pol
         if not pol.accepts_be:
             err = RejectedError(f"BE request rejected: policy switched to {pol.name!r}")
@@ -357,7 +401,7 @@ class Scheduler:
             if pol.exclusive and (self._be_running() or self.rt_active):
                 return
             if pol.preempt != "none":
-                self._preempt_be(flag=pol.preempt == "reset")
+                self._preempt_be()
                 if (pol.preempt == "wait" or self.preempt_drain) and any(
                         s.outstanding > 0 for s in self.be_streams if s.owner is not None):
                     return  # what BE launched finishes or self-evicts first
@@ -374,6 +418,8 @@ class Scheduler:
         if info is None:
             return  # fully transmitted: it drains and completes on its own
         self._account_dropped(cur, s, info.dropped)
+        if self._pad_pending and info.task == cur.tid:
+            self._dkp_forget(cur.tid, info.last_sent)
         resume = max(info.last_sent + 1, info.done) if info.task == cur.tid else cur.enq_from
         if resume >= cur.n:
             return  # nothing was dropped: it completes on its own
@@ -394,34 +440,29 @@ class Scheduler:
         task.outstanding -= dropped
         s.outstanding -= dropped
 
-    def _preempt_be(self, flag: bool) -> None:
-        """Reset every BE stream that is feeding a task; with ``flag``, raise its flag."""
+    def _preempt_be(self) -> None:
+        """Reset every BE stream that is feeding a task, then raise its flag: launches still
+        in flight (<= c under reef, everything under wait) run or evict themselves."""
         for s in self.be_streams:
             t = s.owner
             if t is None or t.state != RUNNING:
                 continue
-            info = self.device.reset(s.id)
+            info = self.device.reset(s.id)  # before the flag: ``done`` counts executed only
             if info is None:
                 continue  # nothing queued or in flight: its completions are on the way
             self._account_dropped(t, s, info.dropped)
             mine = info.task == t.tid
-            if flag:
-                self.device.set_preempt(s.id, True)
-                s.flagged = True
-                t.state = PREEMPTED
-                t.preempt_info = (info.last_sent if mine else -1,
-                                  info.done if mine else t.enq_from, self.c)
-            else:
-                if info.dropped == 0:
-                    continue  # everything launched: it runs to completion
-                t.state = PAUSED
-                t.resume_from = max(info.last_sent + 1, info.done) if mine else t.enq_from
+            self.device.set_preempt(s.id, True)
+            s.flagged = True
+            t.state = PREEMPTED
+            t.preempt_info = (info.last_sent if mine else -1,
+                              info.done if mine else t.enq_from, info.restore_c or self.c)
             t.req.timings.preempted += 1
             with self.stats.lock:
                 self.stats.preemptions += 1
             if self.listeners:
                 self._emit("preempt", {"request_id": t.tid, "stream": s.id,
-                                       "kind": "reset" if flag else "wait",
+                                       "kind": self.policy.preempt,
                                        "last_sent": info.last_sent, "done": info.done,
                                        "dropped": info.dropped, "t": self.device.now()})
 
@@ -475,6 +516,11 @@ class Scheduler:
         last_sent, done, c = t.preempt_info or (-1, t.done, self.c)
         rp = int(restore_point(last_sent, done, c)) if last_sent >= 0 else done
         rp = min(rp, t.done)  # never skip a kernel not known to have executed
+        if t.pad_k >= 0:  # padded meanwhile: completions of padded launches are certain
+            if t.done > last_sent:
+                rp = t.done
+            t.pad_k, t.pad_b = -1, 0
+            t.pad_blocks.clear()
         self.device.set_preempt(s.id, False)
         s.flagged = False
         reexec = t.done - rp
@@ -543,7 +589,110 @@ class Scheduler:
         n = t.n - first
         t.outstanding += n
         s.outstanding += n
-        self.device.enqueue(s.id, t.tid, first, t.n - 1)
+        if t.rt and self.policy.padding and self._dkp is not None:
+            self._enqueue_padded(t, s, first)
+        else:
+            self.device.enqueue(s.id, t.tid, first, t.n - 1)
+
+    # -- dynamic kernel padding (REEF §5) -----------------------------------------------------
+    def _enqueue_padded(self, t: Task, s: StreamState, first: int) -> None:
+        """Enqueue RT kernels ``first..`` asking the selector, kernel by kernel, for blocks of
+        preempted BE tasks (as REEF's launch loop does); runs without padding stay ranges."""
+        sel = self._dkp
+        rt_nums = t.entry.dkp_numbers(self.sms)
+        cands = self._dkp_refresh() if rt_nums is not None else {}
+        if not cands:
+            self.device.enqueue(s.id, t.tid, first, t.n - 1)
+            return
+        dev = self.device
+        run_from = first
+        for k in range(first, t.n):
+            dur, blocks, bps, _, _ = rt_nums[k]
+            parts = sel.select(dur, blocks, bps)
+            if not parts:
+                continue
+            if run_from < k:
+                dev.enqueue(s.id, t.tid, run_from, k - 1)
+            dev.enqueue_padded(s.id, t.tid, k, parts)
+            run_from = k + 1
+            self._pad_pending[(t.tid, k)] = parts
+            with self.stats.lock:
+                self.stats.padded_launches += 1
+                self.stats.padded_blocks += sum(p[3] for p in parts)
+            for tid, kern, b0, nb, _occ in parts:  # move the cursors past what was issued
+                bt, slot = cands[tid]
+                nums = bt.entry.dkp_numbers(self.sms)
+                kb = nums[kern][1]
+                if b0 + nb >= kb:
+                    bt.pad_k, bt.pad_b = kern + 1, 0
+                else:
+                    bt.pad_k, bt.pad_b = kern, b0 + nb
+                self._dkp_offer(bt, slot, nums)
+        if run_from < t.n:
+            dev.enqueue(s.id, t.tid, run_from, t.n - 1)
+
+    def _dkp_refresh(self) -> dict[int, tuple[Task, int]]:
+        """Offer the next kernel of every preempted BE task (one selector slot per BE
+        stream); returns task id -> (task, slot) of the candidates."""
+        sel = self._dkp
+        out: dict[int, tuple[Task, int]] = {}
+        for slot, bs in enumerate(self.be_streams):
+            t = bs.owner
+            nums = t.entry.dkp_numbers(self.sms) if t is not None else None
+            if t is None or t.state != PREEMPTED or t.answered or nums is None:
+                sel.clear(slot)
+                continue
+            if t.pad_k < 0:
+                t.pad_k, t.pad_b = t.done, 0
+            if self._dkp_offer(t, slot, nums):
+                out[t.tid] = (t, slot)
+        return out
+
+    def _dkp_offer(self, t: Task, slot: int,
+                   nums: list[tuple[float, int, int, float, float]]) -> bool:
+        if t.pad_k >= t.n:
+            self._dkp.clear(slot)
+            return False
+        dur, blocks, bps, rnd, one = nums[t.pad_k]
+        self._dkp.set(slot, t.tid, t.pad_k, dur, blocks, bps, min(t.pad_b, blocks), rnd, one)
+        return True
+
+    def _dkp_credit(self, comp: Completion) -> None:
+        """A padded launch completed: its BE blocks ran; kernels whose every block ran count
+        as executed (in order, so ``done`` stays a prefix)."""
+        parts = self._pad_pending.pop((comp.task, comp.kernel), None)
+        if parts is None:
+            return
+        for tid, kern, _b0, nb, _occ in parts:
+            bt = self.tasks.get(tid)
+            if bt is None or bt.answered:
+                continue
+            nums = bt.entry.dkp_numbers(self.sms)
+            got = bt.pad_blocks.get(kern, 0) + nb
+            bt.pad_blocks[kern] = got
+            if nums is None or got < nums[kern][1]:
+                continue
+            bt.pad_full.add(kern)
+            bt.req.timings.kernels_padded += 1
+            with self.stats.lock:
+                self.stats.padded_kernels += 1
+            while bt.done in bt.pad_full:
+                bt.done += 1
+            if bt.done >= bt.n:
+                self._finish(bt, comp.t_end)
+
+    def _dkp_forget(self, rt_tid: int, last_sent: int) -> None:
+        """RT launches after ``last_sent`` were dropped by a reset: their BE blocks never
+        ran, so each BE task's cursor goes back to its first dropped part."""
+        back: dict[int, tuple[int, int]] = {}
+        for key in sorted(k for k in self._pad_pending if k[0] == rt_tid and k[1] > last_sent):
+            for tid, kern, b0, _nb, _occ in self._pad_pending.pop(key):
+                if tid not in back:
+                    back[tid] = (kern, b0)
+        for tid, (kern, b0) in back.items():
+            bt = self.tasks.get(tid)
+            if bt is not None and bt.pad_k >= 0:
+                bt.pad_k, bt.pad_b = kern, b0
 
     def _detach(self, t: Task) -> None:
         if t.rt:
@@ -697,3 +846,10 @@ class Scheduler:
                     fut.set_result(value)
             except Exception:  # InvalidStateError if someone cancelled it meanwhile
                 log.debug("future already resolved", exc_info=True)
+
+
+def _device_sms(device: Device) -> int:
+    """SM count of the device (0 if it does not say): DKP counts slots per SM."""
+    gpu = getattr(device, "gpu", None)
+    sms = getattr(gpu, "sms", None) or getattr(device, "sms", None)
+    return int(sms) if isinstance(sms, int) and sms > 0 else 0

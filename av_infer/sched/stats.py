@@ -78,6 +78,9 @@ class Stats:
         self.restores = 0
         self.kernels_reexecuted = 0
         self.rt_switches = 0  # edf_preempt take-overs of the RT stream
+        self.padded_launches = 0  # RT launches that carried BE blocks (DKP)
+        self.padded_blocks = 0  # BE blocks that ran inside padded launches
+        self.padded_kernels = 0  # BE kernels completed by padding
 
     def client(self, name: str, priority: str) -> ClientStats:
         cs = self.clients.get(name)
@@ -112,4 +115,7 @@ class Stats:
                 "restores": self.restores,
                 "kernels_reexecuted": self.kernels_reexecuted,
                 "rt_switches": self.rt_switches,
+                "padded_launches": self.padded_launches,
+                "padded_blocks": self.padded_blocks,
+                "padded_kernels": self.padded_kernels,
             }

@@ -1,0 +1,148 @@
+"""DISB A on the simulator reproduces REEF §7.2's qualitative result (virtual time, so
+timing assertions are valid here), deterministically for a seed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from av_infer.bench.harness import Bench, BenchConfig, available_policies
+from av_infer.bench.report import build_report
+from av_infer.bench.workload import load_workload
+from av_infer.cli import main
+
+DURATION = 2.0
+
+
+@pytest.fixture(scope="module")
+def report_a() -> dict:
+    cfg = BenchConfig(device="sim", duration=DURATION, seed=0, progress=False, standalone_n=5)
+    bench = Bench(load_workload("A"), cfg)
+    runs = [bench.run_policy(p) for p in available_policies()]
+    return build_report(bench, runs)
+
+
+def test_reef_keeps_rt_latency_within_2pct_of_rt_only(report_a: dict) -> None:
+    pol = report_a["policies"]
+    ref, reef = pol["rt_only"]["rt"], pol["reef"]["rt"]
+    assert reef["count"] == ref["count"] > 0
+    assert reef["p50_ms"] <= ref["p50_ms"] * 1.02
+    assert reef["p99_ms"] <= ref["p99_ms"] * 1.02
+    assert reef["deadline_misses"] <= ref["deadline_misses"]
+
+
+def test_reef_throughput_well_above_rt_only(report_a: dict) -> None:
+    pol = report_a["policies"]
+    assert pol["rt_only"]["be"]["count"] == 0
+    assert pol["reef"]["be"]["throughput_rps"] > 0
+    assert pol["reef"]["throughput_rps"] >= 1.2 * pol["rt_only"]["throughput_rps"]
+    # Without padding, BE can only use the time RT leaves idle: reef must use (nearly) all
+    # of it (work conserving): idle fraction / resnet152's standalone latency.
+    m = report_a["models"]
+    rt_busy = pol["rt_only"]["rt"]["throughput_rps"] * m["vgg19"]["standalone_p50_ms"] / 1e3
+    be_capacity = (1.0 - rt_busy) / (m["resnet152"]["standalone_p50_ms"] / 1e3)
+    assert pol["reef"]["be"]["throughput_rps"] >= 0.85 * be_capacity
+    assert pol["reef"]["preemptions"] > 0
+
+
+def _clearly_worse(report: dict, name: str) -> None:
+    pol = report["policies"]
+    ref, rt = pol["rt_only"]["rt"], pol[name]["rt"]
+    assert rt["p99_ms"] >= 1.2 * ref["p99_ms"], name
+    assert rt["p50_ms"] >= 1.05 * ref["p50_ms"], name
+
+
+def test_seq_is_clearly_worse_on_rt_latency(report_a: dict) -> None:
+    _clearly_worse(report_a, "seq")
+
+
+# Calibrated (docs/dkp.md "Simulator calibration"): trace kernels have their hardware
+# occupancy, blocks spread breadth-first from SM 0 so RT and BE share CUs, and every
+# co-resident block slows a block by its packing-curve pressure.
+def test_streams_is_clearly_worse_on_rt_latency(report_a: dict) -> None:
+    _clearly_worse(report_a, "streams")
+
+
+def test_reef_preempts_faster_than_wait(report_a: dict) -> None:
+    pol = report_a["policies"]
+    assert pol["reef"]["preemption_us"]["count"] > 0
+    assert pol["reef"]["preemption_us"]["p99"] < pol["wait"]["preemption_us"]["p99"]
+
+
+def test_models_say_their_source(report_a: dict) -> None:
+    assert report_a["models"]["vgg19"]["source"].startswith("reef-trace:vgg")
+    assert report_a["models"]["resnet152"]["source"].startswith("reef-trace:resnet152")
+
+
+def _num(x: object) -> bool:
+    return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))
+
+
+def test_json_schema(report_a: dict) -> None:
+    doc = json.loads(json.dumps(report_a))
+    for key, typ in [("workload", str), ("device", str), ("duration_s", float), ("seed", int),
+                     ("models", dict), ("policies", dict), ("tasks", list)]:
+        assert isinstance(doc[key], typ), key
+    assert set(doc["policies"]) == set(available_policies())
+    for m in doc["models"].values():
+        assert isinstance(m["source"], str) and isinstance(m["kernels"], int)
+    for name, p in doc["policies"].items():
+        rt = p["rt"]
+        for k in ("p50_ms", "p90_ms", "p99_ms", "p999_ms", "mean_ms", "max_ms",
+                  "standalone_p50_ms", "increase_pct", "increase_p99_pct"):
+            assert _num(rt[k]) and rt[k] is not None, (name, k)
+        for k in ("deadline_misses", "count"):
+            assert isinstance(rt[k], int), (name, k)
+        assert isinstance(rt["clients"], dict) and "vgg19_rt" in rt["clients"]
+        assert _num(p["be"]["throughput_rps"]) and isinstance(p["be"]["count"], int)
+        assert _num(p["throughput_rps"])
+        assert set(p["preemption_us"]) >= {"p50", "p99", "max", "count"}
+        assert all(_num(v) for v in p["preemption_us"].values())
+        assert isinstance(p["kernels_reexecuted"], int)
+        assert _num(p["padded_fraction"])
+
+
+def test_cli_is_deterministic_and_writes_outputs(tmp_path) -> None:
+    def run(tag: str) -> dict:
+        out = tmp_path / tag
+        rc = main(["bench", "--workload", "A", "--policy", "rt_only,reef", "--device", "sim",
+                   "--duration", "0.5", "--seed", "3", "--standalone-n", "3",
+                   "--no-progress", "--json", str(out / "a.json"), "--plot",
+                   str(out / "a.png")])
+        assert rc == 0
+        for name in ("a.png", "a_throughput.png", "a_timeline.png"):
+            assert (out / name).stat().st_size > 0
+        doc = json.loads((out / "a.json").read_text())
+        for p in doc["policies"].values():
+            p.pop("wall_s")
+        return doc
+
+    assert run("one") == run("two")
+
+
+def test_sweep_c(tmp_path) -> None:
+    rc = main(["bench", "--workload", "A", "--sweep", "c=1,4", "--device", "sim",
+               "--duration", "0.5", "--standalone-n", "3", "--no-progress", "--out",
+               str(tmp_path)])
+    assert rc == 0
+    doc = json.loads((tmp_path / "A_sweep_c.json").read_text())
+    res = doc["sweep"]["results"]
+    assert [r["c"] for r in res] == [1, 4] and doc["sweep"]["policy"] == "reef"
+    assert (tmp_path / "A_sweep_c.png").stat().st_size > 0
+
+
+def test_trace_driven_run(tmp_path) -> None:
+    trace = tmp_path / "apollo_like.json"
+    trace.write_text(json.dumps([0, 7, 30, 31, 90, 200]))
+    out = tmp_path / "t.json"
+    rc = main(["bench", "--workload", "A", "--trace", str(trace), "--policy", "rt_only,reef",
+               "--device", "sim", "--duration", "0.5", "--standalone-n", "3", "--no-progress",
+               "--json", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["workload"] == "A+apollo_like"
+    assert doc["tasks"][0]["load"] == "trace" and doc["tasks"][0]["deadline_ms"] == 40.0
+    for p in doc["policies"].values():
+        assert p["rt"]["count"] == 6
+    assert doc["policies"]["reef"]["be"]["count"] > 0

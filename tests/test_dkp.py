@@ -1,0 +1,324 @@
+"""Dynamic kernel padding (REEF §5): selection rules, block accounting, and its effect on the
+simulated MI50 with the REEF traces (virtual time: timing assertions are exact here)."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+from av_infer._cy.dkp_select import Selector, select_padding
+
+from av_infer.devices.base import Completion
+from av_infer.devices.sim import SimDevice
+from av_infer.errors import InvalidParameterError
+from av_infer.model.plan import Geometry, Kernel, Plan
+from av_infer.profiler import profile_plan
+from av_infer.profiles import KernelProfile, ModelProfile, default_trace_dir, load_reef_trace
+from av_infer.runtime import Runtime
+from av_infer.sched.request import Priority, Result
+
+SMS = 60
+needs_traces = pytest.mark.skipif(not default_trace_dir().is_dir(), reason="no REEF traces")
+
+
+# -- selection rules ------------------------------------------------------------------------
+
+
+def test_rule1_forbids_longer_be_kernels() -> None:
+    rt = (100.0, 30, 4)
+    assert select_padding(rt, [(1, 0, 100.1, 60, 4, 0)], SMS) == []
+    assert select_padding(rt, [(1, 0, 100.0, 60, 4, 0)], SMS) == [(1, 0, 0, 60, 4)]
+
+
+def test_rule2_forbids_lower_occupancy() -> None:
+    rt = (100.0, 30, 4)
+    assert select_padding(rt, [(1, 0, 50.0, 60, 3, 0)], SMS) == []
+    assert select_padding(rt, [(1, 0, 50.0, 60, 8, 0)], SMS) == [(1, 0, 0, 60, 8)]
+
+
+def test_blocks_fit_the_slots_the_rt_kernel_leaves() -> None:
+    # RT: 30 blocks spread one per SM hold 30 SMs; 30 SMs x 4 RT slots are free. A BE
+    # kernel of occupancy 4 whose round takes 25 us runs 4 rounds in the RT kernel's 100 us.
+    (part,) = select_padding((100.0, 30, 4), [(1, 0, 25.0, 10_000, 4, 0)], SMS)
+    assert part == (1, 0, 0, 30 * 4 * 4, 4)
+    # A full-GPU RT kernel leaves nothing; one wave over 45 SMs (90 blocks, 2 layers) 15.
+    assert select_padding((100.0, 60, 1), [(1, 0, 25.0, 100, 4, 0)], SMS) == []
+    (part,) = select_padding((100.0, 90, 2), [(1, 0, 100.0, 1000, 2, 0)], SMS)
+    assert part[3] == 15 * 2
+    # Two candidates share the free SMs greedily, in slot order, one kernel per task.
+    parts = select_padding((100.0, 30, 4), [(1, 0, 100.0, 64, 4, 0), (2, 5, 100.0, 500, 4, 0)],
+                           SMS)
+    assert parts == [(1, 0, 0, 64, 4), (2, 5, 0, 120 - 64, 4)]
+
+
+def test_occupancy_is_lowered_until_a_round_fits_the_rt_kernel() -> None:
+    # One block per SM takes 40 us, 8 per SM 180 us (20 us per extra block): inside a 100 us
+    # RT kernel only 4 per SM fit (100 us), once.
+    (part,) = select_padding((100.0, 30, 2), [(1, 0, 90.0, 10_000, 8, 0, 180.0, 40.0)], SMS)
+    assert part == (1, 0, 0, 30 * 4, 4)
+
+
+def test_partial_kernels_continue_where_they_stopped() -> None:
+    sel = Selector(SMS, 4)
+    sel.set(2, 7, 3, 25.0, 1000, 4, 0)
+    first = sel.select(100.0, 30, 4)
+    assert first == [(7, 3, 0, 480, 4)]
+    sel.set(2, 7, 3, 25.0, 1000, 4, 480)  # the caller commits what it launched
+    assert sel.select(100.0, 30, 4) == [(7, 3, 480, 480, 4)]
+    sel.set(2, 7, 3, 25.0, 1000, 4, 960)
+    assert sel.select(100.0, 30, 4) == [(7, 3, 960, 40, 4)]
+    sel.set(2, 7, 3, 25.0, 1000, 4, 1000)
+    assert sel.select(100.0, 30, 4) == []
+    sel.clear(2)
+    assert len(sel) == 0
+    with pytest.raises(ValueError):
+        sel.set(0, 1, 0, 10.0, 10, 4, 11)
+    with pytest.raises(IndexError):
+        sel.set(4, 1, 0, 10.0, 10, 4, 0)
+
+
+# -- block accounting on the simulator ------------------------------------------------------
+
+
+def synthetic(name: str, n: int, dur_us: float, blocks: int, bps: int) -> tuple[Plan, ModelProfile]:
+    g = Geometry((blocks, 1, 1), (256, 1, 1))
+    plan = Plan(name, [Kernel(i, "trace", f"k{i}", (), (), {}, g) for i in range(n)],
+                {}, {}, [], [], reuse_guard=n + 1)
+    prof = ModelProfile(name, "mi50", SMS, [
+        KernelProfile(i, f"k{i}", dur_us, blocks, 256, blocks_per_sm=bps) for i in range(n)])
+    return plan, prof
+
+
+class Recorder(SimDevice):
+    """The simulator, recording padded launches as issued and as completed."""
+
+    def __init__(self, *a: object, **kw: object) -> None:
+        super().__init__(*a, **kw)  # type: ignore[arg-type]
+        self.issued: list[tuple] = []
+        self.completed: list[tuple] = []
+
+    def enqueue_padded(self, stream: int, task: int, kernel: int, parts: object) -> None:
+        self.issued.extend(parts)  # type: ignore[arg-type]
+        super().enqueue_padded(stream, task, kernel, parts)  # type: ignore[arg-type]
+
+    def start(self, on_complete):  # type: ignore[no-untyped-def]
+        def hook(c: Completion) -> None:
+            self.completed.extend(c.parts)
+            on_complete(c)
+        super().start(hook)
+
+
+def test_a_be_task_padded_across_rt_kernels_runs_every_block_exactly_once() -> None:
+    # RT kernels of 200 us on 30 SMs; BE kernels of 2000 blocks (9 waves of 16.7 us alone):
+    # 1440 blocks fit one RT kernel, so BE kernels are split across padded launches.
+    rt_plan, rt_prof = synthetic("rt", 10, 200.0, 30, 4)
+    be_plan, be_prof = synthetic("be", 12, 150.0, 2000, 4)
+    dev = Recorder("mi50", {"rt": rt_prof, "be": be_prof}, record=True)
+    rt = Runtime(device=dev, policy="reef_dkp", c=4)
+    rt.load_model("rt", rt_plan)
+    rt.load_model("be", be_plan)
+    f_be = rt.submit("be", {}, priority=Priority.BE)
+    rts: list[Future[Result]] = []
+
+    def rt_loop() -> None:  # back-to-back RT requests until BE is done
+        if not f_be.done():
+            f = rt.submit("rt", {}, priority=Priority.RT)
+            rts.append(f)
+            f.add_done_callback(lambda _: rt_loop())
+
+    dev.call_at(100e-6, rt_loop)
+    dev.run()
+    be_t = f_be.result().timings
+    assert be_t.preempted >= 1 and be_t.kernels_padded > 0
+    be_tid = f_be.result().request_id
+    assert dev.issued == dev.completed  # nothing dropped, in order
+    covered: dict[int, list[tuple[int, int]]] = {}
+    for task, kernel, b0, n, _occ in dev.completed:
+        assert task == be_tid
+        covered.setdefault(kernel, []).append((b0, n))
+    split = 0
+    for kernel, ranges in covered.items():
+        blocks = np.zeros(2000, dtype=int)
+        for b0, n in ranges:
+            blocks[b0:b0 + n] += 1
+        if kernel != max(covered):  # every padded kernel but the last one is complete...
+            assert (blocks == 1).all(), kernel  # ...with every block exactly once
+        else:
+            assert blocks.max() == 1
+        split += len(ranges) > 1
+    assert split > 0  # some BE kernels were finished across several padded launches
+    # Kernels completed by padding never run on the BE stream (streams 0 and 1 are RT's),
+    # except the one whose blocks were running when the RT request preempted it.
+    assert dev.timeline is not None
+    padded_full = {k for k, r in covered.items() if sum(n for _, n in r) == 2000}
+    on_be_stream = [e for e in dev.timeline if e[1] == be_tid and e[5] and e[0] >= 2
+                    and e[2] in padded_full]
+    assert len(on_be_stream) <= 1, on_be_stream
+    assert be_t.kernels_padded == len(padded_full)
+    st = rt.stats()
+    assert st["padding"]["supported"] and st["padding"]["active"]
+    assert st["padding"]["kernels"] == len(padded_full)
+    assert st["padding"]["blocks"] == sum(p[3] for p in dev.issued)
+    rt.close()
+
+
+def test_be_finished_only_by_padding_completes_while_rt_runs() -> None:
+    rt_plan, rt_prof = synthetic("rt", 60, 200.0, 30, 4)
+    be_plan, be_prof = synthetic("be", 6, 100.0, 200, 4)
+    dev = SimDevice("mi50", {"rt": rt_prof, "be": be_prof})
+    rt = Runtime(device=dev, policy="reef_dkp", c=2)
+    rt.load_model("rt", rt_plan)
+    rt.load_model("be", be_plan)
+    f_be = rt.submit("be", {}, priority=Priority.BE)
+    f_rt: list[Future[Result]] = []
+    dev.call_at(120e-6, lambda: f_rt.append(rt.submit("rt", {}, priority=Priority.RT)))
+    dev.run()
+    be, rtr = f_be.result().timings, f_rt[0].result().timings
+    assert be.end < rtr.end  # finished by padding inside the (long) RT task
+    assert be.kernels_padded >= 4
+    rt.close()
+
+
+# -- policy availability ----------------------------------------------------------------------
+
+
+def test_cpu_refuses_reef_dkp_with_a_reason() -> None:
+    with pytest.raises(InvalidParameterError, match="padding"):
+        Runtime(device="cpu", policy="reef_dkp")
+    with Runtime(device="cpu", policy="reef") as rt:
+        with pytest.raises(InvalidParameterError, match="cpu"):
+            rt.set_policy("reef_dkp")
+        assert rt.policy == "reef"
+        pad = rt.stats()["padding"]
+        assert pad["supported"] is False and "SM" in pad["reason"] and not pad["active"]
+        assert rt.policy_unavailable("reef_dkp") and rt.policy_unavailable("reef") is None
+
+
+def test_sim_switches_between_reef_and_reef_dkp_at_runtime() -> None:
+    rt = Runtime(device=SimDevice("mi50"), policy="reef")
+    rt.set_policy("reef_dkp")
+    assert rt.policy == "reef_dkp" and rt.stats()["padding"]["active"]
+    rt.set_policy("reef")
+    assert rt.policy == "reef" and not rt.stats()["padding"]["active"]
+    rt.close()
+
+
+# -- with the REEF traces ----------------------------------------------------------------------
+
+
+def pair(rt_model: str, be_model: str | tuple[Plan, ModelProfile], policy: str,
+         seconds: float = 1.0) -> dict[str, float]:
+    """RT ``rt_model`` closed loop (high contention, REEF §7.4) next to a closed-loop BE
+    client; RT latencies in us, BE completions."""
+    plans = {}
+    p, prof = load_reef_trace(rt_model)
+    plans["rt"] = (p, prof)
+    plans["be"] = load_reef_trace(be_model) if isinstance(be_model, str) else be_model
+    dev = SimDevice("mi50", {v[0].name: v[1] for v in plans.values()})
+    rt = Runtime(device=dev, policy=policy, c=4)
+    for role, (plan, _) in plans.items():
+        rt.load_model(role, plan)
+    rts: list[Future[Result]] = []
+    bes: list[Future[Result]] = []
+
+    def loop(role: str, out: list, prio: Priority) -> None:
+        if dev.now() < seconds:
+            f = rt.submit(role, {}, priority=prio)
+            out.append(f)
+            f.add_done_callback(lambda _: loop(role, out, prio))
+
+    dev.call_at(0.0, lambda: loop("be", bes, Priority.BE))
+    dev.call_at(1e-3, lambda: loop("rt", rts, Priority.RT))
+    dev.run()
+    lat = np.array([f.result().timings.latency for f in rts]) / 1e-6
+    out = {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
+           "rt": len(rts), "be": sum(1 for f in bes if f.result().timings.end <= seconds),
+           "padded": rt.stats()["padding"]["kernels"]}
+    rt.close()
+    return out
+
+
+@needs_traces
+def test_vgg_padded_with_resnet152_gains_be_throughput_at_rt_latency() -> None:
+    reef, dkp = pair("vgg", "resnet152", "reef"), pair("vgg", "resnet152", "reef_dkp")
+    for q in ("p50", "p99"):
+        assert dkp[q] <= reef[q] * 1.01, (q, dkp, reef)
+    assert dkp["rt"] >= reef["rt"] * 0.99
+    # Closed-loop RT keeps the GPU busy: without padding BE never runs (REEF §7.4's RT-Only
+    # and reef); with it BE completes requests on the CUs vgg leaves free.
+    assert reef["be"] == 0 and dkp["be"] >= 5 and dkp["padded"] > 0, (dkp, reef)
+
+
+@needs_traces
+def test_disb_a_padding_raises_be_throughput_at_reef_rt_latency() -> None:
+    from tests.test_sim_scheduler import disb_a
+
+    reef, dkp = disb_a("reef"), disb_a("reef_dkp")
+    assert dkp["n"] == reef["n"] == 200
+    for q in ("p50", "p99"):
+        assert dkp[q] <= reef[q] * 1.01, (q, dkp, reef)
+    assert dkp["be"] >= 1.2 * reef["be"], (dkp, reef)  # REEF (VGG padded with RNET): 1.41x
+
+
+@needs_traces
+def test_no_gain_where_rule1_forbids_padding() -> None:
+    # Every BE kernel (5 ms) is longer than any vgg kernel (<= 0.7 ms): never padded.
+    long_be = synthetic("long", 8, 5000.0, 60, 4)
+    reef, dkp = pair("vgg", long_be, "reef"), pair("vgg", long_be, "reef_dkp")
+    assert dkp["padded"] == 0
+    assert dkp["be"] == reef["be"]
+    assert dkp["p50"] == pytest.approx(reef["p50"]) and dkp["p99"] == pytest.approx(reef["p99"])
+
+
+# -- profiles for the runtime -------------------------------------------------------------------
+
+
+def test_profile_plan_on_sim_and_load_model_uses_it(tmp_path) -> None:
+    plan, _ = synthetic("m", 4, 10.0, 120, 4)
+    prof = profile_plan(plan, "sim")
+    assert len(prof.kernels) == 4 and prof.device == "mi50"
+    prof.kernels[0].duration_us = 1234.0  # a "measured" number the simulator must use
+    path = tmp_path / "m.sim.profile.json"
+    prof.save(path)
+    dev = SimDevice("mi50")
+    rt = Runtime(device=dev, policy="reef")
+    rt.load_model("m", plan, profile=path)
+    f = rt.submit("m", {}, priority=Priority.BE)
+    dev.run()
+    assert f.result().timings.latency > 1234e-6
+    with pytest.raises(InvalidParameterError, match="profile"):
+        rt.load_model("m2", plan, profile=tmp_path / "missing.json")
+    rt.close()
+
+
+def test_profile_plan_on_a_gpu_needs_the_timer_protocol() -> None:
+    plan, _ = synthetic("m", 2, 10.0, 8, 4)
+
+    class NoTimer:
+        name = "fake"
+
+    with pytest.raises(NotImplementedError, match="time kernels"):
+        profile_plan(plan, NoTimer())
+
+    class Timer:
+        name = "fakegpu"
+
+        def load_plan(self, p: Plan) -> str:
+            return "h"
+
+        def unload_plan(self, h: str) -> None:
+            pass
+
+        def time_kernel(self, h: str, k: int, repeats: int) -> float:
+            return 10.0 + k
+
+        def occupancy(self, h: str, k: int) -> int:
+            return 3
+
+        def telemetry(self) -> dict:
+            return {"gpu": "fakegpu", "sms": 7}
+
+    prof = profile_plan(plan, Timer())
+    assert [k.duration_us for k in prof.kernels] == [10.0, 11.0]
+    assert {k.blocks_per_sm for k in prof.kernels} == {3} and prof.sms == 7
