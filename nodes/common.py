@@ -303,13 +303,37 @@ def as_float_list(value: Any) -> list[float]:
     return [float(v) for v in np.asarray(value, dtype=np.float64).reshape(-1)]
 
 
+#: Executors a process can spin its nodes on. ``single`` is the default: the runtime does
+#: the heavy work on its own threads and node callbacks are short, while rclpy's
+#: MultiThreadedExecutor busy-loops (ros2/rclpy#1223) and takes the GIL from the runtime:
+#: measured with the demo on 2 cores (2 cameras at 30 Hz + a BE client), ~1-2 frames/s per
+#: camera with ``multi`` (1 or 2 threads) against ~28 with ``single``.
+EXECUTORS = ("single", "multi")
+
+
+def make_executor(kind: str | None = None, num_threads: int | None = None,
+                  context: Any = None) -> Any:
+    """The executor to spin on: ``kind`` or $AV_INFER_EXECUTOR, else ``single``."""
+    import os
+
+    from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
+
+    kind = (kind or os.environ.get("AV_INFER_EXECUTOR") or "single").strip().lower()
+    if kind == "single":
+        return SingleThreadedExecutor(context=context)
+    if kind == "multi":
+        return MultiThreadedExecutor(num_threads=num_threads, context=context)
+    raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")
+
+
 def spin_nodes(make_nodes: Callable[[], list[Node]], args: list[str] | None = None,
-               num_threads: int | None = None) -> None:
-    """``main()`` body: init, build nodes, spin a MultiThreadedExecutor, clean up on Ctrl-C."""
+               num_threads: int | None = None, executor_kind: str | None = None) -> None:
+    """``main()`` body: init, build nodes, spin them (see ``make_executor``), clean up on
+    Ctrl-C."""
     import sys
 
     import rclpy
-    from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+    from rclpy.executors import ExternalShutdownException
 
     args = sys.argv if args is None else args
     rclpy.init(args=args)
@@ -317,7 +341,7 @@ def spin_nodes(make_nodes: Callable[[], list[Node]], args: list[str] | None = No
     executor = None
     try:
         nodes = make_nodes()
-        executor = MultiThreadedExecutor(num_threads=num_threads)
+        executor = make_executor(executor_kind, num_threads)
         for node in nodes:
             executor.add_node(node)
         executor.spin()

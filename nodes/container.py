@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from av_infer_nodes.common import spin_nodes
+from av_infer_nodes.common import EXECUTORS, spin_nodes
 from av_infer_nodes.monitoring_node import MonitoringNode
 from av_infer_nodes.perception_node import PerceptionNode
 from av_infer_nodes.runtime_node import RuntimeNode
@@ -37,8 +37,14 @@ def main(args: list[str] | None = None) -> None:
                         help="do not compose the perception node")
     parser.add_argument("--no-monitoring", action="store_true",
                         help="do not compose the monitoring node")
+    parser.add_argument("--executor", choices=EXECUTORS, default=None,
+                        help="rclpy executor (default: $AV_INFER_EXECUTOR or single; "
+                        "see av_infer_nodes.common.EXECUTORS for why)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads of the multi executor")
     opts = parser.parse_args(remove_ros_args(args)[1:])
-    spin_nodes(lambda: compose(not opts.no_perception, not opts.no_monitoring), args)
+    spin_nodes(lambda: compose(not opts.no_perception, not opts.no_monitoring), args,
+               num_threads=opts.threads, executor_kind=opts.executor)
 
 
 if __name__ == "__main__":

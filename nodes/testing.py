@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 import rclpy
+from av_infer_nodes.common import make_executor
 from rclpy.context import Context
-from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
 from sensor_msgs.msg import Image
 
@@ -28,12 +28,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class RosHarness:
-    """An rclpy context with a MultiThreadedExecutor spinning in a background thread."""
+    """An rclpy context with an executor (``make_executor``) spinning in a background
+    thread."""
 
-    def __init__(self, num_threads: int = 4, args: list[str] | None = None):
+    def __init__(self, num_threads: int = 4, args: list[str] | None = None,
+                 executor: str | None = None):
         self.context = Context()
         rclpy.init(context=self.context, args=args)
-        self.executor = MultiThreadedExecutor(num_threads=num_threads, context=self.context)
+        self.executor = make_executor(executor, num_threads, context=self.context)
         self.nodes: list[Node] = []
         self._thread = threading.Thread(target=self._spin, name="ros-harness", daemon=True)
         self._thread.start()

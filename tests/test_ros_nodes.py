@@ -55,10 +55,11 @@ class Collector:
             return list(self.items)
 
 
-@pytest.fixture(scope="module")
-def graph():
-    """Runtime host + RT perception (local) + BE monitoring (local) + a tester node."""
-    with RosHarness() as h:
+@pytest.fixture(scope="module", params=["single", "multi"])
+def graph(request):
+    """Runtime host + RT perception (local) + BE monitoring (local) + a tester node, all in
+    one process on each executor the container offers."""
+    with RosHarness(executor=request.param) as h:
         host = h.add(RuntimeNode(context=h.context, parameter_overrides=[
             Parameter("device", value="cpu"), Parameter("models", value=["tiny_cnn"]),
             Parameter("diagnostics_period_s", value=0.2)]))
