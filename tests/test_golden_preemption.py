@@ -120,8 +120,10 @@ def test_be_outputs_bit_identical_under_preemption(name, variant, rt_plan):
             assert f.result(timeout=30).timings.end > 0
         st = rt.stats()
         assert st["preemptions"] >= sum(len(s) for s in scenarios)
-        # the kernel running at each preemption (but not a finished last one) re-executes
-        assert st["kernels_reexecuted"] >= 1
+        # the cpu device reports which launches ran, so the kernel running at each
+        # preemption counts as done and nothing is re-executed (re-running from k - c is
+        # covered by the next test)
+        assert st["kernels_reexecuted"] == 0
 
 
 @pytest.mark.parametrize("c", [1, 2, 4])

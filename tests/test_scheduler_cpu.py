@@ -336,8 +336,10 @@ def test_what_an_rt_arrival_does_to_running_be(policy, plans, inputs):
     arrived = threading.Event()
     rt.add_listener(lambda k, p: arrived.set() if k == "arrival" and p["priority"] == "RT"
                     else None)
-    gate = _gate(dev, "cnn", kernel=1)
+    gate, inside = threading.Event(), threading.Event()
+    dev.hook_next("cnn", 1, lambda: (inside.set(), gate.wait(30)))
     be = rt.submit("cnn", inputs["cnn"], client="be")
+    assert inside.wait(30)  # BE is running kernel 1 when RT arrives
     f_rt = rt.submit("mlp", inputs["mlp"], priority="RT")
     if policy in ("reef", "streams", "prio_streams"):
         r_rt = f_rt.result(timeout=30)  # completes while BE is held inside kernel 1

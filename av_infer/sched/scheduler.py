@@ -514,6 +514,11 @@ class Scheduler:
 
     def _restore(self, t: Task, s: StreamState) -> None:
         last_sent, done, c = t.preempt_info or (-1, t.done, self.c)
+        # REEF's max(done, k_l - c) with ``done`` as known now: every launch of the reset
+        # stream has completed (in order) by the time we restore, so kernels that ran
+        # between the reset and the flag are not re-run. A device that cannot tell
+        # executed from evicted (CUDA) counts nothing after the flag, so this stays safe.
+        done = max(done, t.done)
         rp = int(restore_point(last_sent, done, c)) if last_sent >= 0 else done
         rp = min(rp, t.done)  # never skip a kernel not known to have executed
         if t.pad_k >= 0:  # padded meanwhile: completions of padded launches are certain
