@@ -32,6 +32,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="zoo variant (default: scaled on cpu, full on cuda; on sim only for "
                    "models without a REEF trace, default full)")
     p.add_argument("--c", type=int, default=4, help="in-flight kernels per stream (default 4)")
+    p.add_argument("--preempt-drain", action="store_true",
+                   help="reef: start RT only after the <= c launched BE kernels drained "
+                   "(REEF-N's literal order; Runtime(preempt_drain=True))")
     p.add_argument("--gpu", default="mi50", help="simulated GPU (sim only): mi50, h100, orin")
     p.add_argument("--deadline-ms", type=float, default=None,
                    help="relative deadline of every RT client (default: its period)")
@@ -110,7 +113,8 @@ def write_plots(doc: dict[str, Any], runs: list[PolicyRun], cdf_path: Path) -> l
 def cmd_bench(args: argparse.Namespace) -> int:
     """Entry point of ``av-infer bench``."""
     cfg = BenchConfig(device=args.device, duration=args.duration, seed=args.seed,
-                      scale=args.scale, c=args.c, gpu=args.gpu, deadline_ms=args.deadline_ms,
+                      scale=args.scale, c=args.c, preempt_drain=args.preempt_drain,
+                      gpu=args.gpu, deadline_ms=args.deadline_ms,
                       standalone_n=args.standalone_n, progress=not args.no_progress)
     if args.c < 1:
         raise SystemExit("bench: --c must be >= 1")

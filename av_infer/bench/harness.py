@@ -59,6 +59,7 @@ class BenchConfig:
     seed: int = 0
     scale: str | None = None  # zoo variant; None: scaled on cpu, full elsewhere
     c: int = 4
+    preempt_drain: bool = False  # reef: RT only after the <= c launched BE kernels drained
     gpu: str = "mi50"  # simulated GPU
     deadline_ms: float | None = None  # relative deadline of every RT client
     standalone_n: int = 20
@@ -224,9 +225,10 @@ class Bench:
 
             profs = {m: s.profile for m, s in self.sources.items()}
             sim = SimDevice(gpu=self.cfg.gpu, profiles=profs, seed=self.cfg.seed)
-            rt = Runtime(device=sim, policy=policy, c=c)
+            rt = Runtime(device=sim, policy=policy, c=c, preempt_drain=self.cfg.preempt_drain)
         else:
-            rt = Runtime(device=self.cfg.device, policy=policy, c=c)
+            rt = Runtime(device=self.cfg.device, policy=policy, c=c,
+                         preempt_drain=self.cfg.preempt_drain)
         for m, s in self.sources.items():
             info = rt.load_model(m, s.plan if s.plan is not None else s.path)
             plan = getattr(info, "plan", None)

@@ -49,6 +49,7 @@ def build_report(bench: Bench, runs: list[PolicyRun]) -> dict[str, Any]:
         "duration_s": cfg.duration,
         "seed": cfg.seed,
         "c": cfg.c,
+        "preempt_drain": cfg.preempt_drain,
         "scale": cfg.variant if cfg.device != "sim" else cfg.scale,
         "deadline_ms": cfg.deadline_ms,
         "rate_scale": bench.wl.rate_scale,
