@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 from av_infer._cy.dkp_select import Selector, select_padding
 
+from av_infer.bench.dkp_pairs import pair
 from av_infer.devices.base import Completion
 from av_infer.devices.sim import SimDevice
 from av_infer.errors import InvalidParameterError
 from av_infer.model.plan import Geometry, Kernel, Plan
 from av_infer.profiler import profile_plan
-from av_infer.profiles import KernelProfile, ModelProfile, default_trace_dir, load_reef_trace
+from av_infer.profiles import KernelProfile, ModelProfile, default_trace_dir
 from av_infer.runtime import Runtime
 from av_infer.sched.request import Priority, Result
 
@@ -205,38 +206,6 @@ def test_sim_switches_between_reef_and_reef_dkp_at_runtime() -> None:
 
 
 # -- with the REEF traces ----------------------------------------------------------------------
-
-
-def pair(rt_model: str, be_model: str | tuple[Plan, ModelProfile], policy: str,
-         seconds: float = 1.0) -> dict[str, float]:
-    """RT ``rt_model`` closed loop (high contention, REEF §7.4) next to a closed-loop BE
-    client; RT latencies in us, BE completions."""
-    plans = {}
-    p, prof = load_reef_trace(rt_model)
-    plans["rt"] = (p, prof)
-    plans["be"] = load_reef_trace(be_model) if isinstance(be_model, str) else be_model
-    dev = SimDevice("mi50", {v[0].name: v[1] for v in plans.values()})
-    rt = Runtime(device=dev, policy=policy, c=4)
-    for role, (plan, _) in plans.items():
-        rt.load_model(role, plan)
-    rts: list[Future[Result]] = []
-    bes: list[Future[Result]] = []
-
-    def loop(role: str, out: list, prio: Priority) -> None:
-        if dev.now() < seconds:
-            f = rt.submit(role, {}, priority=prio)
-            out.append(f)
-            f.add_done_callback(lambda _: loop(role, out, prio))
-
-    dev.call_at(0.0, lambda: loop("be", bes, Priority.BE))
-    dev.call_at(1e-3, lambda: loop("rt", rts, Priority.RT))
-    dev.run()
-    lat = np.array([f.result().timings.latency for f in rts]) / 1e-6
-    out = {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
-           "rt": len(rts), "be": sum(1 for f in bes if f.result().timings.end <= seconds),
-           "padded": rt.stats()["padding"]["kernels"]}
-    rt.close()
-    return out
 
 
 @needs_traces
