@@ -16,65 +16,11 @@ from hypothesis import strategies as st
 from av_infer.errors import InvalidInputError
 from av_infer.kernels.cpu import KERNELS, NOT_EXECUTABLE_KINDS, CpuPlanRunner, missing_kinds
 from av_infer.kernels.cpu_ops import erf
-from av_infer.model.plan import KERNEL_KINDS, Buffer, Geometry, Kernel, Plan, Tensor
+from av_infer.model.plan import KERNEL_KINDS, Geometry, Plan
+from av_infer.model.plan_builder import PlanBuilder
 from tests.ort_util import TOL, max_rel_err, node_model, run_ort
 
 GEOM = Geometry(grid=(1, 1, 1), block=(1, 1, 1))
-
-
-def _align(n: int) -> int:
-    return (n + 63) // 64 * 64
-
-
-class PlanBuilder:
-    """Builds small plans by hand: graph inputs/outputs get their own arena regions."""
-
-    def __init__(self) -> None:
-        self.tensors: dict[str, Tensor] = {}
-        self.buffers: dict[int, Buffer] = {}
-        self.weights: dict[int, np.ndarray] = {}
-        self.kernels: list[Kernel] = []
-        self.inputs: list[str] = []
-        self.outputs: list[str] = []
-        self.offset = 0
-
-    def _buffer(self, nbytes: int, role: str) -> int:
-        bid = len(self.buffers)
-        off = 0
-        if role != "weight":
-            off = self.offset
-            self.offset += _align(max(nbytes, 1))
-        self.buffers[bid] = Buffer(bid, nbytes, role, off)  # type: ignore[arg-type]
-        return bid
-
-    def tensor(self, name: str, shape: tuple[int, ...], dtype: str = "float32",
-               role: str = "activation", buffer: int | None = None,
-               byte_offset: int = 0) -> str:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        if buffer is None:
-            buffer = self._buffer(nbytes, role)
-        self.tensors[name] = Tensor(name, buffer, tuple(shape), dtype, byte_offset)
-        if role == "input":
-            self.inputs.append(name)
-        if role == "output":
-            self.outputs.append(name)
-        return name
-
-    def weight(self, name: str, value: np.ndarray) -> str:
-        value = np.ascontiguousarray(value)
-        self.tensor(name, value.shape, value.dtype.name, "weight")
-        self.weights[self.tensors[name].buffer] = value
-        return name
-
-    def kernel(self, kind: str, inputs: list[str], outputs: list[str], **args) -> None:
-        self.kernels.append(
-            Kernel(len(self.kernels), kind, f"{kind}{len(self.kernels)}", tuple(inputs),
-                   tuple(outputs), args, GEOM)
-        )
-
-    def build(self) -> Plan:
-        return Plan("hand", self.kernels, self.tensors, self.buffers, self.inputs,
-                    self.outputs, self.weights, arena_bytes=self.offset)
 
 
 def run_one(kind: str, args: dict, inputs: dict[str, np.ndarray],

@@ -44,7 +44,7 @@ def _run_task(dev: Any, s: int, q: queue.Queue, h: Any, plan: Any, x: dict, task
 
 def dispatch_overhead(dev: Any, s: int, q: queue.Queue, n_kernels: int = 2000) -> dict:
     """µs per launch of a tiny elementwise kernel chain (host dispatch bound)."""
-    from av_infer.kernels.cuda.samples import PlanBuilder
+    from av_infer.model.plan_builder import PlanBuilder
 
     b = PlanBuilder("tiny_chain")
     prev = b.tensor("x", (256,), role="input")

@@ -12,64 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from av_infer.model.plan import Buffer, Geometry, Kernel, Plan, Tensor
-
-
-def _align(n: int) -> int:
-    return (max(int(n), 1) + 63) // 64 * 64
-
-
-class PlanBuilder:
-    """Builds a plan by hand: inputs/outputs/activations get their own arena regions."""
-
-    def __init__(self, name: str = "sample") -> None:
-        self.name = name
-        self.tensors: dict[str, Tensor] = {}
-        self.buffers: dict[int, Buffer] = {}
-        self.weights: dict[int, np.ndarray] = {}
-        self.kernels: list[Kernel] = []
-        self.inputs: list[str] = []
-        self.outputs: list[str] = []
-        self.offset = 0
-        self.woffset = 0
-
-    def tensor(self, name: str, shape: tuple[int, ...], dtype: str = "float32",
-               role: str = "activation") -> str:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        bid = len(self.buffers)
-        if role == "weight":
-            off, self.woffset = self.woffset, self.woffset + _align(nbytes)
-        else:
-            off, self.offset = self.offset, self.offset + _align(nbytes)
-        self.buffers[bid] = Buffer(bid, nbytes, role, off)  # type: ignore[arg-type]
-        self.tensors[name] = Tensor(name, bid, tuple(int(s) for s in shape), dtype)
-        if role == "input":
-            self.inputs.append(name)
-        elif role == "output":
-            self.outputs.append(name)
-        return name
-
-    def weight(self, name: str, value: np.ndarray) -> str:
-        value = np.ascontiguousarray(value)
-        self.tensor(name, value.shape, value.dtype.name, "weight")
-        self.weights[self.tensors[name].buffer] = value
-        return name
-
-    def kernel(self, kind: str, inputs: list[str], outputs: list[str], **args: Any) -> None:
-        from av_infer.model.lower import geometry_for
-
-        ins = [self.tensors[t].shape for t in inputs if t]
-        outs = [self.tensors[t].shape for t in outputs]
-        try:
-            geom = geometry_for(kind, ins, outs, args)
-        except (KeyError, IndexError, TypeError, ValueError):
-            geom = Geometry((1, 1, 1), (256, 1, 1))
-        self.kernels.append(Kernel(len(self.kernels), kind, f"{kind}{len(self.kernels)}",
-                                   tuple(inputs), tuple(outputs), args, geom))
-
-    def build(self) -> Plan:
-        return Plan(self.name, self.kernels, self.tensors, self.buffers, self.inputs,
-                    self.outputs, self.weights, arena_bytes=self.offset)
+from av_infer.model.plan import Plan
+from av_infer.model.plan_builder import PlanBuilder
 
 
 def _r(rng: np.random.Generator, *shape: int) -> np.ndarray:
