@@ -403,6 +403,35 @@ def _cubic_weights(t: np.ndarray, a: float) -> np.ndarray:
     return np.stack([w(t + 1), w(t), w(1 - t), w(2 - t)], axis=1)
 
 
+def resize_taps(mode: str, ctm: str, nearest_mode: str, n_in: int, n_out: int,
+                scale: float, cubic_a: float = -0.75,
+                exclude_outside: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """One axis of ONNX Resize as taps: input indices and weights, both (n_out, taps).
+
+    The one definition of Resize's sampling, shared by the numpy kernel and the CUDA
+    generator (which uploads the tables)."""
+    co = _source_coords(ctm, n_out, n_in, scale)
+    if mode == "nearest":
+        idx = _nearest(co, nearest_mode, n_in)[:, None]
+        return idx, np.ones_like(idx, dtype=np.float64)
+    if mode == "linear":
+        co = np.clip(co, 0, n_in - 1)
+        i0 = np.floor(co).astype(np.intp)
+        t = co - i0
+        idx = np.stack([i0, np.minimum(i0 + 1, n_in - 1)], axis=1)
+        return idx, np.stack([1 - t, t], axis=1)
+    if mode != "cubic":
+        raise NotImplementedError(f"resize mode {mode!r}")
+    base = np.floor(co).astype(np.intp)
+    t = co - base
+    idx = base[:, None] + np.arange(-1, 3)[None, :]
+    wts = _cubic_weights(t, cubic_a)
+    if exclude_outside:
+        wts = np.where((idx >= 0) & (idx < n_in), wts, 0.0)
+        wts = wts / wts.sum(axis=1, keepdims=True)
+    return np.clip(idx, 0, n_in - 1), wts
+
+
 def resize(k: Kernel, ctx: PlanContext) -> Prepared:
     """ONNX Resize: nearest (one fancy-index gather) or separable linear/cubic per axis."""
     a = k.args
@@ -453,24 +482,8 @@ def resize(k: Kernel, ctx: PlanContext) -> Prepared:
     # Per axis: (axis, index table (n_out, taps), weight table (n_out, taps)).
     plans: list[tuple[int, np.ndarray, np.ndarray]] = []
     for ax in axes:
-        n_in, n_out = xs[ax], ys[ax]
-        co = _source_coords(ctm, n_out, n_in, scale_of(ax))
-        if mode == "linear":
-            co = np.clip(co, 0, n_in - 1)
-            i0 = np.floor(co).astype(np.intp)
-            i1 = np.minimum(i0 + 1, n_in - 1)
-            t = co - i0
-            idx = np.stack([i0, i1], axis=1)
-            wts = np.stack([1 - t, t], axis=1)
-        else:
-            base = np.floor(co).astype(np.intp)
-            t = co - base
-            idx = base[:, None] + np.arange(-1, 3)[None, :]
-            wts = _cubic_weights(t, cubic_a)
-            if exclude_outside:
-                wts = np.where((idx >= 0) & (idx < n_in), wts, 0.0)
-                wts = wts / wts.sum(axis=1, keepdims=True)
-            idx = np.clip(idx, 0, n_in - 1)
+        idx, wts = resize_taps(mode, ctm, nmode, xs[ax], ys[ax], scale_of(ax), cubic_a,
+                               exclude_outside)
         plans.append((ax, idx, wts.astype(dtype if dtype.kind == "f" else np.float32)))
 
     def bind(view: ViewFn, scratch: np.ndarray) -> KernelFn:

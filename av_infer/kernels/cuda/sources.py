@@ -42,13 +42,7 @@ from typing import Any
 import numpy as np
 
 from av_infer.kernels.cpu_ops import act_params
-from av_infer.kernels.cpu_spatial import (
-    _as_2d_args,
-    _cubic_weights,
-    _nearest,
-    _source_coords,
-    _to4d,
-)
+from av_infer.kernels.cpu_spatial import _as_2d_args, _to4d, resize_taps
 from av_infer.model.plan import KERNEL_KINDS, Kernel, Plan
 
 __all__ = [
@@ -634,25 +628,7 @@ def gen_resize(k: Kernel, ctx: _Ctx) -> _Gen:
         if xs[ax] == ys[ax] and scale_of(ax) == 1.0:
             continue
         n_in, n_out = xs[ax], ys[ax]
-        co = _source_coords(ctm, n_out, n_in, scale_of(ax))
-        if mode == "nearest":
-            idx = _nearest(co, nmode, n_in)[:, None]
-            wts = np.ones_like(idx, dtype=np.float64)
-        elif mode == "linear":
-            co = np.clip(co, 0, n_in - 1)
-            i0 = np.floor(co).astype(np.intp)
-            t = co - i0
-            idx = np.stack([i0, np.minimum(i0 + 1, n_in - 1)], axis=1)
-            wts = np.stack([1 - t, t], axis=1)
-        else:
-            base = np.floor(co).astype(np.intp)
-            t = co - base
-            idx = base[:, None] + np.arange(-1, 3)[None, :]
-            wts = _cubic_weights(t, cubic_a)
-            if excl:
-                wts = np.where((idx >= 0) & (idx < n_in), wts, 0.0)
-                wts = wts / wts.sum(axis=1, keepdims=True)
-            idx = np.clip(idx, 0, n_in - 1)
+        idx, wts = resize_taps(mode, ctm, nmode, n_in, n_out, scale_of(ax), cubic_a, excl)
         taps[ax] = idx.shape[1]
         tidx[ax] = ctx.add_aux(idx.astype(np.int64))
         tw[ax] = ctx.add_aux(wts.astype(np.float32))
