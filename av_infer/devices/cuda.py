@@ -20,6 +20,7 @@ dispatcher saw the kernel's event complete.
 
 from __future__ import annotations
 
+import statistics
 import struct
 import threading
 import time
@@ -94,6 +95,12 @@ class CudaDevice(Device):
 
     name = "cuda"
     virtual = False
+    #: DKP: ``av_infer.kernels.cuda.padding`` generates the padded dispatcher kernels (and
+    #: the tests compile them for sm_87/sm_90), but the Cython dispatcher does not launch
+    #: them: ``enqueue_padded`` keeps raising NotImplementedError with this reason.
+    supports_padding = False
+    padding_reason = ("padded dispatcher kernels are generated and compile-checked but not "
+                      "wired into the launch path yet")
 
     def __init__(self, device_id: int = 0, c: int = 4, tf32: bool = False,
                  cache_dir: str | None = None, compiler: Compiler | None = None) -> None:
@@ -174,10 +181,10 @@ class CudaDevice(Device):
         return handle.weight_bytes
 
     # -- tasks ----------------------------------------------------------------------------
-    def new_task(self, handle: Any, task: int) -> None:
-        cp = self._cp
+    @staticmethod
+    def _resolver(handle: Any, arena: Any) -> Any:
+        """Device address of a pointer slot for a task whose activations live in ``arena``."""
         plan: Plan = handle.plan
-        arena = cp.empty(max(int(plan.arena_bytes), 1), dtype=cp.uint8)
         abase, wbase = int(arena.data.ptr), int(handle.weights.data.ptr)
 
         def resolve(ref: TensorRef | AuxRef) -> int:
@@ -188,6 +195,14 @@ class CudaDevice(Device):
             base = wbase if b.role == "weight" else abase
             return base + b.offset + t.byte_offset + ref.extra
 
+        return resolve
+
+    def new_task(self, handle: Any, task: int) -> None:
+        cp = self._cp
+        plan: Plan = handle.plan
+        arena = cp.empty(max(int(plan.arena_bytes), 1), dtype=cp.uint8)
+
+        resolve = self._resolver(handle, arena)
         packed, offs, pos = [], [], 0
         for s in handle.src.specs:
             blob = s.pack(resolve)
@@ -308,6 +323,75 @@ class CudaDevice(Device):
         self._stream_cap[stream] = int(c)
         self._vhqs[stream].c = int(c)
         self._disp.wake()
+
+    # -- profiling (av_infer.profiler.KernelTimer) -----------------------------------------
+    def _driver(self) -> Any:
+        """libcuda through ctypes (the context is the one CuPy made current)."""
+        import ctypes
+
+        lib = getattr(self, "_cu", None)
+        if lib is None:
+            lib = ctypes.CDLL("libcuda.so.1")
+            self._cu = lib
+        return lib
+
+    def _cu_check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            raise DeviceFaultError(f"{what} failed: {self._errstr(rc)} (CUresult {rc})")
+
+    def occupancy(self, handle: Any, k: int) -> int:
+        """Resident blocks per SM of kernel ``k`` (cuOccupancyMaxActiveBlocksPerMultiprocessor)."""
+        import ctypes
+
+        spec = handle.src.specs[k]
+        n = ctypes.c_int(0)
+        self._cu_check(self._driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(n), ctypes.c_void_p(handle.funcs[k]), ctypes.c_int(spec.block[0]),
+            ctypes.c_size_t(spec.smem)), "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        return int(n.value)
+
+    def time_kernel(self, handle: Any, k: int, repeats: int) -> float:
+        """Median µs of ``repeats`` CUDA-event-timed launches of kernel ``k`` alone (after
+        one warm-up launch), on a zeroed scratch arena and a private stream with a clear
+        flag word; never goes through the dispatcher."""
+        import ctypes
+
+        cp, cu = self._cp, self._driver()
+        spec = handle.src.specs[k]
+        arena = cp.zeros(max(int(handle.plan.arena_bytes), 1), dtype=cp.uint8)
+        flag = cp.zeros(8, dtype=cp.uint32)
+        blob = ctypes.create_string_buffer(spec.pack(self._resolver(handle, arena)))
+        fptr = ctypes.c_void_p(int(flag.data.ptr))
+        params = (ctypes.c_void_p * 2)(ctypes.addressof(fptr), ctypes.addressof(blob))
+        stream = cp.cuda.Stream(non_blocking=True)
+        start, end = ctypes.c_void_p(), ctypes.c_void_p()
+        self._cu_check(cu.cuEventCreate(ctypes.byref(start), 0), "cuEventCreate")
+        self._cu_check(cu.cuEventCreate(ctypes.byref(end), 0), "cuEventCreate")
+        sp = ctypes.c_void_p(stream.ptr)
+
+        def launch() -> None:
+            self._cu_check(cu.cuLaunchKernel(
+                ctypes.c_void_p(handle.funcs[k]), *(ctypes.c_uint(g) for g in spec.grid),
+                *(ctypes.c_uint(b) for b in spec.block), ctypes.c_uint(spec.smem), sp,
+                params, None), "cuLaunchKernel")
+
+        times = []
+        try:
+            launch()
+            for _ in range(max(1, int(repeats))):
+                self._cu_check(cu.cuEventRecord(start, sp), "cuEventRecord")
+                launch()
+                self._cu_check(cu.cuEventRecord(end, sp), "cuEventRecord")
+                self._cu_check(cu.cuEventSynchronize(end), "cuEventSynchronize")
+                ms = ctypes.c_float(0.0)
+                self._cu_check(cu.cuEventElapsedTime(ctypes.byref(ms), start, end),
+                               "cuEventElapsedTime")
+                times.append(ms.value * 1000.0)
+        finally:
+            stream.synchronize()
+            cu.cuEventDestroy_v2(start)
+            cu.cuEventDestroy_v2(end)
+        return float(statistics.median(times))
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self, on_complete: CompletionCallback) -> None:
