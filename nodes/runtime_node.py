@@ -45,7 +45,6 @@ from av_infer import tensor_codec as codec
 
 DEVICES = ("auto", "cpu", "cuda", "sim")
 DESIGN_POLICIES = ("rt_only", "seq", "streams", "prio_streams", "wait", "reef", "reef_dkp")
-NOT_SUPPORTED = "not supported by this runtime"
 
 
 def policy_names() -> tuple[str, ...]:
@@ -216,44 +215,43 @@ class RuntimeNode(Node):
                                  "Adaptive batching of BE requests: largest batch (1: off).",
                                  int_range=(1, 64)),
             "batch_quantum_ms": declare(self, "batch_quantum_ms", 0.0,
-                                        "Adaptive batching: longest wait to fill a batch (ms).",
+                                        "Adaptive batching: period of the threshold update "
+                                        "in ms (Rafiqi's quantum; 0: the runtime's 5 ms). "
+                                        "Nothing ever waits for a batch to fill.",
                                         float_range=(0.0, 1000.0)),
             "diagnostics_period_s": declare(self, "diagnostics_period_s", 1.0,
                                             "Period of /diagnostics publications (s).",
                                             float_range=(0.05, 60.0)),
         }
 
-    def _effective_policy(self, policy: str, padding: bool) -> str:
-        """``padding`` turns reef into reef_dkp where the runtime has no set_padding."""
-        if padding and policy == "reef" and not self._supports("padding"):
+    @staticmethod
+    def _effective_policy(policy: str, padding: bool) -> str:
+        """``padding`` is the policy reef_dkp: reef with padding on."""
+        if padding and policy == "reef":
             return "reef_dkp"
         return policy
 
-    def _supports(self, what: str) -> bool:
-        method = {"cache_budget_mb": "set_cache_budget", "batch_max": "set_batching",
-                  "batch_quantum_ms": "set_batching", "padding": "set_padding"}[what]
-        return callable(getattr(self.runtime, method, None))
+    def _set_cache_budget(self, mb: int) -> None:
+        self.runtime.set_cache_budget(int(mb) * 2**20 if mb else None)  # 0: unlimited
+
+    def _set_batching(self, batch_max: int, quantum_ms: float) -> None:
+        """batch_max 1 turns batching off; quantum 0 keeps the runtime's."""
+        self.runtime.set_batching(int(batch_max) > 1, max_batch=int(batch_max),
+                                  quantum=float(quantum_ms) * 1e-3 if quantum_ms else None)
 
     def _startup_settings(self, p: dict[str, Any]) -> None:
         """Applies start-up values the constructor does not take; warns about refused ones."""
         if p["padding"]:
             try:
-                if self._supports("padding"):
-                    self.runtime.set_padding(True)
-                elif p["policy"] == "reef":
-                    self.runtime.set_policy("reef_dkp")
-                else:
+                if p["policy"] != "reef":
                     raise ValueError("padding needs policy reef")
+                self.runtime.set_policy("reef_dkp")
             except Exception as exc:
                 self.get_logger().warning(f"padding=true ignored: {exc}")
-        defaults = {"cache_budget_mb": 0, "batch_max": 1, "batch_quantum_ms": 0.0}
-        for name, default in defaults.items():
-            if p[name] != default and not self._supports(name):
-                self.get_logger().warning(f"{name}={p[name]} ignored: {NOT_SUPPORTED}")
-        if self._supports("cache_budget_mb") and p["cache_budget_mb"]:
-            self.runtime.set_cache_budget(p["cache_budget_mb"] * 2**20)
-        if self._supports("batch_max") and (p["batch_max"] > 1 or p["batch_quantum_ms"] > 0):
-            self.runtime.set_batching(p["batch_max"], p["batch_quantum_ms"] * 1e-3)
+        if p["cache_budget_mb"]:
+            self._set_cache_budget(p["cache_budget_mb"])
+        if p["batch_max"] > 1 or p["batch_quantum_ms"] > 0:
+            self._set_batching(p["batch_max"], p["batch_quantum_ms"])
 
     def _validate(self, name: str, value: Any, merged: dict[str, Any]) -> str | None:
         """None if ``name=value`` may be applied, else the reason it may not."""
@@ -264,7 +262,7 @@ class RuntimeNode(Node):
         if name == "padding":
             if not isinstance(value, bool):
                 return "padding must be a bool"
-            if value and not self._supports("padding"):
+            if value:
                 if merged["policy"] not in ("reef", "reef_dkp"):
                     return "padding needs policy reef"
                 return check_policy("reef_dkp", self.runtime)
@@ -274,8 +272,6 @@ class RuntimeNode(Node):
             return None if ok else f"c must be an integer in 1..16, got {value!r}"
         if name == "edf_preempt":
             return None if isinstance(value, bool) else "edf_preempt must be a bool"
-        if name in ("cache_budget_mb", "batch_max", "batch_quantum_ms"):
-            return None if self._supports(name) else f"{name}: {NOT_SUPPORTED}"
         if name == "diagnostics_period_s":
             ok = isinstance(value, float) and 0.05 <= value <= 60.0
             return None if ok else "diagnostics_period_s must be in [0.05, 60] s"
@@ -309,11 +305,7 @@ class RuntimeNode(Node):
         undo: list[tuple[Any, tuple[Any, ...]]] = []
         try:
             if "policy" in changed or "padding" in changed:
-                if "padding" in changed and self._supports("padding"):
-                    undo.append((rt.set_padding, (bool(self.get_parameter("padding").value),)))
-                    rt.set_padding(bool(merged["padding"]))
-                target = (merged["policy"] if self._supports("padding")
-                          else self._effective_policy(merged["policy"], merged["padding"]))
+                target = self._effective_policy(merged["policy"], merged["padding"])
                 if target != rt.policy:
                     undo.append((rt.set_policy, (rt.policy,)))
                     rt.set_policy(target)
@@ -325,13 +317,13 @@ class RuntimeNode(Node):
                 undo.append((rt.set_edf_preempt, (old,)))
                 rt.set_edf_preempt(bool(changed["edf_preempt"]))
             if "cache_budget_mb" in changed:
-                old = int(self.get_parameter("cache_budget_mb").value)
-                undo.append((rt.set_cache_budget, (old * 2**20,)))
-                rt.set_cache_budget(int(changed["cache_budget_mb"]) * 2**20)
+                undo.append((self._set_cache_budget,
+                             (self.get_parameter("cache_budget_mb").value,)))
+                self._set_cache_budget(changed["cache_budget_mb"])
             if "batch_max" in changed or "batch_quantum_ms" in changed:
-                undo.append((rt.set_batching, (int(self.get_parameter("batch_max").value),
-                             float(self.get_parameter("batch_quantum_ms").value) * 1e-3)))
-                rt.set_batching(int(merged["batch_max"]), float(merged["batch_quantum_ms"]) * 1e-3)
+                undo.append((self._set_batching, (self.get_parameter("batch_max").value,
+                                                  self.get_parameter("batch_quantum_ms").value)))
+                self._set_batching(merged["batch_max"], merged["batch_quantum_ms"])
         except Exception:
             for fn, args in reversed(undo):
                 try:

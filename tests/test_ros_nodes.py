@@ -239,8 +239,15 @@ def test_live_parameters_validated_as_a_batch(graph):
         res = host.set_parameters([bad])[0]
         assert not res.successful and res.reason, bad.name
     res = host.set_parameters([Parameter("cache_budget_mb", value=64)])[0]
-    if not host._supports("cache_budget_mb"):
-        assert not res.successful and "not supported by this runtime" in res.reason
+    assert res.successful and rt.stats()["cache"]["budget_bytes"] == 64 * 2**20
+    res = host.set_parameters_atomically([Parameter("batch_max", value=4),
+                                          Parameter("batch_quantum_ms", value=10.0)])
+    batching = rt.stats()["batching"]
+    assert res.successful and batching["enabled"] and batching["quantum_s"] == 0.01
+    res = host.set_parameters([Parameter("batch_max", value=1),
+                               Parameter("cache_budget_mb", value=0)])
+    assert all(r.successful for r in res)
+    assert not rt.stats()["batching"]["enabled"] and rt.stats()["cache"]["budget_bytes"] is None
     res = host.set_parameters([Parameter("padding", value=True)])[0]
     assert not res.successful and res.reason  # policy seq cannot pad (and DKP may be absent)
     res = host.set_parameters_atomically([Parameter("policy", value="reef"),
