@@ -180,16 +180,6 @@ def _where(k: Kernel, ctx: PlanContext) -> Prepared:
     return Prepared(bind)
 
 
-def _cast(k: Kernel, ctx: PlanContext) -> Prepared:
-    def bind(view: ViewFn, scratch: np.ndarray) -> KernelFn:
-        x, y = view(k.inputs[0]), view(k.outputs[0])
-        if x.shape != y.shape:
-            x = x.reshape(y.shape)
-        return lambda: np.copyto(y, x, casting="unsafe")
-
-    return Prepared(bind)
-
-
 def _batchnorm(k: Kernel, ctx: PlanContext) -> Prepared:
     """y = (x - mean) / sqrt(var + eps) * scale + bias per channel (axis 1)."""
     eps = float(k.args.get("epsilon", 1e-5))
@@ -489,6 +479,8 @@ def _gather(k: Kernel, ctx: PlanContext) -> Prepared:
 
 
 def _copy(k: Kernel, ctx: PlanContext) -> Prepared:
+    """copy and cast: the output's dtype decides (numpy's unsafe casting = ONNX Cast)."""
+
     def bind(view: ViewFn, scratch: np.ndarray) -> KernelFn:
         x, y = view(k.inputs[0]), view(k.outputs[0])
         if x.shape != y.shape:
@@ -517,7 +509,7 @@ KERNELS: dict[str, KernelFactory] = {
     "pad": _pad,
     "gather": _gather,
     "resize": cpu_spatial.resize,
-    "cast": _cast,
+    "cast": _copy,
     "copy": _copy,
     "batchnorm": _batchnorm,
     "where": _where,
