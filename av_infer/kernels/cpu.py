@@ -386,22 +386,26 @@ def _transpose(k: Kernel, ctx: PlanContext) -> Prepared:
     return Prepared(bind)
 
 
-def _slice(k: Kernel, ctx: PlanContext) -> Prepared:
-    a = k.args
-    xs = ctx.shape(k.inputs[0])
-    starts, ends = list(a["starts"]), list(a["ends"])
-    axes = list(a.get("axes") or range(len(starts)))
-    steps = list(a.get("steps") or [1] * len(starts))
-    sl: list[slice] = [slice(None)] * len(xs)
+def slice_index(args: dict[str, Any], shape: tuple[int, ...]) -> tuple[slice, ...]:
+    """A ``slice`` kernel's args as one numpy index (shared with the CUDA generator)."""
+    starts, ends = list(args["starts"]), list(args["ends"])
+    axes = list(args.get("axes") or range(len(starts)))
+    steps = list(args.get("steps") or [1] * len(starts))
+    sl: list[slice] = [slice(None)] * len(shape)
     for st, en, ax, sp in zip(starts, ends, axes, steps):
-        ax = _norm_axis(int(ax), len(xs))
+        ax = _norm_axis(int(ax), len(shape))
         st, en, sp = int(st), int(en), int(sp)
         if sp > 0:
-            sl[ax] = slice(max(st, 0), max(min(en, xs[ax]), 0), sp)
+            sl[ax] = slice(max(st, 0), max(min(en, shape[ax]), 0), sp)
         else:
             # ends of -1 (or below) mean "through index 0" for negative steps.
-            sl[ax] = slice(min(st, xs[ax] - 1), en if en >= 0 else None, sp)
-    index = tuple(sl)
+            sl[ax] = slice(min(st, shape[ax] - 1), en if en >= 0 else None, sp)
+    return tuple(sl)
+
+
+def _slice(k: Kernel, ctx: PlanContext) -> Prepared:
+    xs = ctx.shape(k.inputs[0])
+    index = slice_index(k.args, xs)
     got = tuple(len(range(*s.indices(d))) for s, d in zip(index, xs))
     if got != ctx.shape(k.outputs[0]):
         raise ValueError(

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from av_infer.kernels.cpu import slice_index
 from av_infer.kernels.cpu_ops import act_params
 from av_infer.kernels.cpu_spatial import _as_2d_args, _to4d, resize_taps
 from av_infer.model.plan import KERNEL_KINDS, Kernel, Plan
@@ -493,19 +494,8 @@ def gen_transpose(k: Kernel, ctx: _Ctx) -> _Gen:
 
 
 def gen_slice(k: Kernel, ctx: _Ctx) -> _Gen:
-    a = k.args
     xs = ctx.shape(k.inputs[0])
-    starts, ends = list(a["starts"]), list(a["ends"])
-    axes = list(a.get("axes") or range(len(starts)))
-    steps = list(a.get("steps") or [1] * len(starts))
-    sl = [slice(None)] * len(xs)
-    for st, en, ax, sp in zip(starts, ends, axes, steps):
-        ax = _norm_axis(int(ax), len(xs))
-        st, en, sp = int(st), int(en), int(sp)
-        if sp > 0:
-            sl[ax] = slice(max(st, 0), max(min(en, xs[ax]), 0), sp)
-        else:
-            sl[ax] = slice(min(st, xs[ax] - 1), en if en >= 0 else None, sp)
+    sl = slice_index(k.args, xs)
     xst = _contig(xs)
     base, strides = 0, []
     for d, s in enumerate(sl):
