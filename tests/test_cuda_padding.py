@@ -23,7 +23,7 @@ from av_infer.kernels.cuda.padding import (
 )
 from av_infer.kernels.cuda.samples import samples
 from av_infer.kernels.cuda.sources import build_plan_source
-from av_infer.kernels.cuda_compile import CompileCache, NvccCompiler, find_nvcc
+from av_infer.kernels.cuda_compile import CompileCache, NvccCompiler
 from tests.test_cuda_compile import ARCHS, ROOT
 
 # (RT sample, BE samples): conv/gemm (256 threads, tiles) with row and elementwise kinds
@@ -106,9 +106,7 @@ def test_occupancy_variant_choice(module):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_padded_module_compiles(arch, module):
-    if find_nvcc() is None:
-        pytest.skip("nvcc not found (set AV_INFER_NVCC or install the CUDA toolkit)")
+def test_padded_module_compiles(arch, module, nvcc):
     cache = CompileCache(ROOT / ".pytest_cache" / "av_infer_nvcc")
     cubin = cache.get_or_compile(NvccCompiler("cubin"), module.source, arch, ("-w",))
     assert cubin[:4] == b"\x7fELF"
