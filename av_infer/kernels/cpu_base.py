@@ -133,9 +133,13 @@ def tensor_view(store: np.ndarray, t: Tensor, base: int) -> np.ndarray:
     return flat[start : start + t.nbytes].view(dt).reshape(t.shape)
 
 
-def bind_epilogue(steps: list[Any] | None, y: np.ndarray, view: ViewFn) -> list[KernelFn]:
-    """Closures applying ``args['epilogue']`` in place on ``y`` (after bias)."""
+def bind_epilogue(steps: list[Any] | None, y: np.ndarray, view: ViewFn,
+                  bias: np.ndarray | None = None) -> list[KernelFn]:
+    """Closures applying ``bias`` (broadcast to ``y``), then ``args['epilogue']``, in place
+    on ``y``."""
     fns: list[KernelFn] = []
+    if bias is not None:
+        fns.append(lambda: np.add(y, bias, out=y))
     for step in steps or []:
         name = step[0]
         param = step[1] if len(step) > 1 else None

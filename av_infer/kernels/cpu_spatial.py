@@ -140,7 +140,7 @@ def conv(k: Kernel, ctx: PlanContext) -> Prepared:
         y = view(k.outputs[0]).reshape(n, cout, ho, wo)
         parts = layout.carve(scratch)
         bias = view(bias_name).reshape(cout, 1, 1) if bias_name else None
-        post = bind_epilogue(steps, y, view)
+        post = bind_epilogue(steps, y, view, bias)
         xp = parts[i_pad] if i_pad >= 0 else x
         fill = pad.run if i_pad >= 0 else None
 
@@ -188,13 +188,11 @@ def conv(k: Kernel, ctx: PlanContext) -> Prepared:
                 np.copyto(col7, win)
                 np.matmul(wm, colm, out=ym)
 
-        if bias is None and not post:
+        if not post:
             return core
 
         def run() -> None:
             core()
-            if bias is not None:
-                np.add(y, bias, out=y)
             for f in post:
                 f()
 
@@ -236,7 +234,7 @@ def conv_transpose(k: Kernel, ctx: PlanContext) -> Prepared:
         col, full = layout.carve(scratch)
         col6 = col.reshape(n, cout, kh, kw, h, w)
         bias = view(bias_name).reshape(cout, 1, 1) if bias_name else None
-        post = bind_epilogue(steps, y, view)
+        post = bind_epilogue(steps, y, view, bias)
         crop = full[:, :, pb[0] : pb[0] + ho, pb[1] : pb[1] + wo]
         dst = [
             (
@@ -255,8 +253,6 @@ def conv_transpose(k: Kernel, ctx: PlanContext) -> Prepared:
             for dv, src in dst:
                 dv += src
             np.copyto(y, crop)
-            if bias is not None:
-                np.add(y, bias, out=y)
             for f in post:
                 f()
 
