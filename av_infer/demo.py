@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from av_infer.bench.metrics import pct
+
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m av_infer.demo", description=__doc__,
@@ -56,8 +58,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
 
 
 def _fmt(v: float | None, nd: int = 2) -> str:
@@ -215,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                 "client": name, "priority": node.p["priority"], "model": models[cam],
                 "completed": len(ok), "failed": len(rows) - len(ok),
                 "dropped": node.counters["dropped_busy"] + node.counters["dropped_not_ready"],
-                "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99),
-                "e2e_p50_ms": _pct(e2e, 50), "e2e_p99_ms": _pct(e2e, 99),
+                "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
+                "e2e_p50_ms": pct(e2e, 50), "e2e_p99_ms": pct(e2e, 99),
                 "deadline_misses": int(cs.get("deadline_misses", sum(
                     r["deadline_met"] is False for r in rows))),
                 "throughput_rps": len(ok) / wall,
@@ -341,9 +341,9 @@ def _ros_overhead(args, rt, h, cams, node, pub, image, model, image_to_tensor, f
         time.sleep(0.002)
     cams.destroy_subscription(sub)
     out = {"n": min(len(ros), len(direct)), "image": f"{image.width}x{image.height} rgb8",
-           "model": model, "ros_p50_ms": _pct(ros, 50), "ros_p99_ms": _pct(ros, 99),
-           "direct_p50_ms": _pct(direct, 50), "direct_p99_ms": _pct(direct, 99),
-           "preprocess_p50_ms": _pct(pre, 50),
+           "model": model, "ros_p50_ms": pct(ros, 50), "ros_p99_ms": pct(ros, 99),
+           "direct_p50_ms": pct(direct, 50), "direct_p99_ms": pct(direct, 99),
+           "preprocess_p50_ms": pct(pre, 50),
            "lost": args.overhead_n - len(ros)}
     out["added_p50_ms"] = out["ros_p50_ms"] - out["direct_p50_ms"]
     out["added_p99_ms"] = out["ros_p99_ms"] - out["direct_p99_ms"]
