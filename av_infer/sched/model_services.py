@@ -135,10 +135,8 @@ class ModelServices:
                 sched._fail(t, e)
             elif t.rt:
                 sched.rt_queue.push(t.req.deadline, t)
-                sched._queued_ids.add(t.tid)
             else:
                 sched.be_queues.push_front(t.req.client, t)
-                sched._queued_ids.add(t.tid)
 
     def release(self, t: Task) -> None:
         name = self._retained.pop(t.tid, None)
@@ -192,8 +190,6 @@ class ModelServices:
             return False
 
         others = sched.be_queues.remove_if(pick)
-        for o in others:
-            sched._queued_ids.discard(o.tid)
         members = [t, *others]
         entry = ents[b]
         inputs = stack_inputs([m.req.inputs for m in members], b)

@@ -169,7 +169,6 @@ class Scheduler:
         self._pending: deque[tuple] = deque()
         self._answers: list[tuple[Future, Any, bool]] = []
         self._busy = False
-        self._queued_ids: set[int] = set()
         #: cache/batching hooks (av_infer.sched.model_services.ModelServices), set by Runtime
         self.ext: Any = None
         # Streams: RT on the device's high priority, one plain RT stream for the policies
@@ -269,7 +268,6 @@ class Scheduler:
             self.be_queues.push(req.client, task)
             if self.ext is not None:  # cache/batching hook
                 self.ext.on_arrival(self, task)
-        self._queued_ids.add(req.id)
         self._schedule()
 
     def on_complete(self, comp: Completion) -> None:
@@ -316,7 +314,6 @@ class Scheduler:
         if not pol.accepts_be:
             err = RejectedError(f"BE request rejected: policy switched to {pol.name!r}")
             for t in self.be_queues.clear():
-                self._queued_ids.discard(t.tid)
                 self._fail(t, err)
             for s in self.be_streams:
                 if s.owner is not None and not s.owner.answered:
@@ -342,7 +339,6 @@ class Scheduler:
         try:
             err = RuntimeClosedError("runtime closed before the request completed")
             for t in self.rt_queue.clear() + self.be_queues.clear():
-                self._queued_ids.discard(t.tid)
                 self._fail(t, err)
             for t in list(self.tasks.values()):
                 if not t.answered:
@@ -406,7 +402,6 @@ class Scheduler:
                         s.outstanding > 0 for s in self.be_streams if s.owner is not None):
                     return  # what BE launched finishes or self-evicts first
             task = self.rt_queue.pop()
-            self._queued_ids.discard(task.tid)
             if self._start(task, self._rt_stream_for(task)):
                 return
 
@@ -427,7 +422,6 @@ class Scheduler:
         cur.state = PAUSED
         self.rt_active.discard(cur)
         self.rt_queue.push(cur.req.deadline, cur)
-        self._queued_ids.add(cur.tid)
         cur.req.timings.preempted += 1
         with self.stats.lock:
             self.stats.rt_switches += 1
@@ -506,7 +500,6 @@ class Scheduler:
                 return
             while self.be_queues:
                 t = self.be_queues.pop()
-                self._queued_ids.discard(t.tid)
                 if self.ext is not None:  # cache/batching hook: maybe a batch task
                     t = self.ext.maybe_batch(self, t)
                 if self._start(t, s):
