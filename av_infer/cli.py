@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from av_infer.devices import DEVICE_NAMES
 from av_infer.errors import AvInferError
 
 
@@ -148,7 +149,7 @@ def cmd_models_profile(args: argparse.Namespace) -> int:
     except NotImplementedError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out or f"{name}.{prof.device}.profile.json")
+    out = Path(args.out or f"{name}.{args.device}.profile.json")  # prof.device: GPU name
     prof.save(out)
     print(f"{name} on {args.device} ({prof.device}): {len(prof.kernels)} kernels, "
           f"{prof.total_us:.1f} us in all -> {out}")
@@ -184,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     m_prof = msub.add_parser("profile", help="per-kernel durations and occupancy on a device "
                              "(for padding selection and the simulator)")
     model_args(m_prof, many=False)
-    m_prof.add_argument("--device", choices=["cpu", "sim", "cuda"], default="cpu")
+    m_prof.add_argument("--device", choices=list(DEVICE_NAMES), default="cpu",
+                        help="cuda-emu: the cuda device on the CPU emulator (docs/cuda_emu.md)")
     m_prof.add_argument("--gpu", default="mi50", help="simulated GPU (--device sim)")
     m_prof.add_argument("--repeats", type=int, default=5, help="runs per kernel (median)")
     m_prof.add_argument("--out", metavar="FILE",

@@ -94,26 +94,36 @@ def _profile_cpu(plan: Plan, repeats: int) -> ModelProfile:
 
 
 def _profile_gpu(plan: Plan, device: Any, repeats: int) -> ModelProfile:
-    """CUDA events + occupancy API through :class:`KernelTimer`."""
-    timer = getattr(device, "time_kernel", None)
-    occ = getattr(device, "occupancy", None)
-    if timer is None or occ is None:
+    """Load ``plan`` on a :class:`KernelTimer` device, profile it, unload it."""
+    if getattr(device, "time_kernel", None) is None or getattr(device, "occupancy", None) is None:
         raise NotImplementedError(
             f"device {getattr(device, 'name', device)!r} cannot time kernels "
             "(needs time_kernel and occupancy)")
     handle = device.load_plan(plan)
     try:
-        kernels = []
-        for k in plan.kernels:
-            dur = float(timer(handle, k.index, repeats))
-            bps = int(occ(handle, k.index))
-            kernels.append(KernelProfile(
-                index=k.index, name=k.name, duration_us=dur, blocks=k.geometry.blocks,
-                threads=k.geometry.threads, regs=k.geometry.regs, smem=k.geometry.smem,
-                blocks_per_sm=max(1, bps)))
+        return profile_loaded(plan, device, handle, repeats)
     finally:
         device.unload_plan(handle)
+
+
+def profile_loaded(plan: Plan, device: Any, handle: Any, repeats: int) -> ModelProfile:
+    """CUDA events + occupancy API through :class:`KernelTimer` on a loaded plan. Blocks
+    and threads are the launch's own where the device says (``kernel_geometry``), so DKP
+    block ranges count the blocks that really run."""
+    geometry = getattr(device, "kernel_geometry", None)
+    kernels = []
+    for k in plan.kernels:
+        dur = float(device.time_kernel(handle, k.index, repeats))
+        bps = int(device.occupancy(handle, k.index))
+        blocks, threads = (geometry(handle, k.index) if geometry is not None
+                           else (k.geometry.blocks, k.geometry.threads))
+        kernels.append(KernelProfile(
+            index=k.index, name=k.name, duration_us=dur, blocks=int(blocks),
+            threads=int(threads), regs=k.geometry.regs, smem=k.geometry.smem,
+            blocks_per_sm=max(1, bps)))
     tele = device.telemetry() if hasattr(device, "telemetry") else {}
-    sms = int(tele.get("sms") or getattr(device, "sms", 0) or 0)
-    return ModelProfile(model=plan.name, device=str(tele.get("gpu") or device.name),
-                        sms=sms, kernels=kernels)
+    gpu = tele.get("gpu")
+    gpu_name = gpu.get("name") if isinstance(gpu, dict) else gpu
+    sms = int(getattr(device, "sms", 0) or tele.get("sms") or 0)
+    return ModelProfile(model=plan.name, device=str(gpu_name or device.name), sms=sms,
+                        kernels=kernels)

@@ -106,8 +106,7 @@ cdef struct Driver:
     p_cuModuleGetFunction cuModuleGetFunction
     p_cuFuncGetAttribute cuFuncGetAttribute
 
-cdef Driver _drv
-cdef bint _loaded = False
+cdef dict _drivers = {}   # library path -> address of its Driver (never freed)
 
 
 cdef void* _sym(void* lib, const char* a, const char* b) noexcept:
@@ -117,15 +116,15 @@ cdef void* _sym(void* lib, const char* a, const char* b) noexcept:
     return p
 
 
-def load_driver(str path="libcuda.so.1"):
-    """dlopen the CUDA driver and resolve the entry points; idempotent.
+cdef Driver* _driver(str path) except NULL:
+    """The driver library at ``path``, dlopened and resolved once per process.
 
-    Raises OSError("libcuda.so.1 not found: ...") without a driver, or naming the missing
-    symbol with a too-old driver.
+    One table per path: a process may hold the real driver and the CPU emulator's
+    (``av_infer.devices.cuda_emu``) side by side.
     """
-    global _loaded
-    if _loaded:
-        return
+    cdef uintptr_t have = _drivers.get(path, 0)
+    if have:
+        return <Driver*>have
     cdef bytes bpath = path.encode()
     cdef void* lib = dlopen(bpath, RTLD_NOW | RTLD_LOCAL)
     cdef const char* err
@@ -152,53 +151,70 @@ def load_driver(str path="libcuda.so.1"):
         if p == NULL:
             raise OSError(f"{path}: symbol {a.decode()} missing (driver too old?)")
         ptrs[a] = <uintptr_t>p
-    _drv.lib = lib
-    _drv.cuInit = <p_cuInit><uintptr_t>ptrs[b"cuInit"]
-    _drv.cuGetErrorString = <p_cuGetErrorString><uintptr_t>ptrs[b"cuGetErrorString"]
-    _drv.cuCtxGetCurrent = <p_cuCtxGetCurrent><uintptr_t>ptrs[b"cuCtxGetCurrent"]
-    _drv.cuCtxSetCurrent = <p_cuCtxSetCurrent><uintptr_t>ptrs[b"cuCtxSetCurrent"]
-    _drv.cuCtxGetStreamPriorityRange = <p_cuCtxGetStreamPriorityRange><uintptr_t>ptrs[b"cuCtxGetStreamPriorityRange"]
-    _drv.cuStreamCreateWithPriority = <p_cuStreamCreateWithPriority><uintptr_t>ptrs[b"cuStreamCreateWithPriority"]
-    _drv.cuStreamDestroy = <p_cuStreamDestroy><uintptr_t>ptrs[b"cuStreamDestroy_v2"]
-    _drv.cuStreamSynchronize = <p_cuStreamSynchronize><uintptr_t>ptrs[b"cuStreamSynchronize"]
-    _drv.cuStreamWaitEvent = <p_cuStreamWaitEvent><uintptr_t>ptrs[b"cuStreamWaitEvent"]
-    _drv.cuMemsetD32Async = <p_cuMemsetD32Async><uintptr_t>ptrs[b"cuMemsetD32Async"]
-    _drv.cuEventCreate = <p_cuEventCreate><uintptr_t>ptrs[b"cuEventCreate"]
-    _drv.cuEventDestroy = <p_cuEventDestroy><uintptr_t>ptrs[b"cuEventDestroy_v2"]
-    _drv.cuEventRecord = <p_cuEventRecord><uintptr_t>ptrs[b"cuEventRecord"]
-    _drv.cuEventQuery = <p_cuEventQuery><uintptr_t>ptrs[b"cuEventQuery"]
-    _drv.cuLaunchKernel = <p_cuLaunchKernel><uintptr_t>ptrs[b"cuLaunchKernel"]
-    _drv.cuModuleLoadData = <p_cuModuleLoadData><uintptr_t>ptrs[b"cuModuleLoadData"]
-    _drv.cuModuleUnload = <p_cuModuleUnload><uintptr_t>ptrs[b"cuModuleUnload"]
-    _drv.cuModuleGetFunction = <p_cuModuleGetFunction><uintptr_t>ptrs[b"cuModuleGetFunction"]
-    _drv.cuFuncGetAttribute = <p_cuFuncGetAttribute><uintptr_t>ptrs[b"cuFuncGetAttribute"]
+    cdef Driver* d = <Driver*>calloc(1, sizeof(Driver))
+    if d == NULL:
+        raise MemoryError()
+    d.lib = lib
+    d.cuInit = <p_cuInit><uintptr_t>ptrs[b"cuInit"]
+    d.cuGetErrorString = <p_cuGetErrorString><uintptr_t>ptrs[b"cuGetErrorString"]
+    d.cuCtxGetCurrent = <p_cuCtxGetCurrent><uintptr_t>ptrs[b"cuCtxGetCurrent"]
+    d.cuCtxSetCurrent = <p_cuCtxSetCurrent><uintptr_t>ptrs[b"cuCtxSetCurrent"]
+    d.cuCtxGetStreamPriorityRange = <p_cuCtxGetStreamPriorityRange><uintptr_t>ptrs[b"cuCtxGetStreamPriorityRange"]
+    d.cuStreamCreateWithPriority = <p_cuStreamCreateWithPriority><uintptr_t>ptrs[b"cuStreamCreateWithPriority"]
+    d.cuStreamDestroy = <p_cuStreamDestroy><uintptr_t>ptrs[b"cuStreamDestroy_v2"]
+    d.cuStreamSynchronize = <p_cuStreamSynchronize><uintptr_t>ptrs[b"cuStreamSynchronize"]
+    d.cuStreamWaitEvent = <p_cuStreamWaitEvent><uintptr_t>ptrs[b"cuStreamWaitEvent"]
+    d.cuMemsetD32Async = <p_cuMemsetD32Async><uintptr_t>ptrs[b"cuMemsetD32Async"]
+    d.cuEventCreate = <p_cuEventCreate><uintptr_t>ptrs[b"cuEventCreate"]
+    d.cuEventDestroy = <p_cuEventDestroy><uintptr_t>ptrs[b"cuEventDestroy_v2"]
+    d.cuEventRecord = <p_cuEventRecord><uintptr_t>ptrs[b"cuEventRecord"]
+    d.cuEventQuery = <p_cuEventQuery><uintptr_t>ptrs[b"cuEventQuery"]
+    d.cuLaunchKernel = <p_cuLaunchKernel><uintptr_t>ptrs[b"cuLaunchKernel"]
+    d.cuModuleLoadData = <p_cuModuleLoadData><uintptr_t>ptrs[b"cuModuleLoadData"]
+    d.cuModuleUnload = <p_cuModuleUnload><uintptr_t>ptrs[b"cuModuleUnload"]
+    d.cuModuleGetFunction = <p_cuModuleGetFunction><uintptr_t>ptrs[b"cuModuleGetFunction"]
+    d.cuFuncGetAttribute = <p_cuFuncGetAttribute><uintptr_t>ptrs[b"cuFuncGetAttribute"]
     # optional: stream memory operations (fallback: cuMemsetD32Async on the flag stream)
     p = _sym(lib, b"cuStreamWriteValue32_v2", b"cuStreamWriteValue32")
-    _drv.cuStreamWriteValue32 = <p_cuStreamWriteValue32>p
-    _loaded = True
-    _check(_drv.cuInit(0), "cuInit")
+    d.cuStreamWriteValue32 = <p_cuStreamWriteValue32>p
+    cdef CUresult r = d.cuInit(0)
+    if r != CUDA_SUCCESS:
+        free(d)
+        raise RuntimeError(f"{path}: cuInit failed ({r})")
+    _drivers[path] = <uintptr_t>d
+    return d
 
 
-def driver_loaded():
-    return _loaded
+def load_driver(str path="libcuda.so.1"):
+    """dlopen a CUDA driver library and resolve the entry points; idempotent per path.
+
+    Raises OSError("libcuda.so.1 not found: ...") without a driver, or naming the missing
+    symbol with a too-old driver.
+    """
+    _driver(path)
 
 
-cdef str _errstr(CUresult r):
+def driver_loaded(str path="libcuda.so.1"):
+    return path in _drivers
+
+
+cdef str _errstr(Driver* d, CUresult r):
     cdef const char* s = NULL
-    if _loaded and _drv.cuGetErrorString(r, &s) == CUDA_SUCCESS and s != NULL:
+    if d != NULL and d.cuGetErrorString(r, &s) == CUDA_SUCCESS and s != NULL:
         return (<bytes>s).decode()
     return f"CUresult {r}"
 
 
-cdef int _check(CUresult r, str what) except -1:
+cdef int _check(Driver* d, CUresult r, str what) except -1:
     if r != CUDA_SUCCESS:
-        raise RuntimeError(f"{what} failed: {_errstr(r)} ({r})")
+        raise RuntimeError(f"{what} failed: {_errstr(d, r)} ({r})")
     return 0
 
 
-def error_string(int code):
+def error_string(int code, str path="libcuda.so.1"):
     """Text of a CUresult (for completions that carry a launch/event error)."""
-    return _errstr(code)
+    cdef uintptr_t have = _drivers.get(path, 0)
+    return _errstr(<Driver*>have, code)
 
 
 cdef inline double _now() noexcept nogil:
@@ -230,6 +246,9 @@ cdef struct TaskRec:
     uint32_t* geom
     char* args
     int64_t* offs
+    CUfunction* pfuncs          # DKP: padded launch of kernel k (NULL: plain), lazily made
+    uint32_t* pgeom
+    char** pargs                # its by-value AviPadArgs bytes
 
 cdef struct Comp:
     int32_t stream
@@ -250,6 +269,7 @@ cdef inline int _vhq_complete(void* q, int64_t* t, int32_t* k) noexcept nogil:
 cdef class Dispatcher:
     """Streams, task launch tables, the nogil dispatch loop and the completion ring."""
 
+    cdef Driver* _drv
     cdef CUcontext _ctx
     cdef Stream* _st
     cdef void* _vhq[MAX_STREAMS]
@@ -291,30 +311,34 @@ cdef class Dispatcher:
         self.spin_us = 50
         self._fstream = NULL
         self._ctx = NULL
+        self._drv = NULL
 
-    def __init__(self):
-        """Needs a current CUDA context on the calling thread (e.g. CuPy's device)."""
-        load_driver()
-        _check(_drv.cuCtxGetCurrent(&self._ctx), "cuCtxGetCurrent")
+    def __init__(self, str driver="libcuda.so.1"):
+        """Needs a current CUDA context on the calling thread (e.g. CuPy's device).
+
+        ``driver``: the driver library (the CPU emulator's for ``CudaDevice(emulate=True)``).
+        """
+        self._drv = _driver(driver)
+        _check(self._drv, self._drv.cuCtxGetCurrent(&self._ctx), "cuCtxGetCurrent")
         if self._ctx == NULL:
             raise RuntimeError("no current CUDA context: initialise the device (CuPy) first")
-        _check(_drv.cuCtxGetStreamPriorityRange(&self._prio_lo, &self._prio_hi),
+        _check(self._drv, self._drv.cuCtxGetStreamPriorityRange(&self._prio_lo, &self._prio_hi),
                "cuCtxGetStreamPriorityRange")
-        _check(_drv.cuStreamCreateWithPriority(&self._fstream, CU_STREAM_NON_BLOCKING,
+        _check(self._drv, self._drv.cuStreamCreateWithPriority(&self._fstream, CU_STREAM_NON_BLOCKING,
                                                self._prio_hi), "flag stream")
 
     def __dealloc__(self):
         cdef int i, j
-        if _loaded and self._ctx != NULL:
-            _drv.cuCtxSetCurrent(self._ctx)
+        if self._drv != NULL and self._ctx != NULL:
+            self._drv.cuCtxSetCurrent(self._ctx)
             for i in range(self._nst):
-                _drv.cuStreamSynchronize(self._st[i].s)
+                self._drv.cuStreamSynchronize(self._st[i].s)
                 for j in range(RING):
-                    _drv.cuEventDestroy(self._st[i].ev[j])
-                _drv.cuEventDestroy(self._st[i].fev)
-                _drv.cuStreamDestroy(self._st[i].s)
+                    self._drv.cuEventDestroy(self._st[i].ev[j])
+                self._drv.cuEventDestroy(self._st[i].fev)
+                self._drv.cuStreamDestroy(self._st[i].s)
             if self._fstream != NULL:
-                _drv.cuStreamDestroy(self._fstream)
+                self._drv.cuStreamDestroy(self._fstream)
         if self._tasks != NULL:
             for i in range(TASK_SLOTS):
                 if self._tasks[i].id >= 0:
@@ -332,7 +356,7 @@ cdef class Dispatcher:
             PyThread_free_lock(self._wake)
 
     cdef inline void _cur(self) noexcept nogil:
-        _drv.cuCtxSetCurrent(self._ctx)
+        self._drv.cuCtxSetCurrent(self._ctx)
 
     @property
     def priority_range(self):
@@ -350,12 +374,12 @@ cdef class Dispatcher:
         cdef int j
         self._cur()
         memset(st, 0, sizeof(Stream))
-        _check(_drv.cuStreamCreateWithPriority(&st.s, CU_STREAM_NON_BLOCKING,
+        _check(self._drv, self._drv.cuStreamCreateWithPriority(&st.s, CU_STREAM_NON_BLOCKING,
                                                self._prio_hi if realtime else self._prio_lo),
                "cuStreamCreateWithPriority")
         for j in range(RING):
-            _check(_drv.cuEventCreate(&st.ev[j], CU_EVENT_DISABLE_TIMING), "cuEventCreate")
-        _check(_drv.cuEventCreate(&st.fev, CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+            _check(self._drv, self._drv.cuEventCreate(&st.ev[j], CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        _check(self._drv, self._drv.cuEventCreate(&st.fev, CU_EVENT_DISABLE_TIMING), "cuEventCreate")
         st.flag = <CUdeviceptr>flag_ptr
         self._vhq_refs.append(vhq)
         self._vhq[self._nst] = <void*>vhq
@@ -369,8 +393,8 @@ cdef class Dispatcher:
         cdef CUresult r
         with nogil:
             self._cur()
-            r = _drv.cuStreamSynchronize(self._st[s].s)
-        _check(r, "cuStreamSynchronize")
+            r = self._drv.cuStreamSynchronize(self._st[s].s)
+        _check(self._drv, r, "cuStreamSynchronize")
 
     def write_flag(self, int s, uint32_t value):
         """Write stream ``s``'s preemption word on the flag stream (asynchronously).
@@ -382,18 +406,22 @@ cdef class Dispatcher:
         cdef CUresult r
         with nogil:
             self._cur()
-            if _drv.cuStreamWriteValue32 != NULL:
-                r = _drv.cuStreamWriteValue32(self._fstream, st.flag, value,
+            if self._drv.cuStreamWriteValue32 != NULL:
+                r = self._drv.cuStreamWriteValue32(self._fstream, st.flag, value,
                                               CU_STREAM_WRITE_VALUE_DEFAULT)
                 if r != CUDA_SUCCESS:
-                    r = _drv.cuMemsetD32Async(st.flag, value, 1, self._fstream)
+                    r = self._drv.cuMemsetD32Async(st.flag, value, 1, self._fstream)
             else:
-                r = _drv.cuMemsetD32Async(st.flag, value, 1, self._fstream)
+                r = self._drv.cuMemsetD32Async(st.flag, value, 1, self._fstream)
             if r == CUDA_SUCCESS and value == 0:
-                r = _drv.cuEventRecord(st.fev, self._fstream)
+                r = self._drv.cuEventRecord(st.fev, self._fstream)
                 if r == CUDA_SUCCESS:
-                    r = _drv.cuStreamWaitEvent(st.s, st.fev, 0)
-        _check(r, "write_flag")
+                    r = self._drv.cuStreamWaitEvent(st.s, st.fev, 0)
+        _check(self._drv, r, "write_flag")
+
+    def error_string(self, int code):
+        """Text of a CUresult from this dispatcher's driver."""
+        return _errstr(self._drv, code)
 
     def stream_stats(self, int s):
         return {"launched": self._st[s].launched, "completed": self._st[s].completed,
@@ -404,23 +432,23 @@ cdef class Dispatcher:
         cdef CUmodule m
         cdef const char* p = image
         self._cur()
-        _check(_drv.cuModuleLoadData(&m, p), "cuModuleLoadData")
+        _check(self._drv, self._drv.cuModuleLoadData(&m, p), "cuModuleLoadData")
         return <uintptr_t>m
 
     def unload_module(self, uintptr_t m):
         self._cur()
-        _check(_drv.cuModuleUnload(<CUmodule>m), "cuModuleUnload")
+        _check(self._drv, self._drv.cuModuleUnload(<CUmodule>m), "cuModuleUnload")
 
     def get_function(self, uintptr_t m, str name):
         cdef CUfunction f
         cdef bytes b = name.encode()
-        _check(_drv.cuModuleGetFunction(&f, <CUmodule>m, b), f"cuModuleGetFunction({name})")
+        _check(self._drv, self._drv.cuModuleGetFunction(&f, <CUmodule>m, b), f"cuModuleGetFunction({name})")
         return <uintptr_t>f
 
     def func_attribute(self, uintptr_t f, int attr):
         """cuFuncGetAttribute (4: registers/thread, 1: static smem bytes, 0: max threads)."""
         cdef int v
-        _check(_drv.cuFuncGetAttribute(&v, attr, <CUfunction>f), "cuFuncGetAttribute")
+        _check(self._drv, self._drv.cuFuncGetAttribute(&v, attr, <CUfunction>f), "cuFuncGetAttribute")
         return v
 
     # -- tasks --------------------------------------------------------------------------
@@ -442,14 +470,24 @@ cdef class Dispatcher:
         return free_slot if insert else NULL
 
     cdef void _free_rec(self, TaskRec* r) noexcept nogil:
+        cdef int32_t k
         free(r.funcs)
         free(r.geom)
         free(r.args)
         free(r.offs)
+        if r.pfuncs != NULL:
+            for k in range(r.nk):
+                free(r.pargs[k])
+        free(r.pfuncs)
+        free(r.pgeom)
+        free(r.pargs)
         r.funcs = NULL
         r.geom = NULL
         r.args = NULL
         r.offs = NULL
+        r.pfuncs = NULL
+        r.pgeom = NULL
+        r.pargs = NULL
 
     def register_task(self, int64_t task, funcs, bytes geom, bytes args, offs):
         """Launch table of a task: per kernel its CUfunction, 7 geometry words (uint32:
@@ -486,7 +524,64 @@ cdef class Dispatcher:
         r.geom = gm
         r.args = ag
         r.offs = of
+        r.pfuncs = NULL
+        r.pgeom = NULL
+        r.pargs = NULL
         PyThread_release_lock(self._tlock)
+
+    def set_padded(self, int64_t task, int32_t kernel, uintptr_t func, bytes geom, bytes args):
+        """The next launch of ``kernel`` of ``task`` is this padded launch (DKP): the
+        dispatcher kernel ``func`` with geometry ``geom`` (7 uint32 words) and the single
+        by-value argument ``args``; later launches of that kernel are plain again."""
+        if len(geom) != GEOM_WORDS * 4:
+            raise ValueError("padded geometry: 7 uint32 words")
+        cdef char* blob = <char*>malloc(max(len(args), 1))
+        if blob == NULL:
+            raise MemoryError()
+        memcpy(blob, <const char*>args, len(args))
+        cdef TaskRec* r
+        cdef int32_t i
+        PyThread_acquire_lock(self._tlock, WAIT_LOCK)
+        r = self._find(task, False)
+        if r == NULL or not 0 <= kernel < r.nk:
+            PyThread_release_lock(self._tlock)
+            free(blob)
+            raise KeyError(f"task {task} kernel {kernel} is not registered")
+        if r.pfuncs == NULL:
+            r.pfuncs = <CUfunction*>calloc(r.nk, sizeof(CUfunction))
+            r.pgeom = <uint32_t*>calloc(r.nk * GEOM_WORDS, 4)
+            r.pargs = <char**>calloc(r.nk, sizeof(char*))
+            if r.pfuncs == NULL or r.pgeom == NULL or r.pargs == NULL:
+                free(r.pfuncs); free(r.pgeom); free(r.pargs)
+                r.pfuncs = NULL
+                r.pgeom = NULL
+                r.pargs = NULL
+                PyThread_release_lock(self._tlock)
+                free(blob)
+                raise MemoryError()
+        free(r.pargs[kernel])
+        r.pfuncs[kernel] = <CUfunction>func
+        memcpy(r.pgeom + GEOM_WORDS * kernel, <const char*>geom, GEOM_WORDS * 4)
+        r.pargs[kernel] = blob
+        PyThread_release_lock(self._tlock)
+
+    def clear_padded(self, int64_t task, int32_t first=0):
+        """Forget the padded launches of kernels ``first..`` of ``task`` not yet launched
+        (a reset dropped them: they run plain when restored); returns how many."""
+        cdef TaskRec* r
+        cdef int32_t k
+        cdef int n = 0
+        PyThread_acquire_lock(self._tlock, WAIT_LOCK)
+        r = self._find(task, False)
+        if r != NULL and r.pfuncs != NULL:
+            for k in range(max(first, 0), r.nk):
+                if r.pfuncs[k] != NULL:
+                    r.pfuncs[k] = NULL
+                    free(r.pargs[k])
+                    r.pargs[k] = NULL
+                    n += 1
+        PyThread_release_lock(self._tlock)
+        return n
 
     def unregister_task(self, int64_t task):
         """Forget a task's launch table; False (and nothing freed) while launches are in flight."""
@@ -551,7 +646,7 @@ cdef class Dispatcher:
             while st.count > 0:
                 slot = st.head
                 if st.err[slot] == CUDA_SUCCESS:
-                    r = _drv.cuEventQuery(st.ev[slot])
+                    r = self._drv.cuEventQuery(st.ev[slot])
                     if r == CUDA_ERROR_NOT_READY:
                         break
                 else:
@@ -575,14 +670,27 @@ cdef class Dispatcher:
                 r = -1  # unknown task / kernel index
                 PyThread_acquire_lock(self._tlock, WAIT_LOCK)
                 rec = self._find(t, False)
-                if rec != NULL and 0 <= k < rec.nk:
+                if rec != NULL and 0 <= k < rec.nk and rec.pfuncs != NULL and rec.pfuncs[k] != NULL:
+                    # DKP: the padded dispatcher kernel takes one by-value struct (its
+                    # parts carry their flag words); CUDA copies it at the launch call
+                    g = rec.pgeom + GEOM_WORDS * k
+                    params[0] = rec.pargs[k]
+                    r = self._drv.cuLaunchKernel(rec.pfuncs[k], g[0], g[1], g[2], g[3], g[4],
+                                                 g[5], g[6], st.s, params, NULL)
+                    rec.pfuncs[k] = NULL
+                    free(rec.pargs[k])
+                    rec.pargs[k] = NULL
+                    if r == CUDA_SUCCESS:
+                        r = self._drv.cuEventRecord(st.ev[slot], st.s)
+                    rec.inflight += 1
+                elif rec != NULL and 0 <= k < rec.nk:
                     g = rec.geom + GEOM_WORDS * k
                     params[0] = &st.flag
                     params[1] = rec.args + rec.offs[k]
-                    r = _drv.cuLaunchKernel(rec.funcs[k], g[0], g[1], g[2], g[3], g[4], g[5],
+                    r = self._drv.cuLaunchKernel(rec.funcs[k], g[0], g[1], g[2], g[3], g[4], g[5],
                                             g[6], st.s, params, NULL)
                     if r == CUDA_SUCCESS:
-                        r = _drv.cuEventRecord(st.ev[slot], st.s)
+                        r = self._drv.cuEventRecord(st.ev[slot], st.s)
                     rec.inflight += 1
                 PyThread_release_lock(self._tlock)
                 st.task[slot] = t

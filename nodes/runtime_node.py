@@ -42,8 +42,9 @@ from rclpy.parameter import Parameter
 from std_msgs.msg import String, UInt8MultiArray
 
 from av_infer import tensor_codec as codec
+from av_infer.devices import DEVICE_NAMES
 
-DEVICES = ("auto", "cpu", "cuda", "sim")
+DEVICES = ("auto", *DEVICE_NAMES)
 DESIGN_POLICIES = ("rt_only", "seq", "streams", "prio_streams", "wait", "reef", "reef_dkp")
 
 

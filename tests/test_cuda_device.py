@@ -1,8 +1,12 @@
-"""The cuda device against the numpy reference (GPU only; skipped with the reason elsewhere).
+"""The cuda device against the numpy reference, on a GPU and on the CPU emulator.
 
-One test body runs every sample kind on both devices (cpu and cuda) and compares; zoo
-models (scaled) run end to end; the golden preemption test checks that BE outputs under
-REEF preemption (reset + flag + restore-from-c) are bit-identical to unpreempted GPU runs.
+Every test runs twice: ``gpu`` (skipped with the reason where there is no usable GPU) and
+``emu`` (``CudaDevice(emulate=True)``: the same generated kernels, packing, Cython
+dispatcher and completions, executed by the CPU emulator of docs/cuda_emu.md; it must run
+in CI). One test body runs every sample kind and compares with numpy; zoo models (scaled)
+run end to end; the golden preemption test checks that BE outputs under REEF preemption
+(reset + flag + restore-from-c) are bit-identical to unpreempted runs; DKP padded launches
+must leave RT and BE outputs bit-identical; the runtime runs reef and reef_dkp on it.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import queue
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -19,9 +24,30 @@ from av_infer.devices.cuda import availability
 from av_infer.kernels.cpu import CpuPlanRunner
 from av_infer.kernels.cuda.samples import chain_plan, samples
 from av_infer.model.plan import Plan
+from tests.checks import compare_outputs, require
 
 OK, WHY = availability()
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not OK, reason=f"no usable GPU: {WHY}")]
+EMU_OK, EMU_WHY = availability(emulate=True)
+
+BACKENDS = [
+    pytest.param(False, id="gpu", marks=[
+        pytest.mark.gpu, pytest.mark.skipif(not OK, reason=f"no usable GPU: {WHY}")]),
+    pytest.param(True, id="emu"),
+]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def emulate(request) -> bool:
+    if request.param:
+        require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    return request.param
+
+
+def make_dev(emulate: bool, **kw):
+    from av_infer.devices.cuda import CudaDevice
+
+    return CudaDevice(emulate=emulate, **kw)
+
 
 RTOL = 1e-3
 ATOL = 1e-4
@@ -56,10 +82,8 @@ class Driver:
 
 
 @pytest.fixture(scope="module")
-def cuda_dev():
-    from av_infer.devices.cuda import CudaDevice
-
-    dev = CudaDevice(c=4)
+def cuda_dev(emulate):
+    dev = make_dev(emulate, c=4)
     yield dev
     dev.close()
 
@@ -70,13 +94,7 @@ def driver(cuda_dev):
 
 
 def _compare(got: dict, want: dict, name: str) -> None:
-    for k, w in want.items():
-        g = got[k]
-        assert g.shape == w.shape and g.dtype == w.dtype, (name, k, g.shape, w.shape, g.dtype)
-        if w.dtype.kind in "biu":
-            np.testing.assert_array_equal(g, w, err_msg=f"{name}:{k}")
-        else:
-            np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=f"{name}:{k}")
+    compare_outputs(got, want, name, RTOL, ATOL)
 
 
 SAMPLES = samples()
@@ -94,10 +112,8 @@ def test_every_kind_matches_numpy(name, cuda_dev, driver):
         assert np.array_equal(got[k], again[k]), (name, k)
 
 
-def test_tf32_tiles_stay_close():
-    from av_infer.devices.cuda import CudaDevice
-
-    dev = CudaDevice(c=4, tf32=True)
+def test_tf32_tiles_stay_close(emulate):
+    dev = make_dev(emulate, c=4, tf32=True)
     try:
         drv = Driver(dev)
         for name in ("conv3x3_bias_relu", "conv_1x1_big", "gemm_trans_b_bias",
@@ -132,7 +148,7 @@ def test_zoo_scaled_end_to_end(name, cuda_dev, driver):
     _compare(got, want, name)
 
 
-def test_preempted_be_outputs_bit_identical(cuda_dev):
+def test_preempted_be_outputs_bit_identical(cuda_dev, driver):
     """Device-level REEF: reset the vHQ, raise the flag, wait for in-flight launches to
     drain, clear the flag, restore from max(done, k_l - c). Outputs equal an unpreempted run."""
     from av_infer._cy.vhq import restore_point
@@ -143,7 +159,7 @@ def test_preempted_be_outputs_bit_identical(cuda_dev):
     s = cuda_dev.open_stream(0)
     events: queue.Queue[Completion] = queue.Queue()
     base = 10_000
-    # the module fixture already started the device; route completions by task id
+    # the driver fixture started the device; route completions by task id
     orig = cuda_dev._on_complete
 
     def tee(c: Completion) -> None:
@@ -153,72 +169,161 @@ def test_preempted_be_outputs_bit_identical(cuda_dev):
             orig(c)
 
     cuda_dev._on_complete = tee
+    last: dict[int, int] = {}  # task -> highest kernel completed (completions are in order)
+
+    def wait_for(task: int, kernel: int) -> None:
+        while last.get(task, -1) < kernel:
+            c = events.get(timeout=60)
+            last[c.task] = max(last.get(c.task, -1), c.kernel)
+
     try:
         cuda_dev.new_task(h, base)
         cuda_dev.write_inputs(base, x)
         cuda_dev.enqueue(s, base, 0, n - 1)
-        while events.get(timeout=60).kernel != n - 1:
-            pass
+        wait_for(base, n - 1)
         ref = cuda_dev.read_outputs(base)
         rng = random.Random(0)
+        restored = 0
         for trial in range(20):
             t = base + 1 + trial
             cuda_dev.new_task(h, t)
             cuda_dev.write_inputs(t, x)
             cuda_dev.enqueue(s, t, 0, n - 1)
-            stop_after = rng.randrange(0, n)
-            seen = -1
-            while seen < stop_after:
-                seen = events.get(timeout=60).kernel
+            wait_for(t, rng.randrange(0, n))
             info = cuda_dev.reset(s)
             cuda_dev.set_preempt(s, True)
-            while cuda_dev.in_flight(s):
-                events.get(timeout=60)
+            if info is not None:  # every launch sent before the reset leaves the device
+                wait_for(info.task, info.last_sent)
             cuda_dev.set_preempt(s, False)
             if info is not None and info.task == t:
                 start = restore_point(info.last_sent, info.done, info.restore_c or cuda_dev._c)
                 if start <= n - 1:
+                    restored += 1
+                    last[t] = start - 1
                     cuda_dev.enqueue(s, t, start, n - 1)
-                    while events.get(timeout=60).kernel != n - 1:
-                        pass
+                    wait_for(t, n - 1)
             out = cuda_dev.read_outputs(t)
             for k in ref:
-                assert np.array_equal(out[k], ref[k]), (trial, stop_after, info)
+                assert np.array_equal(out[k], ref[k]), (trial, info)
             cuda_dev.release_task(t)
+        assert restored > 0
     finally:
         cuda_dev._on_complete = orig
 
 
-def test_runtime_reef_policy_on_cuda():
-    """The real scheduler on the cuda device: BE results under RT preemption equal the
-    unpreempted GPU result bit for bit."""
-    from av_infer import Runtime
+def _pair(be: tuple[str, str], rt: tuple[str, str]) -> tuple:
+    """(BE plan "be", its inputs, RT plan "rt", its inputs) from zoo (name, variant)s."""
     from av_infer.model import zoo
     from av_infer.model.compiler import compile_model
 
-    be = compile_model(zoo.path("resnet152", "scaled"), name="be")
-    rt_plan = compile_model(zoo.path("tiny_mlp", "default"), name="rt")
-    x = zoo.sample_inputs("resnet152", "scaled", seed=1)
-    x_rt = zoo.sample_inputs("tiny_mlp", "default")
-    with Runtime("cuda", policy="reef", c=4) as rt:
+    return (compile_model(zoo.path(*be), name="be"), zoo.sample_inputs(*be, seed=1),
+            compile_model(zoo.path(*rt), name="rt"), zoo.sample_inputs(*rt))
+
+
+def test_runtime_reef_policy_on_cuda(emulate):
+    """The real scheduler on the cuda device: BE results under RT preemption equal the
+    unpreempted GPU result bit for bit."""
+    from av_infer import Runtime
+
+    be, x, rt_plan, x_rt = _pair(("resnet152", "scaled"), ("tiny_mlp", "default"))
+    with Runtime("cuda-emu" if emulate else "cuda", policy="reef", c=4) as rt:
         rt.load_model("be", be)
         rt.load_model("rt", rt_plan)
         ref = rt.submit("be", x, client="be").result(timeout=120).outputs
         futs = [rt.submit("be", x, client="be") for _ in range(8)]
-        stop = threading.Event()
 
         def rt_load() -> None:
-            while not stop.is_set():
+            # bounded and paced: back-to-back RT starves BE under reef by design (a BE
+            # kernel never finishes between two RT requests when it is slower than the gap)
+            for _ in range(40):
                 rt.submit("rt", x_rt, priority="RT").result(timeout=60)
+                time.sleep(0.002)
 
         th = threading.Thread(target=rt_load)
         th.start()
         try:
             for f in futs:
-                out = f.result(timeout=120).outputs
+                out = f.result(timeout=300).outputs
                 for k in ref:
                     assert np.array_equal(out[k], ref[k])
         finally:
-            stop.set()
             th.join()
-        assert rt.stats()["preemptions"] >= 0
+        if emulate:  # 8 BE requests of ~0.1 s each under 40 RT arrivals: preempted
+            assert rt.stats()["preemptions"] > 0
+
+
+# -- DKP: padded launches (kernels/cuda/padding.py through the dispatcher) -----------------
+def test_padded_launches_leave_outputs_bit_identical(emulate):
+    """A BE conv kernel's blocks run as padding of three RT kernels (uneven ranges); the BE
+    task then continues normally. RT and BE outputs equal unpadded runs bit for bit, and
+    each padded completion reports its parts."""
+    dev = make_dev(emulate, c=4)
+    try:
+        drv = Driver(dev)
+        rt_plan, x_rt = chain_plan(seed=1)
+        be_plan, x_be = chain_plan(seed=2)
+        rt_h, be_h = dev.load_plan(rt_plan), dev.load_plan(be_plan)
+        ref_rt = drv.run(rt_h, rt_plan, x_rt)
+        ref_be = drv.run(be_h, be_plan, x_be)
+        dev.prepare_padding([rt_h, be_h])
+        n = len(be_plan.kernels)
+        j = 2  # a conv of the residual chain
+        blocks = dev.kernel_geometry(be_h, j)[0]
+        assert blocks >= 3
+        cuts = [0, blocks // 3, blocks // 3 + blocks // 2, blocks]
+        be_t, rt_t = 900, 901
+        dev.new_task(be_h, be_t)
+        dev.write_inputs(be_t, x_be)
+        dev.enqueue(drv.stream, be_t, 0, j - 1)
+        drv.wait(be_t, j - 1)
+        dev.new_task(rt_h, rt_t)
+        dev.write_inputs(rt_t, x_rt)
+        padded = []
+        for k, (a, b) in enumerate(zip(cuts, cuts[1:])):
+            assert dev.enqueue_padded(drv.stream, rt_t, k, [(be_t, j, a, b - a, 1)])
+            padded.append((k, (be_t, j, a, b - a, 1)))
+        dev.enqueue(drv.stream, rt_t, len(padded), len(rt_plan.kernels) - 1)
+        seen = {}
+        while True:
+            c = drv.done.get(timeout=120)
+            if c.task == rt_t:
+                seen[c.kernel] = c.parts
+                if c.kernel == len(rt_plan.kernels) - 1:
+                    break
+        for k, part in padded:
+            assert seen[k] == (part,)
+        dev.enqueue(drv.stream, be_t, j + 1, n - 1)  # kernel j ran entirely as padding
+        drv.wait(be_t, n - 1)
+        for got, ref in ((dev.read_outputs(rt_t), ref_rt), (dev.read_outputs(be_t), ref_be)):
+            for k in ref:
+                assert np.array_equal(got[k], ref[k]), k
+        assert dev.telemetry()["padding"]["modules"] >= 1
+    finally:
+        dev.close()
+
+
+def test_runtime_reef_dkp_on_cuda(emulate):
+    """reef_dkp through the scheduler: padded launches happen (the padded module compiles in
+    the background; rounds continue until it is used) and BE outputs stay bit-identical."""
+    from av_infer import Runtime
+
+    be, x, rt_plan, x_rt = _pair(("resnet152", "scaled"), ("vgg19", "scaled"))
+    with Runtime("cuda-emu" if emulate else "cuda", policy="reef_dkp", c=4) as rt:
+        rt.load_model("be", be)
+        rt.load_model("rt", rt_plan)
+        ref = rt.submit("be", x, client="be").result(timeout=300).outputs
+        ref_rt = rt.submit("rt", x_rt, priority="RT").result(timeout=300).outputs
+        for _round in range(40):
+            futs = [rt.submit("be", x, client="be") for _ in range(2)]
+            for _ in range(3):
+                out = rt.submit("rt", x_rt, priority="RT").result(timeout=300).outputs
+                for k in ref_rt:
+                    assert np.array_equal(out[k], ref_rt[k])
+            for f in futs:
+                out = f.result(timeout=300).outputs
+                for k in ref:
+                    assert np.array_equal(out[k], ref[k])
+            pad = rt.stats()["padding"]
+            if pad["kernels"] > 0:
+                break
+        assert pad["active"] and pad["launches"] > 0 and pad["kernels"] > 0, pad

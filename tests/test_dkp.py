@@ -99,9 +99,9 @@ class Recorder(SimDevice):
         self.issued: list[tuple] = []
         self.completed: list[tuple] = []
 
-    def enqueue_padded(self, stream: int, task: int, kernel: int, parts: object) -> None:
+    def enqueue_padded(self, stream: int, task: int, kernel: int, parts: object) -> bool:
         self.issued.extend(parts)  # type: ignore[arg-type]
-        super().enqueue_padded(stream, task, kernel, parts)  # type: ignore[arg-type]
+        return super().enqueue_padded(stream, task, kernel, parts)  # type: ignore[arg-type]
 
     def start(self, on_complete):  # type: ignore[no-untyped-def]
         def hook(c: Completion) -> None:

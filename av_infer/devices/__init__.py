@@ -1,4 +1,5 @@
-"""av_infer.devices: the Device interface and its implementations (cpu, sim, cuda).
+"""av_infer.devices: the Device interface and its implementations (cpu, sim, cuda, and
+cuda-emu: the cuda device on the CPU emulator, docs/cuda_emu.md).
 
 ``make_device`` is the one place that maps a name to a device class, so the Runtime, the
 CLI and the benches accept the same names.
@@ -11,7 +12,7 @@ from typing import Any
 from av_infer.devices.base import Completion, Device, ResetInfo
 from av_infer.errors import DeviceUnavailableError, InvalidParameterError
 
-DEVICE_NAMES = ("cpu", "sim", "cuda")
+DEVICE_NAMES = ("cpu", "sim", "cuda", "cuda-emu")
 
 
 def device_class(name: str) -> type[Device]:
@@ -25,15 +26,15 @@ def device_class(name: str) -> type[Device]:
         from av_infer.devices.sim import SimDevice
 
         return SimDevice
-    if name == "cuda":
+    if name in ("cuda", "cuda-emu"):
         try:
-            from av_infer.devices.cuda import CudaDevice  # type: ignore[import-not-found]
+            from av_infer.devices.cuda import CudaDevice, EmulatedCudaDevice
         except ImportError as e:
             raise DeviceUnavailableError(
                 f"the cuda device is not available in this build/machine ({e}); "
                 "use device='cpu' or device='sim'"
             ) from e
-        return CudaDevice
+        return CudaDevice if name == "cuda" else EmulatedCudaDevice
     raise InvalidParameterError(
         f"unknown device {name!r}; choose one of {', '.join(DEVICE_NAMES)} "
         "or pass a Device instance"

@@ -176,13 +176,15 @@ class Device(ABC):
     # dispatcher kernel: blocks below the RT kernel's block count call the RT kernel's
     # ``__device__`` body with their block index, the rest call the BE bodies by block
     # range (offset by ``first_block``), with one proxy per occupancy level so the
-    # dispatcher does not lower the RT kernel's occupancy (REEF §5.1). Devices that cannot
-    # set ``supports_padding = False`` and say why in ``padding_reason``.
+    # dispatcher does not lower the RT kernel's occupancy (REEF §5.1). Returns False when
+    # the device queued the kernel unpadded instead (the BE parts did not run; CUDA does
+    # this while the padded module for these plans compiles). Devices that cannot pad at
+    # all set ``supports_padding = False`` and say why in ``padding_reason``.
     supports_padding: bool = False
     padding_reason: str = "this device has no padded launches"
 
     def enqueue_padded(self, stream: int, task: int, kernel: int,
-                       parts: Sequence[tuple[int, int, int, int, int]]) -> None:
+                       parts: Sequence[tuple[int, int, int, int, int]]) -> bool:
         """Append one padded launch of ``kernel`` of ``task`` to the stream's vHQ."""
         raise NotImplementedError(f"{self.name}: {self.padding_reason}")
 

@@ -16,14 +16,27 @@ Importing this module never touches CUDA; :func:`is_available` says whether it c
 Completions: ``executed`` is None (a kernel that returned at its flag check looks like one
 that ran); ``t_start`` is the host time of the launch call, ``t_end`` the host time the
 dispatcher saw the kernel's event complete.
+
+DKP (``enqueue_padded``): the padded dispatcher kernel of ``kernels/cuda/padding.py``,
+compiled per set of resident plans (RT plan + the BE plans of the parts) on a background
+thread the first time that set is asked for (or up front: :meth:`CudaDevice.prepare_padding`);
+until it is ready the kernel runs unpadded and ``enqueue_padded`` says so (returns False).
+
+``CudaDevice(emulate=True)`` runs all of the above on the CPU: the emulated driver and
+kernel modules of ``av_infer.devices.cuda_emu`` (docs/cuda_emu.md) replace libcuda and
+NVRTC, and "device" memory is host memory. Only memory and compilation differ
+(:class:`_CupyMemory` vs :class:`_HostMemory`); the dispatcher, packing, vHQs and
+completions are the same code.
 """
 
 from __future__ import annotations
 
+import ctypes
 import statistics
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +44,7 @@ import numpy as np
 
 from av_infer.devices.base import Completion, CompletionCallback, Device, ResetInfo
 from av_infer.errors import DeviceFaultError, DeviceUnavailableError, InvalidInputError
+from av_infer.kernels.cuda.padding import PaddedModule, build_padded_module, logical_blocks
 from av_infer.kernels.cuda.sources import AuxRef, PlanSource, TensorRef, build_plan_source
 from av_infer.kernels.cuda_compile import CompileCache, Compiler, default_compiler
 from av_infer.model.plan import Plan
@@ -41,12 +55,17 @@ MAX_STREAMS = 64
 _FLAG_STRIDE = 32  # bytes between flag words (one per stream, own sector)
 
 
-def availability(device_id: int = 0) -> tuple[bool, str]:
-    """(usable, reason): checks CuPy, the built dispatcher, libcuda and a visible GPU."""
+def availability(device_id: int = 0, emulate: bool = False) -> tuple[bool, str]:
+    """(usable, reason): checks CuPy, the built dispatcher, libcuda and a visible GPU
+    (``emulate``: the dispatcher and a host C/C++ compiler for the CPU emulator)."""
     try:
         from av_infer._cy import cuda_dispatch
     except ImportError as e:
         return False, f"dispatcher extension not built ({e}); run `make build`"
+    if emulate:
+        from av_infer.devices.cuda_emu import emulator_availability
+
+        return emulator_availability()
     try:
         cuda_dispatch.load_driver()
     except OSError as e:
@@ -69,6 +88,107 @@ def is_available(device_id: int = 0) -> bool:
     return availability(device_id)[0]
 
 
+class _CupyMemory:
+    """Device memory, pinned staging and the copy stream of a real GPU (CuPy)."""
+
+    emulated = False
+
+    def __init__(self, device_id: int) -> None:
+        import cupy
+
+        self.cp = cupy
+        self.dev = cupy.cuda.Device(device_id)
+        self.dev.use()
+        self.arch = f"sm_{self.dev.compute_capability}"
+        self.sms = int(self.dev.attributes["MultiProcessorCount"])
+        self.copy = cupy.cuda.Stream(non_blocking=True)
+        cupy.cuda.runtime.deviceSynchronize()  # the context exists and is current
+
+    def alloc(self, nbytes: int, zero: bool = False) -> Any:
+        make = self.cp.zeros if zero else self.cp.empty
+        return make(max(int(nbytes), 1), dtype=self.cp.uint8)
+
+    @staticmethod
+    def ptr(buf: Any) -> int:
+        return int(buf.data.ptr)
+
+    def upload(self, buf: Any, offset: int, data: np.ndarray) -> None:
+        """Synchronous copy of host bytes into ``buf`` at ``offset`` (model loading)."""
+        buf[offset:offset + data.size].set(data)
+
+    def to_device(self, arr: np.ndarray) -> Any:
+        return self.cp.asarray(arr)
+
+    def pinned(self, nbytes: int) -> np.ndarray:
+        mem = self.cp.cuda.alloc_pinned_memory(max(nbytes, 1))
+        return np.frombuffer(mem, dtype=np.uint8, count=max(nbytes, 1))
+
+    def h2d(self, dst: int, src: int, nbytes: int) -> None:
+        rt = self.cp.cuda.runtime
+        rt.memcpyAsync(dst, src, nbytes, rt.memcpyHostToDevice, self.copy.ptr)
+
+    def d2h(self, dst: int, src: int, nbytes: int) -> None:
+        rt = self.cp.cuda.runtime
+        rt.memcpyAsync(dst, src, nbytes, rt.memcpyDeviceToHost, self.copy.ptr)
+
+    def wait_copies(self) -> None:
+        self.copy.synchronize()
+
+    def synchronize(self) -> None:
+        self.cp.cuda.runtime.deviceSynchronize()
+
+
+class _HostMemory:
+    """"Device" memory of the CPU emulator: 256-byte aligned host buffers, plain copies."""
+
+    emulated = True
+    arch = "emu"
+
+    def alloc(self, nbytes: int, zero: bool = False) -> np.ndarray:
+        n = max(int(nbytes), 1)
+        raw = np.zeros(n + 256, dtype=np.uint8) if zero else np.empty(n + 256, dtype=np.uint8)
+        off = (-raw.ctypes.data) % 256
+        return raw[off:off + n]  # the view keeps ``raw`` alive
+
+    @staticmethod
+    def ptr(buf: np.ndarray) -> int:
+        return int(buf.ctypes.data)
+
+    def upload(self, buf: np.ndarray, offset: int, data: np.ndarray) -> None:
+        buf[offset:offset + data.size] = data
+
+    def to_device(self, arr: np.ndarray) -> np.ndarray:
+        a = np.ascontiguousarray(arr)
+        out = self.alloc(a.nbytes)
+        out[:] = a.view(np.uint8).reshape(-1)
+        return out
+
+    def pinned(self, nbytes: int) -> np.ndarray:
+        return np.empty(max(nbytes, 1), dtype=np.uint8)
+
+    def h2d(self, dst: int, src: int, nbytes: int) -> None:
+        ctypes.memmove(dst, src, nbytes)
+
+    d2h = h2d
+
+    def wait_copies(self) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+@dataclass
+class _PadModule:
+    """A compiled padded dispatcher module (or one being compiled: ``ready`` unset)."""
+
+    ready: threading.Event = field(default_factory=threading.Event)
+    module: int = 0
+    padded: PaddedModule | None = None
+    funcs: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+
+
 @dataclass(eq=False)
 class _Model:
     plan: Plan
@@ -84,7 +204,10 @@ class _Model:
 @dataclass(eq=False)
 class _Task:
     model: _Model
-    arena: Any  # cupy uint8 array
+    arena: Any  # device uint8 buffer
+    args: bytes = b""  # packed argument structs of every kernel, back to back
+    offs: list[int] = field(default_factory=list)
+    dev_args: Any = None  # ``args`` in device memory (DKP parts read their struct there)
     error: str | None = None
     error_kernel: int = -1
     staging: dict[str, Any] = field(default_factory=dict)
@@ -95,38 +218,47 @@ class CudaDevice(Device):
 
     name = "cuda"
     virtual = False
-    #: DKP: ``av_infer.kernels.cuda.padding`` generates the padded dispatcher kernels (and
-    #: the tests compile them for sm_87/sm_90), but the Cython dispatcher does not launch
-    #: them: ``enqueue_padded`` keeps raising NotImplementedError with this reason.
-    supports_padding = False
-    padding_reason = ("padded dispatcher kernels are generated and compile-checked but not "
-                      "wired into the launch path yet")
+    #: DKP: padded launches (``enqueue_padded``) through the generated dispatcher kernel
+    supports_padding = True
+    padding_reason = ""
 
     def __init__(self, device_id: int = 0, c: int = 4, tf32: bool = False,
-                 cache_dir: str | None = None, compiler: Compiler | None = None) -> None:
-        ok, why = availability(device_id)
+                 cache_dir: str | None = None, compiler: Compiler | None = None,
+                 emulate: bool = False, sms: int = 16) -> None:
+        """``emulate``: run on the CPU emulator (docs/cuda_emu.md); ``sms`` is then the
+        SM count padding selection assumes (a real GPU reports its own)."""
+        ok, why = availability(device_id, emulate=emulate)
         if not ok:
-            raise DeviceUnavailableError(f"cuda device unavailable: {why}")
-        import cupy
-
-        from av_infer._cy.cuda_dispatch import Dispatcher, error_string
+            kind = "cuda emulator" if emulate else "cuda device"
+            raise DeviceUnavailableError(f"{kind} unavailable: {why}")
+        from av_infer._cy.cuda_dispatch import Dispatcher
 
         if not 1 <= c <= MAX_CAPACITY:
             raise ValueError(f"capacity must be in 1..{MAX_CAPACITY}, got {c}")
-        self._cp = cupy
-        self._errstr = error_string
         self.device_id = int(device_id)
-        self._dev = cupy.cuda.Device(self.device_id)
-        self._dev.use()
-        cc = self._dev.compute_capability
-        self.arch = f"sm_{cc}"
+        self.emulated = bool(emulate)
         self.tf32 = bool(tf32)
-        self._flags = cupy.zeros(MAX_STREAMS * _FLAG_STRIDE // 4, dtype=cupy.uint32)
-        cupy.cuda.runtime.deviceSynchronize()  # context exists and is current
-        self._disp = Dispatcher()
-        self._copy = cupy.cuda.Stream(non_blocking=True)
+        if emulate:
+            from av_infer.devices.cuda_emu.driver import build_driver
+            from av_infer.devices.cuda_emu.kernels import HostKernelCompiler
+
+            self._mem: _CupyMemory | _HostMemory = _HostMemory()
+            self._driver_path = str(build_driver())
+            self._compiler: Compiler = compiler or HostKernelCompiler()
+        else:
+            self._mem = _CupyMemory(self.device_id)
+            self._driver_path = "libcuda.so.1"
+            self._compiler = compiler or default_compiler("cubin")
+        self.arch = self._mem.arch
+        #: SMs (DKP selection counts block slots per SM)
+        self.sms = int(sms) if emulate else self._mem.sms
+        self._profiles: dict[str, Any] = {}
+        self._flags = self._mem.alloc(MAX_STREAMS * _FLAG_STRIDE, zero=True)
+        self._disp = Dispatcher(self._driver_path)
+        self._errstr = self._disp.error_string
         self._cache = CompileCache(cache_dir)
-        self._compiler = compiler or default_compiler("cubin")
+        self._pad_modules: dict[frozenset[int], _PadModule] = {}
+        self._padded: dict[tuple[int, int], tuple[tuple[int, int, int, int, int], ...]] = {}
         self._c = int(c)
         self._vhqs: list[Any] = []
         self._prio: list[int] = []
@@ -138,6 +270,7 @@ class CudaDevice(Device):
         self._started = False
         self._closed = False
         self._lock = threading.Lock()
+        self._retired: list[_PadModule] = []
 
     # -- clock ----------------------------------------------------------------------------
     def now(self) -> float:
@@ -151,7 +284,7 @@ class CudaDevice(Device):
         return src, image
 
     def load_plan(self, plan: Plan) -> _Model:
-        cp = self._cp
+        mem = self._mem
         src, image = self.compile_plan(plan)
         module = self._disp.load_module(image)
         fcache: dict[str, int] = {}
@@ -163,16 +296,38 @@ class CudaDevice(Device):
         geom = b"".join(struct.pack("<7I", *s.grid, *s.block, s.smem) for s in src.specs)
         wbufs = [b for b in plan.buffers.values() if b.role == "weight"]
         wsize = max((b.offset + b.nbytes for b in wbufs), default=0)
-        weights = cp.zeros(max(wsize, 1), dtype=cp.uint8)
+        weights = mem.alloc(wsize, zero=True)
         for b in wbufs:
             arr = np.ascontiguousarray(plan.weights[b.id]).view(np.uint8).reshape(-1)
-            weights[b.offset:b.offset + arr.size].set(arr)
-        aux = [cp.asarray(a) for a in src.aux]
-        cp.cuda.runtime.deviceSynchronize()
+            mem.upload(weights, b.offset, arr)
+        aux = [mem.to_device(a) for a in src.aux]
+        mem.synchronize()
         wb = int(weights.nbytes) + sum(int(a.nbytes) for a in aux)
         return _Model(plan, src, module, funcs, geom, weights, aux, wb)
 
+    def kernel_geometry(self, handle: Any, k: int) -> tuple[int, int]:
+        """(logical blocks, threads) of kernel ``k`` as launched here: what DKP parts count
+        (conv/gemm tiles and row kernels differ from the plan's nominal geometry)."""
+        spec = handle.src.specs[k]
+        return logical_blocks(spec), int(spec.block[0])
+
+    def profile_of(self, handle: Any) -> Any:
+        """The kernel profile of a loaded plan (CUDA events + occupancy API; measured once
+        per loaded plan): what padding selection uses when the runtime is given
+        no profile file."""
+        from av_infer.profiler import profile_loaded
+
+        prof = self._profiles.get(id(handle))
+        if prof is None:
+            prof = profile_loaded(handle.plan, self, handle, repeats=1 if self.emulated else 3)
+            self._profiles[id(handle)] = prof
+        return prof
+
     def unload_plan(self, handle: Any) -> None:
+        self._profiles.pop(id(handle), None)
+        with self._lock:  # padded modules holding its bodies are unloaded at close()
+            for key in [k for k in self._pad_modules if id(handle) in k]:
+                self._retired.append(self._pad_modules.pop(key))
         self._disp.unload_module(handle.module)
         handle.weights = None
         handle.aux = []
@@ -181,15 +336,15 @@ class CudaDevice(Device):
         return handle.weight_bytes
 
     # -- tasks ----------------------------------------------------------------------------
-    @staticmethod
-    def _resolver(handle: Any, arena: Any) -> Any:
+    def _resolver(self, handle: Any, arena: Any) -> Any:
         """Device address of a pointer slot for a task whose activations live in ``arena``."""
         plan: Plan = handle.plan
-        abase, wbase = int(arena.data.ptr), int(handle.weights.data.ptr)
+        ptr = self._mem.ptr
+        abase, wbase = ptr(arena), ptr(handle.weights)
 
         def resolve(ref: TensorRef | AuxRef) -> int:
             if isinstance(ref, AuxRef):
-                return int(handle.aux[ref.index].data.ptr)
+                return ptr(handle.aux[ref.index])
             t = plan.tensors[ref.name]
             b = plan.buffers[t.buffer]
             base = wbase if b.role == "weight" else abase
@@ -198,9 +353,8 @@ class CudaDevice(Device):
         return resolve
 
     def new_task(self, handle: Any, task: int) -> None:
-        cp = self._cp
         plan: Plan = handle.plan
-        arena = cp.empty(max(int(plan.arena_bytes), 1), dtype=cp.uint8)
+        arena = self._mem.alloc(plan.arena_bytes)
 
         resolve = self._resolver(handle, arena)
         packed, offs, pos = [], [], 0
@@ -209,29 +363,30 @@ class CudaDevice(Device):
             packed.append(blob)
             offs.append(pos)
             pos += len(blob)
-        self._disp.register_task(task, handle.funcs, handle.geom, b"".join(packed), offs)
-        self._tasks[task] = _Task(handle, arena)
+        blob = b"".join(packed)
+        self._disp.register_task(task, handle.funcs, handle.geom, blob, offs)
+        self._tasks[task] = _Task(handle, arena, blob, offs)
 
     def release_task(self, task: int) -> None:
         if task not in self._tasks:
             return
         if self._disp.unregister_task(task):
             self._tasks.pop(task, None)
+            self._forget_padding(task)
         else:
             self._zombies.add(task)  # launches still in flight: free on their completion
 
     def _staging(self, t: _Task, name: str, nbytes: int) -> np.ndarray:
         buf = t.staging.get(name)
         if buf is None or buf.size < nbytes:
-            mem = self._cp.cuda.alloc_pinned_memory(max(nbytes, 1))
-            buf = np.frombuffer(mem, dtype=np.uint8, count=max(nbytes, 1))
+            buf = self._mem.pinned(nbytes)
             t.staging[name] = buf
         return buf
 
     def _addr(self, t: _Task, name: str) -> int:
         plan = t.model.plan
         tn = plan.tensors[name]
-        return int(t.arena.data.ptr) + plan.buffers[tn.buffer].offset + tn.byte_offset
+        return self._mem.ptr(t.arena) + plan.buffers[tn.buffer].offset + tn.byte_offset
 
     def write_inputs(self, task: int, inputs: dict[str, np.ndarray]) -> None:
         t = self._tasks[task]
@@ -239,7 +394,7 @@ class CudaDevice(Device):
         for name in plan.inputs:
             if name not in inputs:
                 raise InvalidInputError(f"missing input {name!r} (expects {plan.inputs})")
-        rt = self._cp.cuda.runtime
+        mem = self._mem
         for name, value in inputs.items():
             if name not in plan.inputs:
                 raise InvalidInputError(f"unknown input {name!r} (expects {plan.inputs})")
@@ -252,9 +407,8 @@ class CudaDevice(Device):
                     f"input {name!r}: dtype {src.dtype} cannot be cast to {tn.dtype}")
             host = self._staging(t, name, tn.nbytes)
             host[:tn.nbytes].view(tn.dtype).reshape(tn.shape)[...] = src
-            rt.memcpyAsync(self._addr(t, name), host.ctypes.data, tn.nbytes,
-                           rt.memcpyHostToDevice, self._copy.ptr)
-        self._copy.synchronize()
+            mem.h2d(self._addr(t, name), host.ctypes.data, tn.nbytes)
+        mem.wait_copies()
 
     def read_outputs(self, task: int) -> dict[str, np.ndarray]:
         t = self._tasks[task]
@@ -262,15 +416,14 @@ class CudaDevice(Device):
             raise DeviceFaultError(f"kernel {t.error_kernel} of {t.model.plan.name} failed on "
                                    f"the cuda device: {t.error}")
         plan = t.model.plan
-        rt = self._cp.cuda.runtime
+        mem = self._mem
         hosts = {}
         for name in plan.outputs:
             tn = plan.tensors[name]
             host = self._staging(t, name, tn.nbytes)
-            rt.memcpyAsync(host.ctypes.data, self._addr(t, name), tn.nbytes,
-                           rt.memcpyDeviceToHost, self._copy.ptr)
+            mem.d2h(host.ctypes.data, self._addr(t, name), tn.nbytes)
             hosts[name] = (host, tn)
-        self._copy.synchronize()
+        mem.wait_copies()
         return {n: h[:tn.nbytes].view(tn.dtype).reshape(tn.shape).copy()
                 for n, (h, tn) in hosts.items()}
 
@@ -283,7 +436,7 @@ class CudaDevice(Device):
             if sid >= MAX_STREAMS:
                 raise RuntimeError(f"at most {MAX_STREAMS} cuda streams")
             vhq = VHQ(self._c)
-            flag = int(self._flags.data.ptr) + sid * _FLAG_STRIDE
+            flag = self._flag_addr(sid)
             got = self._disp.open_stream(vhq, int(priority) > 0, flag)
             assert got == sid
             self._vhqs.append(vhq)
@@ -295,12 +448,19 @@ class CudaDevice(Device):
         self._vhqs[stream].push(task, first, last)
         self._disp.wake()
 
+    def _flag_addr(self, stream: int) -> int:
+        return self._mem.ptr(self._flags) + stream * _FLAG_STRIDE
+
     def reset(self, stream: int) -> ResetInfo | None:
         vhq = self._vhqs[stream]
         r = vhq.reset()
         if r is None:
             return None
-        return ResetInfo(*r, restore_c=vhq.restore_c)
+        info = ResetInfo(*r, restore_c=vhq.restore_c)
+        if self._padded:  # dropped launches take their padding with them
+            self._disp.clear_padded(info.task, info.last_sent + 1)
+            self._forget_padding(info.task, info.last_sent + 1)
+        return info
 
     def in_flight(self, stream: int) -> int:
         return self._vhqs[stream].in_flight
@@ -324,14 +484,104 @@ class CudaDevice(Device):
         self._vhqs[stream].c = int(c)
         self._disp.wake()
 
+    # -- dynamic kernel padding (REEF §5; kernels/cuda/padding.py) -------------------------
+    def prepare_padding(self, handles: list[Any]) -> None:
+        """Compile (or load from the disk cache) the padded dispatcher module for this set
+        of resident plans now, instead of on the first padded launch that needs it."""
+        pm = self._pad_module(handles, wait=True)
+        if pm is not None and pm.error is not None:
+            raise DeviceFaultError(f"padded dispatcher module: {pm.error}")
+
+    def _pad_module(self, handles: list[Any], wait: bool = False) -> _PadModule | None:
+        """The padded module of ``handles``' plans; None while it compiles (started on a
+        background thread on first request), or if it failed (``error`` says why)."""
+        key = frozenset(id(h) for h in handles)
+        with self._lock:
+            pm = self._pad_modules.get(key)
+            if pm is None:  # a ready module over more plans serves as well
+                pm = next((m for k, m in self._pad_modules.items()
+                           if key <= k and m.padded is not None), None)
+            start = pm is None
+            if start:
+                pm = self._pad_modules[key] = _PadModule()
+        if start:
+            uniq = list({id(h): h for h in handles}.values())
+            if wait:
+                self._build_pad_module(pm, uniq)
+            else:
+                threading.Thread(target=self._build_pad_module, args=(pm, uniq),
+                                 name="av_infer-cuda-padcompile", daemon=True).start()
+        if wait:
+            pm.ready.wait()
+        if not pm.ready.is_set() or pm.error is not None:
+            return None
+        return pm
+
+    def _build_pad_module(self, pm: _PadModule, handles: list[Any]) -> None:
+        try:
+            padded = build_padded_module([h.src for h in handles])
+            image = self._cache.get_or_compile(self._compiler, padded.source, self.arch, ())
+            pm.module = self._disp.load_module(image)
+            pm.funcs = {name: self._disp.get_function(pm.module, name)
+                        for name in padded.variants.values()}
+            pm.padded = padded
+        except Exception as e:  # noqa: BLE001 - reported by prepare_padding / telemetry
+            pm.error = f"{type(e).__name__}: {e}"
+        finally:
+            pm.ready.set()
+
+    def _device_args(self, t: _Task) -> int:
+        """Device address of the task's packed structs (uploaded once, on first use)."""
+        if t.dev_args is None:
+            buf = self._mem.alloc(len(t.args))
+            self._mem.upload(buf, 0, np.frombuffer(t.args, dtype=np.uint8))
+            self._mem.synchronize()
+            t.dev_args = buf
+        return self._mem.ptr(t.dev_args)
+
+    def enqueue_padded(self, stream: int, task: int, kernel: int,
+                       parts: Sequence[tuple[int, int, int, int, int]]) -> bool:
+        """Queue kernel ``kernel`` of ``task`` as one padded launch with the BE ``parts``
+        (see Device.enqueue_padded). False: it was queued unpadded instead (the module for
+        these plans is still compiling, or the RT kernel loops over its blocks)."""
+        t = self._tasks[task]
+        spec = t.model.src.specs[kernel]
+        bes = []
+        for p in parts:
+            bt = self._tasks.get(int(p[0]))
+            if bt is None:
+                raise ValueError(f"padding part {tuple(p)}: unknown task {p[0]}")
+            bspec = bt.model.src.specs[int(p[1])]
+            if int(p[3]) < 1 or int(p[2]) < 0 or int(p[2]) + int(p[3]) > logical_blocks(bspec):
+                raise ValueError(f"padding part {tuple(p)}: kernel has "
+                                 f"{logical_blocks(bspec)} blocks")
+            bes.append((bt, bspec, p))
+        pm = None
+        if parts and logical_blocks(spec) == spec.grid[0]:
+            pm = self._pad_module([t.model] + [b[0].model for b in bes])
+        if pm is None or pm.padded is None:
+            self.enqueue(stream, task, kernel, kernel)
+            return False
+        flag = self._flag_addr(stream)  # parts belong to this launch: its stream's flag
+        rows = [(bspec, flag, self._device_args(bt) + bt.offs[int(p[1])], int(p[2]), int(p[3]),
+                 int(p[4])) for bt, bspec, p in bes]
+        launch = pm.padded.launch(spec, flag, self._device_args(t) + t.offs[kernel], rows)
+        geom = struct.pack("<7I", *launch.grid, *launch.block, launch.smem)
+        self._disp.set_padded(task, kernel, pm.funcs[launch.func], geom, launch.args)
+        self._padded[(task, kernel)] = tuple(tuple(int(x) for x in p) for p in parts)  # type: ignore[misc]
+        self.enqueue(stream, task, kernel, kernel)
+        return True
+
+    def _forget_padding(self, task: int, first: int = 0) -> None:
+        for key in [k for k in self._padded if k[0] == task and k[1] >= first]:
+            del self._padded[key]
+
     # -- profiling (av_infer.profiler.KernelTimer) -----------------------------------------
     def _driver(self) -> Any:
-        """libcuda through ctypes (the context is the one CuPy made current)."""
-        import ctypes
-
+        """The driver library through ctypes (the context is the one CuPy made current)."""
         lib = getattr(self, "_cu", None)
         if lib is None:
-            lib = ctypes.CDLL("libcuda.so.1")
+            lib = ctypes.CDLL(self._driver_path)
             self._cu = lib
         return lib
 
@@ -341,8 +591,6 @@ class CudaDevice(Device):
 
     def occupancy(self, handle: Any, k: int) -> int:
         """Resident blocks per SM of kernel ``k`` (cuOccupancyMaxActiveBlocksPerMultiprocessor)."""
-        import ctypes
-
         spec = handle.src.specs[k]
         n = ctypes.c_int(0)
         self._cu_check(self._driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
@@ -354,20 +602,18 @@ class CudaDevice(Device):
         """Median µs of ``repeats`` CUDA-event-timed launches of kernel ``k`` alone (after
         one warm-up launch), on a zeroed scratch arena and a private stream with a clear
         flag word; never goes through the dispatcher."""
-        import ctypes
-
-        cp, cu = self._cp, self._driver()
+        cu, mem = self._driver(), self._mem
         spec = handle.src.specs[k]
-        arena = cp.zeros(max(int(handle.plan.arena_bytes), 1), dtype=cp.uint8)
-        flag = cp.zeros(8, dtype=cp.uint32)
+        arena = mem.alloc(handle.plan.arena_bytes, zero=True)
+        flag = mem.alloc(32, zero=True)
         blob = ctypes.create_string_buffer(spec.pack(self._resolver(handle, arena)))
-        fptr = ctypes.c_void_p(int(flag.data.ptr))
+        fptr = ctypes.c_void_p(mem.ptr(flag))
         params = (ctypes.c_void_p * 2)(ctypes.addressof(fptr), ctypes.addressof(blob))
-        stream = cp.cuda.Stream(non_blocking=True)
+        sp = ctypes.c_void_p()
+        self._cu_check(cu.cuStreamCreate(ctypes.byref(sp), 1), "cuStreamCreate")  # non-blocking
         start, end = ctypes.c_void_p(), ctypes.c_void_p()
         self._cu_check(cu.cuEventCreate(ctypes.byref(start), 0), "cuEventCreate")
         self._cu_check(cu.cuEventCreate(ctypes.byref(end), 0), "cuEventCreate")
-        sp = ctypes.c_void_p(stream.ptr)
 
         def launch() -> None:
             self._cu_check(cu.cuLaunchKernel(
@@ -388,9 +634,10 @@ class CudaDevice(Device):
                                "cuEventElapsedTime")
                 times.append(ms.value * 1000.0)
         finally:
-            stream.synchronize()
+            cu.cuStreamSynchronize(sp)
             cu.cuEventDestroy_v2(start)
             cu.cuEventDestroy_v2(end)
+            cu.cuStreamDestroy_v2(sp)
         return float(statistics.median(times))
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -413,12 +660,13 @@ class CudaDevice(Device):
                 if status != 0 and rec is not None and rec.error is None:
                     why = "unknown task/kernel" if status < 0 else self._errstr(status)
                     rec.error, rec.error_kernel = f"{why} (CUresult {status})", k
+                parts = self._padded.pop((task, k), ()) if self._padded else ()
                 if task in self._zombies and self._disp.unregister_task(task):
                     self._zombies.discard(task)
                     self._tasks.pop(task, None)
                 cb = self._on_complete
                 if cb is not None and not self._closed:
-                    cb(Completion(s, task, k, None, t0, t1))
+                    cb(Completion(s, task, k, None, t0, t1, parts))
 
     def close(self) -> None:
         with self._lock:
@@ -432,13 +680,21 @@ class CudaDevice(Device):
                 th.join(timeout=5)
         for s in range(len(self._vhqs)):
             self._disp.sync_stream(s)
+        for pm in [*self._pad_modules.values(), *self._retired]:
+            pm.ready.wait()
+            if pm.module:
+                self._disp.unload_module(pm.module)
+        self._pad_modules.clear()
+        self._retired.clear()
         self._tasks.clear()
 
     def telemetry(self) -> dict[str, Any]:
         from av_infer.telemetry import gpu_telemetry
 
-        out: dict[str, Any] = {"device": self.name, "arch": self.arch, "tf32": self.tf32}
-        out["gpu"] = gpu_telemetry(self.device_id)
+        out: dict[str, Any] = {"device": self.name, "arch": self.arch, "tf32": self.tf32,
+                               "emulated": self.emulated}
+        out["gpu"] = ({"name": "CPU emulator (docs/cuda_emu.md)"} if self.emulated
+                      else gpu_telemetry(self.device_id))
         out["streams"] = [
             {"id": i, "priority": self._prio[i], "queued": v.queued, "in_flight": v.in_flight,
              "capacity": v.c, **self._disp.stream_stats(i)}
@@ -448,4 +704,19 @@ class CudaDevice(Device):
         out["cuda_priority_range"] = self._disp.priority_range
         out["compile_cache"] = {"dir": str(self._cache.dir), "hits": self._cache.hits,
                                 "misses": self._cache.misses}
+        with self._lock:
+            mods = list(self._pad_modules.values())
+        out["padding"] = {"modules": sum(1 for m in mods if m.padded is not None),
+                          "compiling": sum(1 for m in mods if not m.ready.is_set()),
+                          "errors": [m.error for m in mods if m.error]}
         return out
+
+
+class EmulatedCudaDevice(CudaDevice):
+    """``CudaDevice`` on the CPU emulator, under its own device name ("cuda-emu")."""
+
+    name = "cuda-emu"
+
+    def __init__(self, **kw: Any) -> None:
+        kw["emulate"] = True
+        super().__init__(**kw)

@@ -270,7 +270,7 @@ class SimDevice(Device):
         self._pump(s)
 
     def enqueue_padded(self, stream: int, task: int, kernel: int,
-                       parts: Sequence[tuple[int, int, int, int, int]]) -> None:
+                       parts: Sequence[tuple[int, int, int, int, int]]) -> bool:
         """One launch of ``kernel`` of ``task`` padded with BE block ranges (see Device)."""
         for p in parts:
             if p[0] not in self._tasks:
@@ -281,6 +281,7 @@ class SimDevice(Device):
         if parts:
             self._padding[(task, kernel)] = tuple(tuple(p) for p in parts)  # type: ignore[misc]
         self.enqueue(stream, task, kernel, kernel)
+        return True
 
     def reset(self, stream: int) -> ResetInfo | None:
         vhq = self._streams[stream].vhq

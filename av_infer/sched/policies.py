@@ -71,7 +71,7 @@ POLICIES: dict[str, Policy] = {
                doc="reef plus dynamic kernel padding: each RT kernel launch carries blocks "
                "of preempted BE tasks that obey REEF's rules (BE kernel not longer, "
                "occupancy not lower) on the SMs it leaves free. Needs a device with "
-               "padded launches (sim; cuda later); refused on cpu."),
+               "padded launches (sim, cuda, cuda-emu); refused on cpu."),
     )
 }
 

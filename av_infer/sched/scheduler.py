@@ -611,8 +611,9 @@ class Scheduler:
                 continue
             if run_from < k:
                 dev.enqueue(s.id, t.tid, run_from, k - 1)
-            dev.enqueue_padded(s.id, t.tid, k, parts)
             run_from = k + 1
+            if not dev.enqueue_padded(s.id, t.tid, k, parts):
+                continue  # queued unpadded (e.g. the padded module still compiles)
             self._pad_pending[(t.tid, k)] = parts
             with self.stats.lock:
                 self.stats.padded_launches += 1

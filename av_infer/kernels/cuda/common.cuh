@@ -106,6 +106,27 @@ template <> __device__ __forceinline__ double avi_div<double>(double a, double b
 template <class T> __device__ __forceinline__ T avi_pow(T a, T b) { return (T)pow((double)a, (double)b); }
 template <> __device__ __forceinline__ float avi_pow<float>(float a, float b) { return powf(a, b); }
 
+// ---- TF32 tensor-core primitives (the only inline PTX of the kernels) ----------------
+// The host emulator (docs/cuda_emu.md) compiles these sources with AVI_HOST_EMU defined and
+// supplies host definitions of both helpers from av_infer/devices/cuda_emu/prelude.h.
+#ifndef AVI_HOST_EMU
+// fp32 -> tf32 bits: round to nearest, ties away from zero (low 13 bits zero)
+__device__ __forceinline__ unsigned avi_cvt_tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+// d = A(16x8, row) * B(8x8, col) + d on one warp; fragments in the PTX ISA m16n8k8 .tf32 layout
+__device__ __forceinline__ void avi_mma_tf32_m16n8k8(float d[4], const unsigned a[4],
+                                                     const unsigned b[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
 // ---- block reductions (warp shuffles + one smem word per warp) ------------------------
 struct OpSum { template <class T> __device__ T operator()(T a, T b) const { return a + b; } };
 struct OpProd { template <class T> __device__ T operator()(T a, T b) const { return a * b; } };

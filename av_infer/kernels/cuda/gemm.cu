@@ -18,6 +18,13 @@
 
 enum { MM_GEMM = 0, MM_CONV = 1, MM_CONVT = 2 };
 
+// The tiles live at file scope, not inside mm_body: a function-scope __shared__ array is
+// one allocation per template instantiation, and they add up in a kernel that calls
+// several bodies (the DKP dispatcher kernel, padding.py); file-scope ones are shared by
+// every body of a kernel (a block runs exactly one body).
+__shared__ float mm_As[2][MM_KS][MM_TILE + MM_PAD];
+__shared__ float mm_Bs[2][MM_KS][MM_TILE + MM_PAD];
+
 struct MmCtx {
     const float* A;  // gemm: batch-offset A; conv: the weights of group g
     const float* B;  // gemm: batch-offset B; conv: image nb, first channel of group g
@@ -72,16 +79,12 @@ __device__ __forceinline__ i64 mm_res_index(const MmArgs& a, i64 yi) {
     return a.res_mode == 1 ? yi : avi_offset(yi, (int)a.yrank, a.yshape, a.res_st);
 }
 
-__device__ __forceinline__ unsigned mm_tf32(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
+__device__ __forceinline__ unsigned mm_tf32(float x) { return avi_cvt_tf32(x); }
 
 template <class Epi, int MODE, bool TF32>
 __device__ void mm_body(const MmArgs& a, i64 block_id) {
-    __shared__ float As[2][MM_KS][MM_TILE + MM_PAD];
-    __shared__ float Bs[2][MM_KS][MM_TILE + MM_PAD];
+    float (*As)[MM_KS][MM_TILE + MM_PAD] = mm_As;
+    float (*Bs)[MM_KS][MM_TILE + MM_PAD] = mm_Bs;
     const int tid = threadIdx.x;
     const i64 tiles = a.tiles_m * a.tiles_n;
     const i64 bz = block_id / tiles;
@@ -176,15 +179,8 @@ __device__ void mm_body(const MmArgs& a, i64 block_id) {
                 #pragma unroll
                 for (int mt = 0; mt < 2; ++mt)
                     #pragma unroll
-                    for (int nt = 0; nt < 2; ++nt) {
-                        float* d = &acc[(mt * 2 + nt) * 4];
-                        asm volatile(
-                            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                            : "r"(af[mt][0]), "r"(af[mt][1]), "r"(af[mt][2]), "r"(af[mt][3]),
-                              "r"(bf[nt][0]), "r"(bf[nt][1]));
-                    }
+                    for (int nt = 0; nt < 2; ++nt)
+                        avi_mma_tf32_m16n8k8(&acc[(mt * 2 + nt) * 4], af[mt], bf[nt]);
             }
         }
         if (kt + 1 < nk) store(cur ^ 1);

@@ -23,19 +23,23 @@ How (this module only generates source; nothing here touches CUDA):
   pointer to that kernel's packed argument struct (``LaunchSpec.pack`` bytes uploaded to
   the device), the body id, the body's thread count, the part's first grid block and its
   first logical block. Part 0 is the RT kernel (``first_block`` 0).
-* Preemption stays per stream: a block reads *its part's* flag word (thread 0, shared with
-  the block through shared memory, so the decision is block-uniform) and returns if set:
-  setting the BE stream's flag evicts the padded BE blocks and leaves the RT blocks alone.
+* Lazy eviction: a block reads *its part's* flag word (thread 0, shared with the block
+  through shared memory, so the decision is block-uniform) and returns if set.
 * Threads: the launch uses ``max`` of the parts' thread counts; threads at or beyond a
   body's count return before the body (whole warps for every body with barriers: row
   kinds use multiples of 32, conv/gemm 256). Bodies loop over ``blockDim.x``; in this
   module the family sources are rewritten to read ``avi_nthreads()`` (the body's own
   count, from shared memory) so every body partitions its work exactly as in its own
   launch -- results are bit-identical to the unpadded kernels, reductions included.
-* Shared memory: static shared arrays of all bodies add up in the dispatcher kernel (they
-  are not overlaid), so a module holds at most :data:`MAX_MM_BODIES` conv/gemm bodies.
-  Bodies use static shared arrays only (dynamic ``smem`` is 0 for every
-  spec); the launch's dynamic shared memory is the max of the parts' (0 today).
+* Shared memory: the conv/gemm tiles are file-scope ``__shared__`` arrays (gemm.cu), so
+  every tile body of the dispatcher kernel uses the same ~17 KB (a block runs one body);
+  only the small per-instantiation reduction scratch adds up. Bodies use static shared
+  arrays only (dynamic ``smem`` is 0 for every spec); the launch's dynamic shared memory
+  is the max of the parts' (0 today).
+* Flags: every part reads the flag word of the stream the padded launch runs on (the RT
+  stream): padded BE blocks belong to the RT launch, whose completion credits them
+  (``Scheduler._dkp_credit``); the BE task's own stream flag is raised while it is
+  preempted and must not evict them.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ __all__ = [
     "PaddedModule",
     "block_part",
     "build_padded_module",
+    "logical_blocks",
     "pad_table",
     "variant_name",
 ]
@@ -74,10 +79,6 @@ MAX_PAD_PARTS = 8
 #: Threads per SM on sm_80+ (caps which occupancy variants a thread count allows).
 MAX_THREADS_PER_SM = 2048
 PAD_ARGS = "AviPadArgs"
-#: Distinct conv/gemm tile bodies per module: each ``mm_body`` instantiation has its own
-#: ~17 KB of static shared tiles and static shared memory adds up over every body of the
-#: kernel (ptxas rejects > 48 KB); 3 already fail.
-MAX_MM_BODIES = 2
 _PART_FIELDS = ("flag", "args", "body", "threads", "start", "first")
 
 _BODY_RE = re.compile(r"avi_grid_blocks\(\)\) (.+)\(a, b\);")
@@ -186,13 +187,13 @@ class PaddedModule:
         occupancy)`` per BE part (device addresses again).
         """
         table = pad_table(rt.grid[0], [(p[3], p[4]) for p in parts])
-        if _nblk(rt) != rt.grid[0]:
+        if logical_blocks(rt) != rt.grid[0]:
             raise ValueError("padded RT kernels need one grid block per logical block")
         rows = [(rt_flag, rt_args, self.body_ids[rt.func], rt.block[0], 0, 0)]
         for (spec, flag, args, first, n, _occ), (start, _end, _f) in zip(parts, table[1:]):
-            if first + n > _nblk(spec):
+            if first + n > logical_blocks(spec):
                 raise ValueError(f"padding part {spec.func}: blocks {first}+{n} beyond "
-                                 f"{_nblk(spec)}")
+                                 f"{logical_blocks(spec)}")
             rows.append((flag, args, self.body_ids[spec.func], spec.block[0], start, first))
         vals: list[int] = [len(rows)]
         for r in rows:
@@ -208,8 +209,9 @@ class PaddedModule:
             struct.pack(f"<{len(vals)}q", *vals))
 
 
-def _nblk(spec: LaunchSpec) -> int:
-    """Logical blocks of a kernel (its struct's ``nblk`` slot)."""
+def logical_blocks(spec: LaunchSpec) -> int:
+    """Logical blocks of a kernel (its struct's ``nblk`` slot); a padded RT kernel needs
+    exactly one grid block per logical block."""
     i = 0
     for name, _, count in LAYOUTS[spec.struct_name]:
         if name == "nblk":
@@ -240,12 +242,6 @@ def build_padded_module(sources: Sequence[PlanSource],
                 functor, call = _split_wrapper(code)
                 struct_name = next(s.struct_name for s in src.specs if s.func == func)
                 bodies[func] = (functor, call, struct_name)
-    n_mm = sum(1 for b in bodies.values() if b[1].startswith("mm_body<"))
-    if n_mm > MAX_MM_BODIES:
-        raise ValueError(
-            f"{n_mm} distinct conv/gemm tile bodies: their static shared tiles add up past "
-            f"48 KB in one dispatcher kernel (at most {MAX_MM_BODIES}); pad fewer kernels "
-            "per module")
     ids = {f: i for i, f in enumerate(bodies)}
     cases = []
     for f, (_, call, sname) in bodies.items():

@@ -806,7 +806,7 @@ def gen_conv(k: Kernel, ctx: _Ctx, tf32: bool = False, transposed: bool = False)
     depthwise = not transposed and g > 1 and g == c and cout % c == 0
     if depthwise:
         code = epi + _wrapper("MmArgs", "dwconv_body<FNAME>")
-        return _Gen(code, "MmArgs", f, "elem", n * cout * ho * wo)
+        return _elem(code, "MmArgs", f, n * cout * ho * wo)  # _elem sets the n field
     f.update(M=coutg, N=ho * wo, K=cg * kh * kw)
     f.update(tiles_m=_cdiv(f["M"], MM_TILE), tiles_n=_cdiv(f["N"], MM_TILE))
     mode = "MM_CONVT" if transposed else "MM_CONV"
