@@ -327,3 +327,43 @@ def test_runtime_reef_dkp_on_cuda(emulate):
             if pad["kernels"] > 0:
                 break
         assert pad["active"] and pad["launches"] > 0 and pad["kernels"] > 0, pad
+
+
+def test_padded_module_failure_runs_unpadded_and_says_why():
+    """A padded module that fails to build: prepare_padding raises a typed error, padded
+    launches are queued unpadded (enqueue_padded -> False), results stay right, and the
+    device's telemetry names the error (the emulator stands in for NVRTC here)."""
+    require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    from av_infer.devices.cuda_emu.kernels import HostKernelCompiler
+    from av_infer.errors import DeviceFaultError
+    from av_infer.kernels.cuda_compile import CompileError
+
+    class NoPadding(HostKernelCompiler):
+        def version(self) -> str:
+            return super().version() + "+nopad"
+
+        def compile(self, source, arch="emu", options=()):  # type: ignore[override]
+            if "avi_pad_dispatch" in source:
+                raise CompileError("padded module refused (test)")
+            return super().compile(source, arch, options)
+
+    dev = make_dev(True, c=4, compiler=NoPadding())
+    try:
+        drv = Driver(dev)
+        plan, x = chain_plan(seed=1)
+        h = dev.load_plan(plan)
+        ref = drv.run(h, plan, x)
+        with pytest.raises(DeviceFaultError, match="padded module refused"):
+            dev.prepare_padding([h])
+        dev.new_task(h, 7)
+        dev.write_inputs(7, x)
+        dev.new_task(h, 8)
+        assert dev.enqueue_padded(drv.stream, 7, 0, [(8, 1, 0, 1, 1)]) is False
+        dev.enqueue(drv.stream, 7, 1, len(plan.kernels) - 1)
+        drv.wait(7, len(plan.kernels) - 1)
+        out = dev.read_outputs(7)
+        for k in ref:
+            assert np.array_equal(out[k], ref[k])
+        assert any("padded module refused" in e for e in dev.telemetry()["padding"]["errors"])
+    finally:
+        dev.close()

@@ -32,6 +32,7 @@ completions are the same code.
 from __future__ import annotations
 
 import ctypes
+import logging
 import statistics
 import struct
 import threading
@@ -48,6 +49,8 @@ from av_infer.kernels.cuda.padding import PaddedModule, build_padded_module, log
 from av_infer.kernels.cuda.sources import AuxRef, PlanSource, TensorRef, build_plan_source
 from av_infer.kernels.cuda_compile import CompileCache, Compiler, default_compiler
 from av_infer.model.plan import Plan
+
+log = logging.getLogger(__name__)
 
 #: Largest per-stream capacity (the dispatcher's per-stream event ring is 64).
 MAX_CAPACITY = 64
@@ -365,7 +368,9 @@ class CudaDevice(Device):
             pos += len(blob)
         blob = b"".join(packed)
         self._disp.register_task(task, handle.funcs, handle.geom, blob, offs)
-        self._tasks[task] = _Task(handle, arena, blob, offs)
+        t = self._tasks[task] = _Task(handle, arena, blob, offs)
+        if self._pad_modules:  # padding in use: upload now, not in a padded launch
+            self._device_args(t)
 
     def release_task(self, task: int) -> None:
         if task not in self._tasks:
@@ -489,12 +494,13 @@ class CudaDevice(Device):
         """Compile (or load from the disk cache) the padded dispatcher module for this set
         of resident plans now, instead of on the first padded launch that needs it."""
         pm = self._pad_module(handles, wait=True)
-        if pm is not None and pm.error is not None:
+        if pm.error is not None:
             raise DeviceFaultError(f"padded dispatcher module: {pm.error}")
 
-    def _pad_module(self, handles: list[Any], wait: bool = False) -> _PadModule | None:
-        """The padded module of ``handles``' plans; None while it compiles (started on a
-        background thread on first request), or if it failed (``error`` says why)."""
+    def _pad_module(self, handles: list[Any], wait: bool = False) -> _PadModule:
+        """The padded module of ``handles``' plans, usable once ``ready`` is set and
+        ``padded`` is not None (``error`` says why not); a first request starts its
+        compilation on a background thread (``wait``: here, and returns when done)."""
         key = frozenset(id(h) for h in handles)
         with self._lock:
             pm = self._pad_modules.get(key)
@@ -513,8 +519,6 @@ class CudaDevice(Device):
                                  name="av_infer-cuda-padcompile", daemon=True).start()
         if wait:
             pm.ready.wait()
-        if not pm.ready.is_set() or pm.error is not None:
-            return None
         return pm
 
     def _build_pad_module(self, pm: _PadModule, handles: list[Any]) -> None:
@@ -527,15 +531,22 @@ class CudaDevice(Device):
             pm.padded = padded
         except Exception as e:  # noqa: BLE001 - reported by prepare_padding / telemetry
             pm.error = f"{type(e).__name__}: {e}"
+            log.warning("padded dispatcher module for %s failed; those plans run "
+                        "unpadded: %s", [h.plan.name for h in handles], pm.error)
         finally:
             pm.ready.set()
 
     def _device_args(self, t: _Task) -> int:
-        """Device address of the task's packed structs (uploaded once, on first use)."""
+        """Device address of the task's packed structs: uploaded at ``new_task`` once
+        padding is in use, else here on first use (one copy on the copy stream; no device
+        synchronisation, so in-flight BE work is not waited for)."""
         if t.dev_args is None:
-            buf = self._mem.alloc(len(t.args))
-            self._mem.upload(buf, 0, np.frombuffer(t.args, dtype=np.uint8))
-            self._mem.synchronize()
+            mem = self._mem
+            host = mem.pinned(len(t.args))
+            host[:len(t.args)] = np.frombuffer(t.args, dtype=np.uint8)
+            buf = mem.alloc(len(t.args))
+            mem.h2d(mem.ptr(buf), host.ctypes.data, len(t.args))
+            mem.wait_copies()
             t.dev_args = buf
         return self._mem.ptr(t.dev_args)
 
@@ -559,7 +570,7 @@ class CudaDevice(Device):
         pm = None
         if parts and logical_blocks(spec) == spec.grid[0]:
             pm = self._pad_module([t.model] + [b[0].model for b in bes])
-        if pm is None or pm.padded is None:
+        if pm is None or not pm.ready.is_set() or pm.padded is None:
             self.enqueue(stream, task, kernel, kernel)
             return False
         flag = self._flag_addr(stream)  # parts belong to this launch: its stream's flag
