@@ -243,3 +243,19 @@ def test_telemetry_never_raises():
     assert isinstance(t, dict) and "available" in t
     if not t["available"]:
         assert t["reason"]
+
+
+def test_kernel_variant_without_cuda_version_is_a_typed_error():
+    """A concat of more parts than the CUDA kernel takes: UnsupportedModelError naming the
+    kernel (what load_model on the cuda device reports), not a bare NotImplementedError."""
+    from av_infer.errors import UnsupportedModelError
+    from av_infer.kernels.cuda.sources import MAXPARTS
+    from av_infer.model.plan_builder import PlanBuilder
+
+    b = PlanBuilder("wide_concat")
+    parts = [b.tensor(f"x{i}", (1, 1), role="input") for i in range(MAXPARTS + 1)]
+    y = b.tensor("y", (1, MAXPARTS + 1), role="output")
+    b.kernel("concat", parts, [y], axis=1)
+    with pytest.raises(UnsupportedModelError, match=f"{MAXPARTS + 1} parts") as e:
+        build_plan_source(b.build())
+    assert e.value.unsupported == {"concat": [b.build().kernels[0].name]}

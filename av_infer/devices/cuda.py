@@ -45,7 +45,7 @@ import numpy as np
 
 from av_infer.devices.base import Completion, CompletionCallback, Device, ResetInfo
 from av_infer.errors import DeviceFaultError, DeviceUnavailableError, InvalidInputError
-from av_infer.kernels.cuda.padding import PaddedModule, build_padded_module, logical_blocks
+from av_infer.kernels.cuda.padding import PaddedModule, build_padded_module
 from av_infer.kernels.cuda.sources import AuxRef, PlanSource, TensorRef, build_plan_source
 from av_infer.kernels.cuda_compile import CompileCache, Compiler, default_compiler
 from av_infer.model.plan import Plan
@@ -211,6 +211,7 @@ class _Task:
     args: bytes = b""  # packed argument structs of every kernel, back to back
     offs: list[int] = field(default_factory=list)
     dev_args: Any = None  # ``args`` in device memory (DKP parts read their struct there)
+    dev_args_ptr: int = 0
     error: str | None = None
     error_kernel: int = -1
     staging: dict[str, Any] = field(default_factory=dict)
@@ -257,10 +258,13 @@ class CudaDevice(Device):
         self.sms = int(sms) if emulate else self._mem.sms
         self._profiles: dict[str, Any] = {}
         self._flags = self._mem.alloc(MAX_STREAMS * _FLAG_STRIDE, zero=True)
+        self._flags_ptr = self._mem.ptr(self._flags)
         self._disp = Dispatcher(self._driver_path)
         self._errstr = self._disp.error_string
         self._cache = CompileCache(cache_dir)
         self._pad_modules: dict[frozenset[int], _PadModule] = {}
+        #: launch-path shortcut: (RT model id, part model ids...) -> a ready module
+        self._pad_ready: dict[tuple[int, ...], _PadModule] = {}
         self._padded: dict[tuple[int, int], tuple[tuple[int, int, int, int, int], ...]] = {}
         self._c = int(c)
         self._vhqs: list[Any] = []
@@ -312,7 +316,7 @@ class CudaDevice(Device):
         """(logical blocks, threads) of kernel ``k`` as launched here: what DKP parts count
         (conv/gemm tiles and row kernels differ from the plan's nominal geometry)."""
         spec = handle.src.specs[k]
-        return logical_blocks(spec), int(spec.block[0])
+        return spec.nblk, int(spec.block[0])
 
     def profile_of(self, handle: Any) -> Any:
         """The kernel profile of a loaded plan (CUDA events + occupancy API; measured once
@@ -331,6 +335,7 @@ class CudaDevice(Device):
         with self._lock:  # padded modules holding its bodies are unloaded at close()
             for key in [k for k in self._pad_modules if id(handle) in k]:
                 self._retired.append(self._pad_modules.pop(key))
+            self._pad_ready.clear()
         self._disp.unload_module(handle.module)
         handle.weights = None
         handle.aux = []
@@ -454,7 +459,7 @@ class CudaDevice(Device):
         self._disp.wake()
 
     def _flag_addr(self, stream: int) -> int:
-        return self._mem.ptr(self._flags) + stream * _FLAG_STRIDE
+        return self._flags_ptr + stream * _FLAG_STRIDE
 
     def reset(self, stream: int) -> ResetInfo | None:
         vhq = self._vhqs[stream]
@@ -547,8 +552,8 @@ class CudaDevice(Device):
             buf = mem.alloc(len(t.args))
             mem.h2d(mem.ptr(buf), host.ctypes.data, len(t.args))
             mem.wait_copies()
-            t.dev_args = buf
-        return self._mem.ptr(t.dev_args)
+            t.dev_args, t.dev_args_ptr = buf, mem.ptr(buf)
+        return t.dev_args_ptr
 
     def enqueue_padded(self, stream: int, task: int, kernel: int,
                        parts: Sequence[tuple[int, int, int, int, int]]) -> bool:
@@ -558,18 +563,19 @@ class CudaDevice(Device):
         t = self._tasks[task]
         spec = t.model.src.specs[kernel]
         bes = []
-        for p in parts:
+        for p in parts:  # block ranges are checked by PaddedModule.launch
             bt = self._tasks.get(int(p[0]))
             if bt is None:
                 raise ValueError(f"padding part {tuple(p)}: unknown task {p[0]}")
-            bspec = bt.model.src.specs[int(p[1])]
-            if int(p[3]) < 1 or int(p[2]) < 0 or int(p[2]) + int(p[3]) > logical_blocks(bspec):
-                raise ValueError(f"padding part {tuple(p)}: kernel has "
-                                 f"{logical_blocks(bspec)} blocks")
-            bes.append((bt, bspec, p))
+            bes.append((bt, bt.model.src.specs[int(p[1])], p))
         pm = None
-        if parts and logical_blocks(spec) == spec.grid[0]:
-            pm = self._pad_module([t.model] + [b[0].model for b in bes])
+        if parts and spec.nblk == spec.grid[0]:
+            key = (id(t.model), *(id(b[0].model) for b in bes))
+            pm = self._pad_ready.get(key)
+            if pm is None:
+                pm = self._pad_module([t.model] + [b[0].model for b in bes])
+                if pm.ready.is_set() and pm.padded is not None:
+                    self._pad_ready[key] = pm
         if pm is None or not pm.ready.is_set() or pm.padded is None:
             self.enqueue(stream, task, kernel, kernel)
             return False
@@ -579,7 +585,7 @@ class CudaDevice(Device):
         launch = pm.padded.launch(spec, flag, self._device_args(t) + t.offs[kernel], rows)
         geom = struct.pack("<7I", *launch.grid, *launch.block, launch.smem)
         self._disp.set_padded(task, kernel, pm.funcs[launch.func], geom, launch.args)
-        self._padded[(task, kernel)] = tuple(tuple(int(x) for x in p) for p in parts)  # type: ignore[misc]
+        self._padded[(task, kernel)] = tuple(parts)  # type: ignore[arg-type]
         self.enqueue(stream, task, kernel, kernel)
         return True
 

@@ -3,11 +3,20 @@
 // and gather move raw words of the element's size. Work split as in ew_body.
 #pragma once
 
-#define AVI_MAXPARTS 32
-
 __device__ __forceinline__ void avi_range(i64 block_id, i64 per, i64 n, i64* s, i64* e) {
     *s = block_id * per;
     *e = *s + per < n ? *s + per : n;
+}
+
+// The part holding axis index ax: the last p with offs[p] <= ax (binary search; DenseNet
+// concatenates up to 49 parts, so a linear scan per element would dominate).
+__device__ __forceinline__ int cat_part(const CatArgs& a, i64 ax) {
+    int lo = 0, hi = (int)a.nparts - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (ax >= a.offs[mid]) lo = mid; else hi = mid - 1;
+    }
+    return lo;
 }
 
 // concat: y[outer, A, inner] from parts p with axis extents off[p+1]-off[p].
@@ -21,8 +30,7 @@ __device__ void concat_body(const CatArgs& a, i64 block_id) {
         const i64 r = e / a.inner;
         const i64 ax = r % a.axis_len;
         const i64 o = r / a.axis_len;
-        int p = 0;
-        while (p + 1 < (int)a.nparts && ax >= a.offs[p + 1]) ++p;
+        const int p = cat_part(a, ax);
         const i64 len = a.offs[p + 1] - a.offs[p];
         const U* src = (const U*)a.parts[p];
         y[e] = src[(o * len + (ax - a.offs[p])) * a.inner + in_i];
@@ -40,8 +48,7 @@ __device__ void split_body(const CatArgs& a, i64 block_id) {
         const i64 r = e / a.inner;
         const i64 ax = r % a.axis_len;
         const i64 o = r / a.axis_len;
-        int p = 0;
-        while (p + 1 < (int)a.nparts && ax >= a.offs[p + 1]) ++p;
+        const int p = cat_part(a, ax);
         const i64 len = a.offs[p + 1] - a.offs[p];
         U* dst = (U*)a.parts[p];
         dst[(o * len + (ax - a.offs[p])) * a.inner + in_i] = x[e];

@@ -67,7 +67,6 @@ __all__ = [
     "PaddedModule",
     "block_part",
     "build_padded_module",
-    "logical_blocks",
     "pad_table",
     "variant_name",
 ]
@@ -147,7 +146,7 @@ def _padded_prelude() -> str:
     return "\n".join(parts) + "\n"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PaddedLaunch:
     """One padded launch: function, geometry and the packed :data:`PAD_ARGS` bytes."""
 
@@ -155,7 +154,6 @@ class PaddedLaunch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     smem: int
-    table: list[tuple[int, int, int]]
     args: bytes
 
 
@@ -180,44 +178,42 @@ class PaddedModule:
 
     def launch(self, rt: LaunchSpec, rt_flag: int, rt_args: int,
                parts: Sequence[tuple[LaunchSpec, int, int, int, int, int]]) -> PaddedLaunch:
-        """Geometry and argument bytes of a padded launch.
+        """Geometry and argument bytes of a padded launch (on the RT launch path: one pass,
+        a precompiled struct; ``scripts/padded_enqueue_cost.py`` measures it).
 
         ``rt_flag``/``rt_args``: device addresses of the RT stream's flag word and of the RT
         kernel's packed struct. ``parts``: ``(spec, flag, args, first_block, n_blocks,
-        occupancy)`` per BE part (device addresses again).
+        occupancy)`` per BE part (device addresses again). The grid is
+        :func:`pad_table`'s: RT blocks first, then each part's range in order.
         """
-        table = pad_table(rt.grid[0], [(p[3], p[4]) for p in parts])
-        if logical_blocks(rt) != rt.grid[0]:
+        if rt.nblk != rt.grid[0]:
             raise ValueError("padded RT kernels need one grid block per logical block")
-        rows = [(rt_flag, rt_args, self.body_ids[rt.func], rt.block[0], 0, 0)]
-        for (spec, flag, args, first, n, _occ), (start, _end, _f) in zip(parts, table[1:]):
-            if first + n > logical_blocks(spec):
-                raise ValueError(f"padding part {spec.func}: blocks {first}+{n} beyond "
-                                 f"{logical_blocks(spec)}")
-            rows.append((flag, args, self.body_ids[spec.func], spec.block[0], start, first))
-        vals: list[int] = [len(rows)]
-        for r in rows:
-            vals += [int(x) for x in r]
-        vals += [0] * (len(_PART_FIELDS) * (MAX_PAD_PARTS - len(rows)))
-        threads = max([rt.block[0]] + [p[0].block[0] for p in parts])
+        if len(parts) + 1 > MAX_PAD_PARTS:
+            raise ValueError(f"{len(parts) + 1} parts; a padded launch holds at most "
+                             f"{MAX_PAD_PARTS}")
+        ids = self.body_ids
+        threads, occ, smem = rt.block[0], 1, rt.smem
+        vals = [len(parts) + 1, rt_flag, rt_args, ids[rt.func], threads, 0, 0]
+        pos = rt.grid[0]
+        for spec, flag, args, first, n, o in parts:
+            if n < 1 or first < 0 or first + n > spec.nblk:
+                raise ValueError(f"padding part {spec.func}: blocks {first}+{n} empty or "
+                                 f"beyond its {spec.nblk}")
+            vals += (flag, args, ids[spec.func], spec.block[0], pos, first)
+            pos += n
+            threads = max(threads, spec.block[0])
+            occ = max(occ, o)
+            smem = max(smem, spec.smem)
         if threads > self.threads:
             raise ValueError(f"{threads} threads; this module's variants allow {self.threads}")
-        occ = max([1] + [int(p[5]) for p in parts])
-        return PaddedLaunch(
-            self.variant_for(occ), (table[-1][1], 1, 1), (threads, 1, 1),
-            max([rt.smem] + [p[0].smem for p in parts]), table,
-            struct.pack(f"<{len(vals)}q", *vals))
+        vals += _PAD_ZEROS[:_PAD_WORDS - len(vals)]
+        return PaddedLaunch(self.variant_for(occ), (pos, 1, 1), (threads, 1, 1), smem,
+                            _PAD_STRUCT.pack(*vals))
 
 
-def logical_blocks(spec: LaunchSpec) -> int:
-    """Logical blocks of a kernel (its struct's ``nblk`` slot); a padded RT kernel needs
-    exactly one grid block per logical block."""
-    i = 0
-    for name, _, count in LAYOUTS[spec.struct_name]:
-        if name == "nblk":
-            return int(spec.slots[i])  # type: ignore[arg-type]
-        i += count
-    raise KeyError(f"{spec.struct_name} has no nblk")
+_PAD_WORDS = 1 + len(_PART_FIELDS) * MAX_PAD_PARTS
+_PAD_STRUCT = struct.Struct(f"<{_PAD_WORDS}q")
+_PAD_ZEROS = (0,) * _PAD_WORDS
 
 
 def _split_wrapper(code: str) -> tuple[str, str]:

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from av_infer.errors import UnsupportedModelError
 from av_infer.kernels.cpu import slice_index
 from av_infer.kernels.cpu_ops import act_params
 from av_infer.kernels.cpu_spatial import _as_2d_args, _to4d, resize_taps
@@ -59,7 +60,9 @@ __all__ = [
 
 HERE = Path(__file__).parent
 MAXR = 8
-MAXPARTS = 32
+#: concat/split parts per kernel (DenseNet-201 concatenates 49; the struct stays ~2 KB,
+#: within the 4 KB kernel-parameter limit)
+MAXPARTS = 128
 MAXBATCH = 6
 NPARAM = 16
 GRID_MAX = 2**31 - 1
@@ -126,6 +129,19 @@ LAYOUTS: dict[str, Layout] = {
 }
 
 
+def _slot_of(layout: Layout, name: str) -> int:
+    i = 0
+    for f, _, count in layout:
+        if f == name:
+            return i
+        i += count
+    raise KeyError(name)
+
+
+#: struct name -> index of its ``nblk`` slot (every argument struct has one)
+_NBLK_SLOT = {n: _slot_of(lay, "nblk") for n, lay in LAYOUTS.items()}
+
+
 def struct_decl(name: str) -> str:
     """The C declaration of an argument struct (8-byte fields only: no padding)."""
     ctype = {"p": "void*", "q": "long long", "d": "double"}
@@ -173,6 +189,9 @@ class LaunchSpec:
     smem: int = 0
     fmt: str = field(init=False)
     ref_slots: list[int] = field(init=False)
+    #: logical blocks (the struct's ``nblk`` slot): what the wrapper loops over and DKP
+    #: parts count; a launch may have fewer grid blocks (wrappers loop past 2^31 - 1)
+    nblk: int = field(init=False)
 
     def __post_init__(self) -> None:
         kinds = "".join(
@@ -180,6 +199,7 @@ class LaunchSpec:
         )
         self.fmt = "<" + kinds
         self.ref_slots = [i for i, s in enumerate(self.slots) if isinstance(s, (TensorRef, AuxRef))]
+        self.nblk = int(self.slots[_NBLK_SLOT[self.struct_name]])  # type: ignore[arg-type]
 
     @property
     def nbytes(self) -> int:
@@ -960,7 +980,7 @@ def build_plan_source(plan: Plan, tf32: bool = False) -> PlanSource:
     """CUDA source and launch specs for every kernel of ``plan``.
 
     ``tf32`` selects tensor-core TF32 tiles for conv/gemm (default FP32 FFMA tiles).
-    Raises NotImplementedError naming the kernel when a kind/dtype has no CUDA version.
+    Raises UnsupportedModelError naming the kernel when a kind/dtype has no CUDA version.
     """
     ctx = _Ctx(plan)
     specs: list[LaunchSpec] = []
@@ -968,14 +988,16 @@ def build_plan_source(plan: Plan, tf32: bool = False) -> PlanSource:
     for k in plan.kernels:
         gen_fn = GENERATORS.get(k.kind)
         if gen_fn is None:
-            raise NotImplementedError(f"kernel {k.index} ({k.name}): kind {k.kind!r} has no "
-                                      "CUDA version")
+            raise UnsupportedModelError({k.kind: [k.name]}, f"kernel {k.index}: no CUDA version")
         try:
             gen = gen_fn(k, ctx, tf32) if k.kind in _TF32_KINDS else gen_fn(k, ctx)
             grid, block, nblk = _geometry(k, gen)
             gen.fields["nblk"] = nblk
             slots = _slots(gen.struct_name, gen.fields)
-        except (NotImplementedError, ValueError, KeyError) as e:
+        except NotImplementedError as e:  # a variant of the kind the CUDA kernels lack
+            raise UnsupportedModelError(
+                {k.kind: [k.name]}, f"kernel {k.index} on CUDA: {e}") from e
+        except (ValueError, KeyError) as e:
             raise type(e)(f"kernel {k.index} {k.kind} ({k.name}): {e}") from e
         digest = hashlib.sha1(gen.code.encode()).hexdigest()[:12]
         func = f"avi_{k.kind}_{digest}"
