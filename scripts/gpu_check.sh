@@ -1,19 +1,152 @@
 #!/usr/bin/env bash
-# GPU session check: install the GPU extras, build, run the GPU tests, run the CUDA benches.
-# Writes $OUT/gpu_check.json (or out/gpu_check.json); exits non-zero on any failure.
-set -euo pipefail
+# GPU session check: every GPU figure the open issues ask for, in one command.
+#
+#   bash scripts/gpu_check.sh          # = make gpu-check; results in $OUT (or out/)
+#
+# Steps, in priority order, each capped and all within GPU_CHECK_BUDGET_S (default 480 s,
+# i.e. 8 minutes of a 10-minute call; steps that no longer fit are skipped and listed):
+#   build      Cython extensions (installs .[gpu] first only where cupy is missing)
+#   pytest     pytest -m gpu on the cuda device and compile tests    -> gpu_pytest.xml
+#   bench      python -m av_infer.bench.gpu_bench: dispatch us/kernel, conv/gemm and zoo
+#              latency vs torch / ORT-CUDA, zoo vs ORT (1e-3), padded-no-BE overhead
+#              (REEF Fig. 18a), the 5x5 DKP pair table (Fig. 16)       -> gpu_check.json
+#   disb_A, disb_C   av-infer bench --device cuda --scale full, policies rt_only, reef,
+#              wait, streams, prio_streams: RT latency vs rt_only, preemption latency
+#              p50/p99, throughput                                     -> disb_cuda.json
+#   sweep_A, sweep_C           the same workloads under reef for c = 1, 2, 4
+#   sweep_A_wait, sweep_C_wait the same under wait (last: run only if time is left)
+# Always: gpu_check.log (everything printed) and gpu_check_steps.json (status, rc and
+# seconds per step). At most 5 files in $OUT, no folders.
+#
+# Knobs: GPU_CHECK_STEPS (comma list of the steps above; default all), GPU_CHECK_BUDGET_S,
+# GPU_CHECK_DISB_S (seconds per DISB policy run, default 4), GPU_CHECK_SWEEP_S (default 3),
+# GPU_CHECK_PAIR_S (seconds per DKP pair and policy, default 0.5), GPU_CHECK_NO_INSTALL=1
+# (never pip install), PY (the interpreter: default .venv/bin/python if present, else
+# python3, which on the GPU image has cupy, torch and onnxruntime and cannot fetch).
+# Exit: 0 every step that ran passed; 1 a step failed or timed out; 2 no GPU.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
 OUTDIR=${OUT:-out}
 mkdir -p "$OUTDIR"
-nvidia-smi || { echo "gpu_check: nvidia-smi failed: no GPU here" >&2; exit 2; }
-test -x "$PY" || python3 -m venv .venv
-"$PY" -m pip install -q --disable-pip-version-check -e ".[gpu]"
-"$PY" setup.py -q build_ext --inplace
-"$PY" -c "from av_infer.devices.cuda import availability as a; ok, why = a(); print('cuda:', ok, why); raise SystemExit(0 if ok else 2)"
+exec > >(tee "$OUTDIR/gpu_check.log") 2>&1
+if [ -z "${PY:-}" ]; then
+    if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+export PY PYTHONUNBUFFERED=1 GPU_CHECK_NO_INSTALL="${GPU_CHECK_NO_INSTALL:-}"
+BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
+STEPS=${GPU_CHECK_STEPS:-build,pytest,bench,disb_A,disb_C,sweep_A,sweep_C,sweep_A_wait,sweep_C_wait}
+DISB_S=${GPU_CHECK_DISB_S:-4}
+SWEEP_S=${GPU_CHECK_SWEEP_S:-3}
+PAIR_S=${GPU_CHECK_PAIR_S:-0.5}
+PARTS=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_parts.XXXXXX")
+export PARTS
+T0=$SECONDS
 rc=0
-"$PY" -m pytest -m gpu -q -rs tests/test_cuda_device.py tests/test_cuda_compile.py \
-    --junitxml="$OUTDIR/gpu_pytest.xml" || rc=1
-"$PY" -m av_infer.bench.gpu_bench --out "$OUTDIR" || rc=1
-echo "gpu_check: pytest+bench exit $rc; JSON in $OUTDIR/gpu_check.json"
+
+nvidia-smi || { echo "gpu_check: nvidia-smi failed: no GPU here" >&2; exit 2; }
+echo "gpu_check: PY=$PY budget=${BUDGET_S}s steps=$STEPS"
+
+# disb_cuda.json from the DISB parts (policies.<W>, sweep_c.<policy>.<W>), and
+# gpu_check_steps.json from the step log; rewritten after every step.
+bundle() {
+    "$PY" -c '
+import json, sys
+from pathlib import Path
+parts, out = Path(sys.argv[1]), Path(sys.argv[2])
+doc = {"policies": {}, "sweep_c": {}}
+for p in sorted(parts.glob("*.json")):
+    kind, *rest = p.stem.split("_")
+    try:
+        d = json.loads(p.read_text())
+    except ValueError:
+        continue
+    if kind == "disb":
+        doc["policies"][rest[0]] = d
+    elif kind == "sweep":
+        doc["sweep_c"].setdefault(rest[1], {})[rest[0]] = d
+if doc["policies"] or doc["sweep_c"]:
+    (out / "disb_cuda.json").write_text(json.dumps(doc, indent=1))
+log = parts / "steps.tsv"
+steps = [{"step": a, "status": b, "rc": int(c), "seconds": int(d)}
+         for a, b, c, d in (ln.split("\t") for ln in
+                            (log.read_text().splitlines() if log.exists() else []))]
+(out / "gpu_check_steps.json").write_text(json.dumps(steps, indent=1))
+' "$PARTS" "$OUTDIR"
+}
+
+# step NAME CAP_S CMD...: runs CMD if NAME is selected and time is left, under
+# timeout min(CAP_S, budget left); records status, rc and seconds.
+step() {
+    local name=$1 cap=$2
+    shift 2
+    case ",$STEPS," in *",$name,"*) ;; *) return 0 ;; esac
+    local left=$((BUDGET_S - (SECONDS - T0)))
+    if [ "$left" -lt 20 ]; then
+        echo "== gpu_check: SKIP $name (${left}s of the budget left); run it alone with" \
+            "GPU_CHECK_STEPS=build,$name"
+        printf '%s\tskipped\t0\t0\n' "$name" >>"$PARTS/steps.tsv"
+        bundle
+        return 0
+    fi
+    [ "$cap" -gt "$left" ] && cap=$left
+    echo "== gpu_check: $name (cap ${cap}s, $((SECONDS - T0))s elapsed)"
+    local t=$SECONDS
+    timeout -k 15 "$cap" "$@"
+    local r=$? status=ok
+    [ "$r" -ne 0 ] && status=failed
+    { [ "$r" -eq 124 ] || [ "$r" -eq 137 ]; } && status=timeout
+    echo "== gpu_check: $name $status (rc $r) in $((SECONDS - t))s"
+    printf '%s\t%s\t%d\t%d\n' "$name" "$status" "$r" "$((SECONDS - t))" >>"$PARTS/steps.tsv"
+    [ "$r" -ne 0 ] && rc=1
+    bundle
+    return 0
+}
+
+build() {
+    if [ -z "${GPU_CHECK_NO_INSTALL:-}" ] && ! "$PY" -c "import cupy" 2>/dev/null; then
+        "$PY" -m pip install -q --disable-pip-version-check -e ".[gpu]" \
+            || echo "gpu_check: pip install .[gpu] failed (no network?); using what is installed"
+    fi
+    "$PY" setup.py -q build_ext --inplace -j "$(nproc)" || return 1
+    "$PY" -c "from av_infer.devices.cuda import availability as a; ok, why = a(); print('cuda:', ok, why); raise SystemExit(0 if ok else 2)"
+}
+
+# disb WORKLOAD PART [av-infer bench args]: one DISB run on the GPU into $PARTS/PART.json
+disb() {
+    local wl=$1 part=$2
+    shift 2
+    local cmd=("$PY" -m av_infer.cli bench --device cuda --scale full --workload "$wl"
+               --no-progress --json "$PARTS/$part.json" "$@")
+    echo "${cmd[*]}"
+    "${cmd[@]}"
+}
+export -f build disb
+
+POLICIES=rt_only,reef,wait,streams,prio_streams
+step build 180 bash -c build
+if [ "$rc" -ne 0 ]; then
+    echo "gpu_check: build or CUDA availability failed; nothing else can run"
+    exit 1
+fi
+step pytest 150 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_cuda_device.py \
+    tests/test_cuda_compile.py --junitxml="$OUTDIR/gpu_pytest.xml"
+step bench 240 "$PY" -m av_infer.bench.gpu_bench --out "$OUTDIR" --pair-seconds "$PAIR_S"
+for wl in A C; do
+    cap=90
+    [ "$wl" = C ] && cap=150
+    step "disb_$wl" "$cap" bash -c 'disb "$0" "disb_$0" --policy "$1" --duration "$2"' \
+        "$wl" "$POLICIES" "$DISB_S"
+done
+for pol in reef wait; do
+    for wl in A C; do
+        cap=60
+        [ "$wl" = C ] && cap=100
+        name=sweep_$wl
+        [ "$pol" = wait ] && name=sweep_${wl}_wait
+        step "$name" "$cap" bash -c 'disb "$0" "sweep_$0_$1" --sweep c=1,2,4 \
+            --sweep-policy "$1" --duration "$2"' "$wl" "$pol" "$SWEEP_S"
+    done
+done
+rm -rf "$PARTS"
+echo "gpu_check: exit $rc after $((SECONDS - T0))s; in $OUTDIR: $(cd "$OUTDIR" && ls | tr '\n' ' ')"
 exit $rc

@@ -11,6 +11,7 @@ from av_infer.bench import plots
 from av_infer.bench.harness import Bench, BenchConfig, PolicyRun, available_policies
 from av_infer.bench.report import build_report, header, sweep_report, sweep_table, table, write_json
 from av_infer.bench.workload import WorkloadError, expand, load_workload, read_trace, with_trace
+from av_infer.devices import DEVICE_NAMES
 
 
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -23,8 +24,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--policy", default="all",
                    help="a policy, a comma list, or 'all' (%(default)s): "
                    + ", ".join(available_policies()))
-    p.add_argument("--device", choices=["sim", "cpu", "cuda"], default="sim",
-                   help="sim: virtual-time GPU model (default); cpu: real numpy kernels; cuda")
+    p.add_argument("--device", choices=list(DEVICE_NAMES), default="sim",
+                   help="sim: virtual-time GPU model (default); cpu: real numpy kernels; cuda; "
+                   "cuda-emu: the cuda code on the CPU emulator (checks the path, not speed)")
     p.add_argument("--duration", type=float, default=10.0,
                    help="seconds of the measured window (virtual on sim); default 10")
     p.add_argument("--seed", type=int, default=0, help="seed of poisson arrivals and the sim")

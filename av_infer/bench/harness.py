@@ -34,6 +34,7 @@ import numpy as np
 from av_infer.bench.metrics import Record, standalone_stats
 from av_infer.bench.plots import Timeline
 from av_infer.bench.workload import BenchTask, Workload
+from av_infer.devices import DEVICE_NAMES
 
 #: DISB zoo name -> REEF trace model (shared/reef-kernel-traces); inception_v3 has none.
 REEF_TRACES = {"vgg19": "vgg", "resnet152": "resnet152", "densenet201": "densenet",
@@ -71,7 +72,7 @@ class BenchConfig:
     def variant(self) -> str:
         if self.scale:
             return self.scale
-        return "scaled" if self.device == "cpu" else "full"
+        return "scaled" if self.device in ("cpu", "cuda-emu") else "full"
 
 
 @dataclass
@@ -178,8 +179,8 @@ class Bench:
     """One workload on one device: model resolution, standalone reference, policy runs."""
 
     def __init__(self, workload: Workload, cfg: BenchConfig) -> None:
-        if cfg.device not in ("sim", "cpu", "cuda"):
-            raise ValueError(f"unknown device {cfg.device!r}; use sim, cpu or cuda")
+        if cfg.device not in DEVICE_NAMES:
+            raise ValueError(f"unknown device {cfg.device!r}; use {', '.join(DEVICE_NAMES)}")
         if cfg.duration <= 0:
             raise ValueError("duration must be > 0")
         self.wl = workload

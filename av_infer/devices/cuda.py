@@ -560,33 +560,40 @@ class CudaDevice(Device):
         """Queue kernel ``kernel`` of ``task`` as one padded launch with the BE ``parts``
         (see Device.enqueue_padded). False: it was queued unpadded instead (the module for
         these plans is still compiling, or the RT kernel loops over its blocks)."""
+        padded = bool(parts) and self.pad_kernel(stream, task, kernel, parts)
+        self.enqueue(stream, task, kernel, kernel)
+        return padded
+
+    def pad_kernel(self, stream: int, task: int, kernel: int,
+                   parts: Sequence[tuple[int, int, int, int, int]] = ()) -> bool:
+        """Make the next launch of kernel ``kernel`` of ``task`` on ``stream`` the padded
+        dispatcher kernel with ``parts`` (none: the RT body alone, REEF Fig. 18a's overhead
+        case); it is queued as usual (``enqueue``). False if no padded module is ready."""
         t = self._tasks[task]
         spec = t.model.src.specs[kernel]
+        if spec.nblk != spec.grid[0]:
+            return False
         bes = []
         for p in parts:  # block ranges are checked by PaddedModule.launch
             bt = self._tasks.get(int(p[0]))
             if bt is None:
                 raise ValueError(f"padding part {tuple(p)}: unknown task {p[0]}")
             bes.append((bt, bt.model.src.specs[int(p[1])], p))
-        pm = None
-        if parts and spec.nblk == spec.grid[0]:
-            key = (id(t.model), *(id(b[0].model) for b in bes))
-            pm = self._pad_ready.get(key)
-            if pm is None:
-                pm = self._pad_module([t.model] + [b[0].model for b in bes])
-                if pm.ready.is_set() and pm.padded is not None:
-                    self._pad_ready[key] = pm
-        if pm is None or not pm.ready.is_set() or pm.padded is None:
-            self.enqueue(stream, task, kernel, kernel)
-            return False
+        key = (id(t.model), *(id(b[0].model) for b in bes))
+        pm = self._pad_ready.get(key)
+        if pm is None:
+            pm = self._pad_module([t.model] + [b[0].model for b in bes])
+            if not pm.ready.is_set() or pm.padded is None:
+                return False
+            self._pad_ready[key] = pm
         flag = self._flag_addr(stream)  # parts belong to this launch: its stream's flag
         rows = [(bspec, flag, self._device_args(bt) + bt.offs[int(p[1])], int(p[2]), int(p[3]),
                  int(p[4])) for bt, bspec, p in bes]
         launch = pm.padded.launch(spec, flag, self._device_args(t) + t.offs[kernel], rows)
         geom = struct.pack("<7I", *launch.grid, *launch.block, launch.smem)
         self._disp.set_padded(task, kernel, pm.funcs[launch.func], geom, launch.args)
-        self._padded[(task, kernel)] = tuple(parts)  # type: ignore[arg-type]
-        self.enqueue(stream, task, kernel, kernel)
+        if parts:
+            self._padded[(task, kernel)] = tuple(parts)  # type: ignore[arg-type]
         return True
 
     def _forget_padding(self, task: int, first: int = 0) -> None:
