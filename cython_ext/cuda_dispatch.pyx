@@ -259,6 +259,13 @@ cdef struct Comp:
     double t1
 
 
+cdef inline void _drop_padded(TaskRec* r, int32_t k) noexcept nogil:
+    """Kernel k of r launches plain again (its padded launch was sent or dropped)."""
+    r.pfuncs[k] = NULL
+    free(r.pargs[k])
+    r.pargs[k] = NULL
+
+
 cdef inline int _vhq_transmit(void* q, int64_t* t, int32_t* k) noexcept nogil:
     return (<VHQ>q).transmit_c(t, k)
 
@@ -477,7 +484,7 @@ cdef class Dispatcher:
         free(r.offs)
         if r.pfuncs != NULL:
             for k in range(r.nk):
-                free(r.pargs[k])
+                _drop_padded(r, k)
         free(r.pfuncs)
         free(r.pgeom)
         free(r.pargs)
@@ -523,10 +530,7 @@ cdef class Dispatcher:
         r.funcs = fs
         r.geom = gm
         r.args = ag
-        r.offs = of
-        r.pfuncs = NULL
-        r.pgeom = NULL
-        r.pargs = NULL
+        r.offs = of  # pfuncs/pgeom/pargs: NULL in every free slot (calloc, _free_rec)
         PyThread_release_lock(self._tlock)
 
     def set_padded(self, int64_t task, int32_t kernel, uintptr_t func, bytes geom, bytes args):
@@ -575,11 +579,8 @@ cdef class Dispatcher:
         r = self._find(task, False)
         if r != NULL and r.pfuncs != NULL:
             for k in range(max(first, 0), r.nk):
-                if r.pfuncs[k] != NULL:
-                    r.pfuncs[k] = NULL
-                    free(r.pargs[k])
-                    r.pargs[k] = NULL
-                    n += 1
+                n += r.pfuncs[k] != NULL
+                _drop_padded(r, k)
         PyThread_release_lock(self._tlock)
         return n
 
@@ -677,9 +678,7 @@ cdef class Dispatcher:
                     params[0] = rec.pargs[k]
                     r = self._drv.cuLaunchKernel(rec.pfuncs[k], g[0], g[1], g[2], g[3], g[4],
                                                  g[5], g[6], st.s, params, NULL)
-                    rec.pfuncs[k] = NULL
-                    free(rec.pargs[k])
-                    rec.pargs[k] = NULL
+                    _drop_padded(rec, k)
                     if r == CUDA_SUCCESS:
                         r = self._drv.cuEventRecord(st.ev[slot], st.s)
                     rec.inflight += 1

@@ -46,7 +46,7 @@ import numpy as np
 from av_infer.devices.base import Completion, CompletionCallback, Device, ResetInfo
 from av_infer.errors import DeviceFaultError, DeviceUnavailableError, InvalidInputError
 from av_infer.kernels.cuda.padding import PaddedModule, build_padded_module
-from av_infer.kernels.cuda.sources import AuxRef, PlanSource, TensorRef, build_plan_source
+from av_infer.kernels.cuda.sources import PlanSource, build_plan_source, slot_address
 from av_infer.kernels.cuda_compile import CompileCache, Compiler, default_compiler
 from av_infer.model.plan import Plan
 
@@ -148,10 +148,11 @@ class _HostMemory:
     arch = "emu"
 
     def alloc(self, nbytes: int, zero: bool = False) -> np.ndarray:
-        n = max(int(nbytes), 1)
-        raw = np.zeros(n + 256, dtype=np.uint8) if zero else np.empty(n + 256, dtype=np.uint8)
-        off = (-raw.ctypes.data) % 256
-        return raw[off:off + n]  # the view keeps ``raw`` alive
+        """Uninitialised memory is poisoned (0xFF: NaN as float32), so a kernel that reads
+        what nothing wrote shows it."""
+        from av_infer.devices.cuda_emu.kernels import aligned_bytes
+
+        return aligned_bytes(nbytes, fill=0 if zero else 0xFF)
 
     @staticmethod
     def ptr(buf: np.ndarray) -> int:
@@ -346,19 +347,10 @@ class CudaDevice(Device):
     # -- tasks ----------------------------------------------------------------------------
     def _resolver(self, handle: Any, arena: Any) -> Any:
         """Device address of a pointer slot for a task whose activations live in ``arena``."""
-        plan: Plan = handle.plan
         ptr = self._mem.ptr
-        abase, wbase = ptr(arena), ptr(handle.weights)
-
-        def resolve(ref: TensorRef | AuxRef) -> int:
-            if isinstance(ref, AuxRef):
-                return ptr(handle.aux[ref.index])
-            t = plan.tensors[ref.name]
-            b = plan.buffers[t.buffer]
-            base = wbase if b.role == "weight" else abase
-            return base + b.offset + t.byte_offset + ref.extra
-
-        return resolve
+        plan, wbase, abase = handle.plan, ptr(handle.weights), ptr(arena)
+        aux = [ptr(a) for a in handle.aux]
+        return lambda ref: slot_address(plan, ref, wbase, abase, aux)
 
     def new_task(self, handle: Any, task: int) -> None:
         plan: Plan = handle.plan

@@ -47,7 +47,13 @@ from typing import Any
 
 import numpy as np
 
-from av_infer.kernels.cuda.sources import AuxRef, PlanSource, TensorRef, build_plan_source
+from av_infer.kernels.cuda.sources import (
+    AuxRef,
+    PlanSource,
+    TensorRef,
+    build_plan_source,
+    slot_address,
+)
 from av_infer.kernels.cuda_compile import CompileCache, CompileError
 from av_infer.model.plan import Plan
 
@@ -330,14 +336,9 @@ class HostPlanRun:
         self.flags = aligned_bytes(32)  # 8 flag words, all clear
         self.flag_addr = int(self.flags.ctypes.data)
 
-    # -- addresses (CudaDevice._resolver) --
     def resolve(self, ref: TensorRef | AuxRef) -> int:
-        if isinstance(ref, AuxRef):
-            return int(self.aux[ref.index].ctypes.data)
-        t = self.plan.tensors[ref.name]
-        b = self.plan.buffers[t.buffer]
-        base = self.weights if b.role == "weight" else self.arena
-        return int(base.ctypes.data) + b.offset + t.byte_offset + ref.extra
+        return slot_address(self.plan, ref, int(self.weights.ctypes.data),
+                            int(self.arena.ctypes.data), [int(a.ctypes.data) for a in self.aux])
 
     def view(self, name: str) -> np.ndarray:
         """The tensor ``name`` as a numpy view of the emulated device memory."""

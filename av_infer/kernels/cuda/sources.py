@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ __all__ = [
     "PlanSource",
     "TensorRef",
     "build_plan_source",
+    "slot_address",
     "supported_kinds",
 ]
 
@@ -174,6 +175,18 @@ class AuxRef:
 
 
 Slot = int | float | TensorRef | AuxRef | None
+
+
+def slot_address(plan: Plan, ref: TensorRef | AuxRef, weights: int, arena: int,
+                 aux: Sequence[int]) -> int:
+    """Device address of a pointer slot, given the base addresses of the plan's weights,
+    of one task's activation arena and of each aux array (every device, and the emulator
+    harness, lays memory out this way)."""
+    if isinstance(ref, AuxRef):
+        return aux[ref.index]
+    t = plan.tensors[ref.name]
+    b = plan.buffers[t.buffer]
+    return (weights if b.role == "weight" else arena) + b.offset + t.byte_offset + ref.extra
 
 
 @dataclass
