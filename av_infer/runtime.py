@@ -4,12 +4,11 @@ Why a thin shell around the scheduler: the ROS nodes, the CLI and the benches al
 this one API (DESIGN.md: ROS code never reaches past it). The Runtime validates everything
 a caller can get wrong *before* anything is queued (a bad request becomes an already-failed
 future, never an exception and never a queue entry), copies inputs so callers can reuse
-their buffers, and picks the *driver* of the synchronous :class:`Scheduler`:
-
-* wall-clock devices (cpu, cuda): one scheduler thread consumes an event queue; ``submit``
-  and device completions only post events, so nothing the caller does blocks on the device;
-* virtual devices (``device.virtual``, the simulator): handlers run inline inside the
-  simulator's single-threaded event loop, deterministically.
+their buffers, and owns the *driver* of the synchronous :class:`Scheduler`
+(``sched.driver``): the thread that submits a request or completes a launch handles that
+event itself, one thread inside the scheduler at a time and never blocking on another.
+Futures' done-callbacks run on the runtime's callback thread (wall-clock devices) or
+inline in the simulator's single-threaded event loop (virtual devices, deterministic).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import queue
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -40,6 +38,7 @@ from av_infer.errors import (
 from av_infer.model.plan import Plan
 from av_infer.profiles import ModelProfile
 from av_infer.qos import UtilityTracker, check_deadlines
+from av_infer.sched.driver import Driver, RequestFuture
 from av_infer.sched.model_services import ModelServices, batch_name, compile_batch_plans
 from av_infer.sched.policies import WAIT_BE_CAPACITY, device_refuses, get_policy
 from av_infer.sched.request import Priority, Request, Result, Timings
@@ -125,48 +124,20 @@ class Runtime:
         self._ids = itertools.count(1)
         self._closed = False
         self._submit_errors: dict[str, int] = {}
-        self._events: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        if self._virtual:
-            self._device.start(self._complete_inline)
-        else:
-            self._thread = threading.Thread(target=self._loop, name="av_infer-scheduler",
-                                            daemon=True)
-            self._thread.start()
-            self._device.start(self._complete_posted)
+        self._driver = Driver(self._sched, "inline" if self._virtual else "thread",
+                              on_stop=self._device.close)
+        self._device.start(self._on_complete)
 
-    # -- drivers ----------------------------------------------------------------------------
-    def _complete_inline(self, comp: Completion) -> None:
-        self._sched.post(("complete", comp))
-
-    def _complete_posted(self, comp: Completion) -> None:
-        self._events.put(("complete", comp))
-
-    def _loop(self) -> None:
-        sched, get = self._sched, self._events.get
-        try:
-            while not sched.stopped:
-                sched.post(get())
-        finally:
-            self._device.close()
+    # -- the driver -------------------------------------------------------------------------
+    def _on_complete(self, comp: Completion) -> None:
+        self._driver.post(("complete", comp))
 
     def _post(self, event: tuple) -> None:
-        if self._virtual:
-            self._sched.post(event)
-        else:
-            self._events.put(event)
+        self._driver.post(event)
 
     def _control(self, fn: Callable[[], Any], wait: bool = True) -> Any:
         """Run ``fn`` on the scheduler (between events) and return its result."""
-        fut: Future = Future()
-        ev = ("control", fn, fut)
-        if self._virtual or threading.current_thread() is self._thread:
-            self._sched.post(ev)  # inline, or after the event being handled
-            return fut.result() if fut.done() else None
-        if self._thread is None or not self._thread.is_alive():
-            return fn()
-        self._events.put(ev)
-        return fut.result() if wait else None
+        return self._driver.call(fn, wait)
 
     # -- models -----------------------------------------------------------------------------
     def load_model(
@@ -176,9 +147,15 @@ class Runtime:
         input_shapes: Mapping[str, Any] | Any = None,
         pin: bool = False,
         profile: str | os.PathLike | ModelProfile | None = None,
+        whole: bool | None = None,
     ) -> ModelInfo:
-        """Compile ``source`` (ONNX path/bytes/ModelProto, or a ready Plan) and make it
-        resident on the device under ``name``.
+        """Compile ``source`` (ONNX path/bytes/ModelProto, or a ready Plan) with the
+        device's compiler (``Device.compile``) and make it resident on the device under
+        ``name``.
+
+        ``whole``: run the model as one launch where the device's engine can (cpu: one ORT
+        session, no cuts); default: ``pin`` (pinned models are the RT ones, never
+        preempted). BE models are cut into launches short enough to preempt.
 
         ``profile``: a kernel profile (``profiles.ModelProfile`` or a file written by
         ``av-infer models profile``) of this plan on this device. Padding selection (DKP)
@@ -191,14 +168,13 @@ class Runtime:
         with self._lock:
             if name in self._models:
                 raise InvalidParameterError(f"model {name!r} is already loaded; unload it first")
+        whole = bool(pin) if whole is None else bool(whole)
         if isinstance(source, Plan):
             plan = source
         else:
-            from av_infer.model.compiler import compile_model
-
             if isinstance(source, Path):
                 source = str(source)
-            plan = compile_model(source, input_shapes, name=name)
+            plan = self._device.compile(source, input_shapes, name=name, whole=whole)
         if self._sched.c + 1 > plan.reuse_guard:
             raise InvalidParameterError(
                 f"model {name!r}: plan reuse_guard={plan.reuse_guard} cannot restore with "
@@ -224,7 +200,7 @@ class Runtime:
                 raise InvalidParameterError(f"model {name!r} is already loaded")
             self._models[name] = entry
             if not isinstance(source, Plan):
-                self._sources[name] = (source, input_shapes)
+                self._sources[name] = (source, input_shapes, whole)
         if self._services.batching:
             self._add_batch_plans(name)
         return self._info(entry)
@@ -232,7 +208,7 @@ class Runtime:
     # -- cache and batching (av_infer.cache, av_infer.batching) ----------------------------
     def _wake(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the scheduler soon (a cache load finished)."""
-        if not self._closed or self._thread is not None:
+        if not self._driver.stopped.is_set():
             self._control(fn, wait=False)
 
     def _cache_load(self, name: str, plan: Plan, pin: bool) -> Any:
@@ -256,8 +232,9 @@ class Runtime:
         sizes = [b for b in _pow2(self._batch_max) if b > 1 and b not in have]
         if not sizes:
             return
-        plans, why = compile_batch_plans(name, src[0] if src else None,
-                                         src[1] if src else None, entry.plan, sizes)
+        plans, why = compile_batch_plans(self._device, name, src[0] if src else None,
+                                         src[1] if src else None, entry.plan, sizes,
+                                         whole=src[2] if src else False)
         if not plans:
             self._batch_info[name] = f"unavailable: {why}"
             return
@@ -396,7 +373,28 @@ class Runtime:
         ``deadline`` is absolute on ``now()``'s clock, default arrival + the client's
         relative deadline (inf if none); ``arrival`` defaults to ``now()``.
         """
-        fut: Future = Future()
+        return self._submit(model, inputs, priority, deadline, client, arrival, False)
+
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        priority: Priority | str | None = None,
+        deadline: float | None = None,
+        client: str = "default",
+        arrival: float | None = None,
+        timeout: float | None = None,
+    ) -> Result:
+        """Submit and wait: the result, or the typed error raised. The same request as
+        ``submit`` (same queues, priorities and preemption), but the calling thread, which
+        waits anyway, runs the request's launches itself when its lane is idle, so a
+        request costs no thread hand-off (the synchronous call for a thread per client)."""
+        fut = self._submit(model, inputs, priority, deadline, client, arrival, True)
+        return fut.result(timeout)
+
+    def _submit(self, model: str, inputs: Any, priority: Any, deadline: Any, client: Any,
+                arrival: Any, caller_runs: bool) -> Future[Result]:
+        fut: RequestFuture = RequestFuture(self._driver)
         try:
             req = self._make_request(model, inputs, priority, deadline, client, arrival, fut)
         except AvInferError as e:
@@ -415,10 +413,26 @@ class Runtime:
                 self._count_submit_error(err)
                 fut.set_exception(err)
                 return fut
-            self._post(("arrival", req, entry))
         if self._utility.deadlines(req.client) is not None:
             fut.add_done_callback(lambda f, c=req.client: self._record_utility(c, f))
+        fut.helper = lambda f, r=req: self._help(r, f)
+        # caller_runs: an enqueue made on this thread while it handles its own arrival skips
+        # the worker's wake-up, since this thread runs the launches right after (a start on
+        # any other thread, or later, wakes a worker: nothing is left unrun)
+        req.caller_runs = threading.get_ident() if caller_runs else 0
+        self._post(("arrival", req, entry))
+        req.caller_runs = 0
         return fut
+
+    def _help(self, req: Request, fut: Future) -> None:
+        """A caller blocks on ``fut``: run its request's launches on this thread while no
+        lane thread is (``Device.run_pending``), instead of waking one."""
+        run = self._device.run_pending
+        done = fut.done
+        while not done():
+            s = req.stream
+            if s < 0 or not run(s, done):
+                return
 
     def _record_utility(self, client: str, fut: Future) -> None:
         try:
@@ -536,10 +550,9 @@ class Runtime:
         sched = self._sched
         snap = sched.stats.snapshot()
         depths: Any = None
-        if not self._closed and not self._virtual and self._thread is not None \
-                and self._thread.is_alive() and threading.current_thread() is not self._thread:
+        if not self._driver.stopped.is_set() and not self._driver.holds():
             fut: Future = Future()
-            self._events.put(("control", sched.queue_depths, fut))
+            self._post(("control", sched.queue_depths, fut))
             try:
                 depths = fut.result(timeout=2.0)
             except Exception:  # noqa: BLE001 - fall back to an unsynchronised read
@@ -598,28 +611,27 @@ class Runtime:
         with self._lock:
             already = self._closed
             self._closed = True
-        sched = self._sched
+        sched, driver = self._sched, self._driver
+        if already:
+            if not driver.holds():
+                driver.stopped.wait(timeout)
+            return
         if self._virtual:
-            if already:
-                return
             if drain:
                 run = getattr(self._device, "run", None)
                 if run is not None:
                     run()
-            self._sched.post(("control", lambda: sched.shutdown(False), None))
-            self._device.close()
-            self._cache.close(unload=False)
-            return
-        me = threading.current_thread()
-        if not already:
-            self._events.put(("control", lambda: sched.shutdown(drain), None))
-        if self._thread is None or self._thread is me:
-            return  # called from a callback on the scheduler thread: it stops by itself
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            self._events.put(("control", lambda: sched.shutdown(False), None))
-            self._thread.join()
+            self._post(("control", lambda: sched.shutdown(False), None))
+        else:
+            self._post(("control", lambda: sched.shutdown(drain), None))
+            if driver.holds():
+                return  # called inside the scheduler: it stops once idle (on_stop closes)
+            if not driver.stopped.wait(timeout):
+                self._post(("control", lambda: sched.shutdown(False), None))
+                driver.stopped.wait()
+        self._device.close()
         self._cache.close(unload=False)
+        driver.close_callbacks()
 
     def __enter__(self) -> Runtime:
         return self
@@ -687,10 +699,10 @@ def _validate_inputs(model: str, spec: Spec, inputs: Any) -> dict[str, np.ndarra
         raise InvalidInputError(
             f"model {model!r}: inputs must be a dict of name -> numpy array, "
             f"got {type(inputs).__name__}")
-    want = _fmt_spec(spec)
     missing = [n for n in spec if n not in inputs]
-    extra = [n for n in inputs if n not in spec]
+    extra = [n for n in inputs if n not in spec] if len(inputs) != len(spec) or missing else []
     if missing or extra:
+        want = _fmt_spec(spec)
         parts = []
         if missing:
             parts.append(f"missing {missing}")
@@ -704,7 +716,7 @@ def _validate_inputs(model: str, spec: Spec, inputs: Any) -> dict[str, np.ndarra
             raise InvalidInputError(
                 f"model {model!r} input {name!r}: expected a numpy array {dtype}{list(shape)}, "
                 f"got {type(v).__name__}")
-        if v.shape != tuple(shape) or v.dtype != np.dtype(dtype):
+        if v.shape != tuple(shape) or v.dtype != dtype:
             raise InvalidInputError(
                 f"model {model!r} input {name!r}: expected {dtype}{list(shape)}, "
                 f"got {v.dtype}{list(v.shape)}")

@@ -53,19 +53,21 @@ class GateDevice(CpuDevice):
             hooks = self._hooks.pop(handle.plan.name, None)
         if not hooks:
             return
-        fns = self._tasks[task].fns
+        fns = self._tasks[task].bound.fns
         for k, fn in hooks:
             fns[k] = _once_before(fn, fns[k])
 
 
-def _once_before(hook: Callable[[], None], kernel: Callable[[], None]) -> Callable[[], None]:
+def _once_before(hook: Callable[[], None], kernel: Callable[..., None]) -> Callable[..., None]:
+    """``kernel`` with ``hook`` run before its first call (numpy kernels take no argument,
+    ORT segments their RunOptions)."""
     fired = []
 
-    def run() -> None:
+    def run(*args) -> None:
         if not fired:
             fired.append(True)
             hook()
-        kernel()
+        kernel(*args)
 
     return run
 

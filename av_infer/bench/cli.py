@@ -56,6 +56,29 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR",
                    help="write <W>.json and <W>_{cdf,throughput,timeline}.png under DIR")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = p.add_argument_group(
+        "peer comparison (--peer ort)",
+        "the same load through av_infer (cpu), one ORT session per model with a thread per "
+        "client, and the RT model alone in ORT; --policy, --c, --duration, --json apply")
+    g.add_argument("--peer", choices=["ort"], help="run the side-by-side comparison")
+    g.add_argument("--rt-model", default="resnet152",
+                   help="zoo name, exported model (ocr_det, ocr_rec, ocr_cls) or ONNX path "
+                   "(%(default)s)")
+    g.add_argument("--be-model", default="vgg19",
+                   help="zoo name, exported model or ONNX path (%(default)s)")
+    g.add_argument("--rt-input-shape", action="append", metavar="[NAME=]DIMS",
+                   help="input shape of an ONNX --rt-model with dynamic dims")
+    g.add_argument("--be-input-shape", action="append", metavar="[NAME=]DIMS",
+                   help="input shape of an ONNX --be-model with dynamic dims")
+    g.add_argument("--rt-rate", type=float, default=20.0, help="RT requests/s (%(default)s)")
+    g.add_argument("--be-clients", type=int, default=2,
+                   help="closed-loop BE clients (%(default)s)")
+    g.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads per ORT session, both systems (%(default)s)")
+    g.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
+    g.add_argument("--device-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="cpu device option for av_infer (e.g. segment_ms=4, kill=false, "
+                   "os_priority=nice)")
     p.set_defaults(func=cmd_bench)
     return p
 
@@ -112,8 +135,62 @@ def write_plots(doc: dict[str, Any], runs: list[PolicyRun], cdf_path: Path) -> l
     return out
 
 
+def _option_value(v: str) -> Any:
+    low = v.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
+def cmd_peer(args: argparse.Namespace) -> int:
+    """``av-infer bench --peer ort``: av_infer beside plain ORT threads, one run."""
+    import json
+    import shlex
+
+    from av_infer.bench.peer import PeerConfig, format_peer, run_peer
+    from av_infer.cli import parse_input_shapes
+
+    if args.device != "cpu" and "--device" in sys.argv:
+        raise SystemExit("bench --peer: the comparison runs on the cpu device")
+    policy = "reef" if args.policy == "all" else args.policy
+    if policy not in available_policies("cpu"):
+        raise SystemExit(f"bench --peer: policy {policy!r} is not available on cpu")
+    opts = {}
+    for kv in args.device_option:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            raise SystemExit(f"--device-option: expected KEY=VALUE, got {kv!r}")
+        opts[k.strip()] = _option_value(v)
+    if args.be_clients < 1 or args.rt_rate <= 0 or args.threads < 1:
+        raise SystemExit("bench --peer: --be-clients >= 1, --rt-rate > 0, --threads >= 1")
+    cfg = PeerConfig(rt_model=args.rt_model, be_model=args.be_model,
+                     rt_shape=parse_input_shapes(args.rt_input_shape),
+                     be_shape=parse_input_shapes(args.be_input_shape),
+                     rt_rate=args.rt_rate, be_clients=args.be_clients, policy=policy,
+                     c=args.c, duration=args.duration, warmup=args.warmup,
+                     threads=args.threads, device_options=opts,
+                     progress=not args.no_progress)
+    doc = run_peer(cfg)
+    doc["command"] = "av-infer " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if args.json == "-":
+        print(json.dumps(doc, indent=2))
+        print(format_peer(doc), file=sys.stderr)
+        return 0
+    print(format_peer(doc))
+    if args.json:
+        print(f"wrote {write_json(doc, args.json)}", file=sys.stderr)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Entry point of ``av-infer bench``."""
+    if args.peer:
+        return cmd_peer(args)
     cfg = BenchConfig(device=args.device, duration=args.duration, seed=args.seed,
                       scale=args.scale, c=args.c, preempt_drain=args.preempt_drain,
                       gpu=args.gpu, deadline_ms=args.deadline_ms,

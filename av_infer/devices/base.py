@@ -52,6 +52,11 @@ class Completion:
     #: padded launch (``Device.enqueue_padded``): the BE parts that ran with it, each
     #: ``(task, kernel, first_block, n_blocks, blocks_per_sm)``; () for a plain launch
     parts: tuple[tuple[int, int, int, int, int], ...] = ()
+    #: a launch that was running when its stream's flag went up (cpu): when it gave its core
+    #: back, i.e. the flag time plus the CPU time it used after it (its thread's CPU clock),
+    #: so the wait of that thread for the GIL or a core before it could report is not
+    #: counted; NaN otherwise (then ``t_end`` is the stop)
+    t_stop: float = float("nan")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +79,9 @@ class ResetInfo:
     done: int
     dropped: int
     restore_c: int = 0
+    #: a launch of the stream is executing now (None: the device cannot tell): preemption
+    #: latency is measured only where BE was running (DESIGN.md, Metrics)
+    running: bool | None = None
 
 
 CompletionCallback = Callable[[Completion], None]
@@ -92,6 +100,17 @@ class Device(ABC):
         """Seconds on this device's clock (monotonic; virtual in the simulator)."""
 
     # -- models and tasks ----------------------------------------------------------------
+    def compile(self, source: Any, input_shapes: Any = None, name: str | None = None,
+                whole: bool = False) -> Plan:
+        """Compile an ONNX model (path, bytes or ModelProto) into the plan this device
+        runs best. Default: av_infer's kernel compiler (``model.compiler``). ``whole``: run
+        the model as one launch where the device's engine can (the cpu device's ORT
+        segments; RT models, which are never preempted, lose nothing by it); kernel plans
+        ignore it. Pure: nothing is loaded. Raises ModelLoadError and its subclasses."""
+        from av_infer.model.compiler import compile_model
+
+        return compile_model(source, input_shapes, name=name)
+
     @abstractmethod
     def load_plan(self, plan: Plan) -> Any:
         """Make the plan's weights resident; returns an opaque handle. Compiles kernels."""
@@ -126,8 +145,14 @@ class Device(ABC):
         """Create a stream with its vHQ; returns its id."""
 
     @abstractmethod
-    def enqueue(self, stream: int, task: int, first: int, last: int) -> None:
-        """Append launches of kernels ``first..last`` (inclusive) of ``task`` to the vHQ."""
+    def enqueue(self, stream: int, task: int, first: int, last: int,
+                wake: bool = True) -> None:
+        """Append launches of kernels ``first..last`` (inclusive) of ``task`` to the vHQ.
+
+        ``wake=False``: the caller's thread is about to run them itself (``run_pending``),
+        so a device whose launches run on host threads need not wake its worker for them
+        (on a VM a cross-core wake-up costs the waker tens of microseconds). Others ignore
+        it."""
 
     @abstractmethod
     def reset(self, stream: int) -> ResetInfo | None:
@@ -187,6 +212,15 @@ class Device(ABC):
                        parts: Sequence[tuple[int, int, int, int, int]]) -> bool:
         """Append one padded launch of ``kernel`` of ``task`` to the stream's vHQ."""
         raise NotImplementedError(f"{self.name}: {self.padding_reason}")
+
+    # run_pending(stream, until): "helping" (caller-runs). A thread about to block on a
+    # request's result runs the stream's transmitted launches itself, in stream order, while
+    # no other thread runs that stream, until ``until()`` is true or none are left; returns
+    # whether it ran any. Saves the two thread hand-offs of a request on devices whose
+    # launches run on host threads (cpu). Devices whose launches run elsewhere return False.
+    def run_pending(self, stream: int, until: Callable[[], bool]) -> bool:
+        """Run queued launches of ``stream`` on the calling thread (see above)."""
+        return False
 
     def telemetry(self) -> dict[str, Any]:
         """Device facts for diagnostics (name, memory, utilisation, clocks)."""

@@ -1,16 +1,31 @@
-"""The CPU device: numpy kernels run kernel by kernel by one worker thread per stream.
+"""The CPU device: worker lanes running plans launch by launch, ONNX Runtime as the engine.
 
-Why it exists: the default device on a machine without a GPU, and the one that proves the
-scheduler's preemption gives real, bit-identical results (DESIGN.md). Each stream is a
-*lane*: a worker thread with a device queue (a deque of transmitted launches) fed from the
-stream's vHQ (``av_infer._cy.vhq.VHQ``) while fewer than ``c`` launches are in flight.
-Before each kernel the worker reads the lane's preemption flag: set, the launch evicts
-itself (``Completion(executed=False)``, REEF's lazy eviction); clear, the kernel runs.
-Preemption is real and at kernel granularity; a running numpy kernel is never interrupted.
+Why it exists: the default device on a machine without a GPU, and the one every user has.
+Each stream is a *lane*: a worker thread with a device queue (a deque of transmitted
+launches) fed from the stream's vHQ (``av_infer._cy.vhq.VHQ``) while fewer than ``c``
+launches are in flight. Before each launch the worker reads the lane's preemption flag: set,
+the launch evicts itself (``Completion(executed=False)``, REEF's lazy eviction); clear, it
+runs.
 
-Limits: stream priorities are recorded but not honoured (the OS schedules the lanes'
-threads; ``prio_streams`` therefore behaves like ``streams`` here); lanes share the GIL
-outside numpy's GIL-free sections.
+Two engines, one lane loop (``engine=``):
+
+* ``"ort"`` (default): models compile to *segment plans* (``model.segments``): a launch is
+  one segment, run by ONNX Runtime on the task's arena without the GIL. Raising a lane's
+  flag also **kills** the segment it is running (``RunOptions.terminate``: ORT stops between
+  two of its kernels), unless its estimated remaining time is below ``kill_below_ms``; a
+  killed launch completes as evicted and restore-from-c re-runs it from its start (segments
+  are idempotent). RT models (``whole=True``) are one segment: full ORT speed.
+* ``"numpy"``: av_infer's own kernel plans on the numpy executor (the reference; kernel
+  granularity, never killed). Plans handed in ready-made run on the engine they were
+  compiled for.
+
+Stream priorities are OS priorities (``devices.os_priority``): BE lanes run at nice +10 by
+default (``be_nice``; always permitted), so a waking RT thread gets a core at once; RT lanes
+may be raised (``rt_priority`` "nice" or "fifo", where permitted; off by default). Shown in
+``telemetry``.
+
+Callers that wait run their request's launches themselves when the lane is idle
+(``run_pending``, used by ``Runtime.infer`` and ``Future.result``): no thread hand-off.
 """
 
 from __future__ import annotations
@@ -25,58 +40,183 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from av_infer._cy.vhq import MAX_C, VHQ
+from av_infer.devices import os_priority
 from av_infer.devices.base import Completion, CompletionCallback, Device, ResetInfo
-from av_infer.errors import DeviceFaultError
+from av_infer.errors import DeviceFaultError, InvalidParameterError
 from av_infer.kernels.cpu import CpuPlanRunner
+from av_infer.kernels.ort_segments import SegmentRunner, is_kill, is_segment_plan
 from av_infer.model.plan import Plan
 
 #: Largest per-stream capacity the vHQ supports (its in-flight ring).
 MAX_CAPACITY = MAX_C  # the vHQ in-flight ring bounds c
+ENGINES = ("ort", "numpy")
+#: Arenas (with their bound launches) kept per model for reuse by the next task.
+_POOL = 4
+#: Segment plans: inputs and outputs at least this large are bound in place (the request's
+#: own arrays, no copy); smaller ones are copied (a re-binding costs more than the copy).
+ZERO_COPY_BYTES = 64 * 1024
 
 
 @dataclass(eq=False)
 class _Model:
     plan: Plan
-    runner: CpuPlanRunner
+    runner: Any  # CpuPlanRunner | SegmentRunner
     weight_bytes: int
+    killable: bool
+    est_s: list[float]  # per launch: estimated duration (s), for the kill rule
+    pool: list[_Bound] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Bound:
+    """An arena with everything bound to it once: the launches and the input/output views
+    (reused by the model's next task, so a request builds nothing per launch)."""
+
+    arena: np.ndarray
+    fns: list
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+    #: segment plans: the request's input arrays, bound in place of the arena's regions
+    #: (kept alive until the task is released)
+    held: dict[str, np.ndarray] | None = None
+    #: outputs bound to a fresh array per task (handed to the caller without a copy)
+    fresh: frozenset[str] = frozenset()
 
 
 @dataclass(eq=False)
 class _Task:
     model: _Model
-    arena: np.ndarray
-    fns: list
+    bound: _Bound
     error: BaseException | None = None
     error_kernel: int = -1
 
 
+def _pcts(samples: list[float]) -> dict[str, float | int | None]:
+    if not samples:
+        return {"count": 0, "p50": None, "p99": None, "max": None}
+    a = np.asarray(samples) * 1e3
+    return {"count": len(samples), "p50": float(np.percentile(a, 50)),
+            "p99": float(np.percentile(a, 99)), "max": float(a.max())}
+
+
+_NAN = float("nan")
+_clocks = threading.local()
+
+
+def _thread_clock() -> int:
+    """The calling thread's CPU-time clock id (cached per thread); 0 where unsupported."""
+    clk = getattr(_clocks, "clk", None)
+    if clk is None:
+        try:
+            clk = time.pthread_getcpuclockid(threading.get_ident())
+        except (AttributeError, OSError):
+            clk = 0
+        _clocks.clk = clk
+    return clk
+
+
+def _cpu_time(clk: int) -> float:
+    """CPU seconds of the thread whose clock is ``clk`` (any thread may read it)."""
+    if not clk:
+        return 0.0
+    try:
+        return time.clock_gettime(clk)
+    except OSError:  # the thread is gone
+        return 0.0
+
+
+def _locked() -> threading.Lock:
+    lk = threading.Lock()
+    lk.acquire()
+    return lk
+
+
+def _signal(ev: threading.Lock) -> None:
+    """Set a binary event made of a lock (released = signalled); idempotent."""
+    try:
+        ev.release()
+    except RuntimeError:  # already signalled
+        pass
+
+
 @dataclass(eq=False)
 class _Lane:
+    """A stream: its vHQ, its device queue and its worker.
+
+    ``dq`` holds transmitted launches in stream order; ``lock`` orders transmissions
+    (vHQ -> dq) and makes the flag check and the kill handshake atomic. ``token`` is held by
+    the one thread running the stream's launches: the lane's worker, or a caller helping
+    (``run_pending``). ``wake`` is a binary event (a lock that is *released* to signal) the
+    worker blocks on without the GIL."""
+
     id: int
     priority: int
     vhq: VHQ
-    cond: threading.Condition = field(default_factory=threading.Condition)
-    dq: deque = field(default_factory=deque)  # transmitted launches, oldest first
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    dq: deque = field(default_factory=deque)
+    token: threading.Lock = field(default_factory=threading.Lock)
+    wake: threading.Lock = field(default_factory=_locked)
     flag: bool = False
     capacity: int | None = None  # per-stream override of the device capacity
     thread: threading.Thread | None = None
+    # the launch running now: its RunOptions (killable engines), start time, estimate
+    running: Any = None
+    run_t0: float = 0.0
+    run_est: float = 0.0
+    busy: bool = False  # a launch is executing (any engine)
+    run_clk: int = 0  # CPU-time clock of the thread running the launch
+    #: (wall time, that thread's CPU time) when the flag went up during the running launch
+    flag_mark: tuple[float, float] | None = None
     executed: int = 0
     evicted: int = 0
+    killed: int = 0
+    #: terminate -> the killed run returned (and this thread had the GIL back), seconds
+    kill_s: deque = field(default_factory=lambda: deque(maxlen=4096))
+    nice: int | None = None  # the worker's nice value where it was changed
+    fixed: bool = False  # a priority helpers cannot take (SCHED_FIFO)
+    prio_desc: str = ""
 
 
 class CpuDevice(Device):
     """Worker-lane device; see the module docstring."""
 
     name = "cpu"
-    padding_reason = ("numpy kernels run whole, one per worker lane: there are no free SMs "
-                      "for a padded launch to give BE blocks")
+    padding_reason = ("a CPU lane runs one launch at a time: there are no free SMs for a "
+                      "padded launch to give BE blocks")
     virtual = False
 
-    def __init__(self, c: int = 4, blas_threads: int | None = 1) -> None:
-        """``blas_threads``: BLAS threads per kernel while the device runs (None: leave the
-        library's default). The lanes are the parallelism; BLAS threads on top of them
-        oversubscribe the cores (measured on 2 cores: scaled resnet152 3.7 ms with one BLAS
-        thread, 15-19 ms with OpenBLAS's default while another process was busy)."""
+    def __init__(self, c: int = 4, blas_threads: int | None = 1, engine: str = "ort",
+                 threads: int = 1, segment_ms: float = 4.0, kill: bool = True,
+                 kill_below_ms: float = 0.2, be_nice: int = 10,
+                 rt_priority: str = "off") -> None:
+        """``engine``: "ort" (ONNX Runtime segments) or "numpy" (the reference kernels).
+        ``threads``: ORT intra-op threads per session (fixed: deterministic results).
+        ``segment_ms``: target segment duration of models that are cut (BE models).
+        ``kill``/``kill_below_ms``: kill the running segment on preemption unless less than
+        ``kill_below_ms`` of it is estimated to remain. ``blas_threads``: BLAS threads of
+        the numpy engine (None: the library's default; more than one oversubscribes the
+        lanes). ``be_nice``: nice increment of BE lanes (0: default priority);
+        ``rt_priority``: "off", "nice" or "fifo" for RT lanes (see devices.os_priority)."""
+        if engine not in ENGINES:
+            raise InvalidParameterError(f"engine must be one of {ENGINES}, got {engine!r}")
+        if rt_priority not in os_priority.RT_PRIORITIES:
+            raise InvalidParameterError(
+                f"rt_priority must be one of {os_priority.RT_PRIORITIES}, got {rt_priority!r}")
+        if isinstance(be_nice, bool) or not isinstance(be_nice, int) or not 0 <= be_nice <= 19:
+            raise InvalidParameterError(f"be_nice must be an int in 0..19, got {be_nice!r}")
+        if not isinstance(threads, int) or not 1 <= threads <= 256:
+            raise InvalidParameterError(f"threads must be an int in 1..256, got {threads!r}")
+        if not segment_ms > 0 or not kill_below_ms >= 0:
+            raise InvalidParameterError("segment_ms must be > 0 and kill_below_ms >= 0")
+        self.engine = engine
+        self.threads = threads
+        self.segment_ms = float(segment_ms)
+        self.kill = bool(kill)
+        self.kill_below_s = float(kill_below_ms) / 1e3
+        self.be_nice = be_nice
+        self.rt_priority = rt_priority
+        #: helpers may take a niced lane's priority and give it back (probed at start)
+        self._renice_helpers = False
         self._c = int(c)
         self._blas_threads = blas_threads
         self._blas_limit: Any = None
@@ -93,36 +233,102 @@ class CpuDevice(Device):
         return time.perf_counter()
 
     # -- models and tasks -----------------------------------------------------------------
+    def compile(self, source: Any, input_shapes: Any = None, name: str | None = None,
+                whole: bool = False) -> Plan:
+        if self.engine == "numpy":
+            return super().compile(source, input_shapes, name, whole)
+        from av_infer.model.segments import compile_segments
+
+        return compile_segments(source, input_shapes, name=name,
+                                segment_ms=None if whole else self.segment_ms)
+
     def load_plan(self, plan: Plan) -> _Model:
+        if is_segment_plan(plan):
+            runner: Any = SegmentRunner(plan, self.threads)
+            est = [float(k.args.get("est_ms", 0.0)) / 1e3 for k in plan.kernels]
+            return _Model(plan, runner, runner.weight_bytes, True, est)
         runner = CpuPlanRunner(plan)
         wb = sum(int(np.asarray(w).nbytes) for w in plan.weights.values())
-        return _Model(plan, runner, wb)
+        return _Model(plan, runner, wb, False, [0.0] * len(plan.kernels))
 
     def unload_plan(self, handle: Any) -> None:
         handle.runner = None
+        handle.pool.clear()
 
     def resident_bytes(self, handle: Any) -> int:
         return handle.weight_bytes
 
     def new_task(self, handle: Any, task: int) -> None:
-        arena = handle.runner.new_arena()
-        self._tasks[task] = _Task(handle, arena, handle.runner.bind(arena))
+        with self._lock:
+            b = handle.pool.pop() if handle.pool else None
+        if b is None:
+            r = handle.runner
+            arena = r.new_arena()
+            b = _Bound(arena, r.bind(arena),
+                       {n: r.view(arena, n) for n in handle.plan.inputs},
+                       {n: r.view(arena, n) for n in handle.plan.outputs})
+        if handle.killable:  # large outputs into fresh arrays: read_outputs hands them over
+            rebind = handle.runner.rebind
+            big = [n for n, v in b.outputs.items() if v.nbytes >= ZERO_COPY_BYTES]
+            for name in big:
+                v = b.outputs[name]
+                fresh = np.empty(v.shape, v.dtype)
+                rebind(b.fns, name, fresh)
+                b.outputs[name] = fresh
+            b.fresh = frozenset(big)
+        self._tasks[task] = _Task(handle, b)
 
     def release_task(self, task: int) -> None:
-        self._tasks.pop(task, None)
+        t = self._tasks.pop(task, None)
+        if t is not None and t.error is None and t.model.runner is not None:
+            with self._lock:
+                if len(t.model.pool) < _POOL:
+                    t.model.pool.append(t.bound)
 
     def write_inputs(self, task: int, inputs: dict[str, np.ndarray]) -> None:
         t = self._tasks[task]
-        t.model.runner.write_inputs(t.arena, inputs)
+        b = t.bound
+        views = b.inputs
+        if len(inputs) == len(views):
+            try:  # the runtime validated names, shapes and dtypes at submit
+                ok = all(v.shape == views[n].shape and v.dtype == views[n].dtype
+                         for n, v in inputs.items())
+            except (KeyError, AttributeError):
+                ok = False
+            if ok:
+                held = b.held
+                for name, v in inputs.items():
+                    if t.model.killable and v.nbytes >= ZERO_COPY_BYTES:
+                        # zero-copy: the segments read the request's (private) array
+                        v = np.ascontiguousarray(v)
+                        t.model.runner.rebind(b.fns, name, v)
+                        if held is None:
+                            held = b.held = {}
+                        held[name] = v
+                    else:
+                        if held is not None and name in held:  # back to the arena region
+                            t.model.runner.rebind(b.fns, name, views[name])
+                            del held[name]
+                        np.copyto(views[name], v)
+                return
+        if b.held:  # back to the arena's own regions, then the validating copy
+            for name in b.held:
+                t.model.runner.rebind(b.fns, name, views[name])
+            b.held = None
+        t.model.runner.write_inputs(b.arena, inputs)  # validates: typed errors
 
     def read_outputs(self, task: int) -> dict[str, np.ndarray]:
         t = self._tasks[task]
         if t.error is not None:
             raise DeviceFaultError(
-                f"kernel {t.error_kernel} of {t.model.plan.name} failed on the cpu device: "
+                f"{'segment' if t.model.killable else 'kernel'} {t.error_kernel} of "
+                f"{t.model.plan.name} failed on the cpu device: "
                 f"{type(t.error).__name__}: {t.error}"
             ) from t.error
-        return t.model.runner.read_outputs(t.arena)
+        # large outputs of segment plans are fresh per task (new_task): handed over as they
+        # are; the rest are arena views: copied
+        fresh = t.bound.fresh
+        return {name: v if name in fresh else v.copy() for name, v in t.bound.outputs.items()}
 
     # -- streams --------------------------------------------------------------------------
     def open_stream(self, priority: int) -> int:
@@ -133,48 +339,55 @@ class CpuDevice(Device):
                 self._spawn(lane)
         return lane.id
 
-    def enqueue(self, stream: int, task: int, first: int, last: int) -> None:
+    def enqueue(self, stream: int, task: int, first: int, last: int,
+                wake: bool = True) -> None:
         lane = self._lanes[stream]
-        with lane.cond:
+        with lane.lock:
             lane.vhq.push(task, first, last)
-            self._transmit(lane)
-            lane.cond.notify()
+            self._transmit(lane, wake)
 
     def reset(self, stream: int) -> ResetInfo | None:
         lane = self._lanes[stream]
-        with lane.cond:
+        with lane.lock:
             r = lane.vhq.reset()
-            return None if r is None else ResetInfo(*r, restore_c=lane.vhq.restore_c)
+            return None if r is None else ResetInfo(*r, restore_c=lane.vhq.restore_c,
+                                                    running=lane.busy)
 
     def in_flight(self, stream: int) -> int:
         return self._lanes[stream].vhq.in_flight
 
     def set_preempt(self, stream: int, flag: bool) -> None:
         lane = self._lanes[stream]
-        with lane.cond:
+        with lane.lock:
             lane.flag = bool(flag)
-            lane.cond.notify()
+            if flag and lane.busy and lane.flag_mark is None:
+                now = time.perf_counter()
+                lane.flag_mark = (now, _cpu_time(lane.run_clk))
+                ro = lane.running
+                if ro is not None and self.kill:
+                    # no estimate (a whole model compiled without a profile): always kill
+                    est = lane.run_est
+                    if est <= 0 or est - (now - lane.run_t0) >= self.kill_below_s:
+                        ro.terminate = True  # ORT stops at its next kernel boundary
 
     def set_capacity(self, c: int) -> None:
         if not 1 <= c <= MAX_CAPACITY:
             raise ValueError(f"capacity must be in 1..{MAX_CAPACITY}, got {c}")
         self._c = int(c)
         for lane in self._lanes:
-            with lane.cond:
+            with lane.lock:
                 lane.capacity = None
                 lane.vhq.c = self._c
-                self._transmit(lane)
-                lane.cond.notify()
+                self._transmit(lane, True)
 
     def set_stream_capacity(self, stream: int, c: int) -> None:
         if not 1 <= c <= MAX_CAPACITY:
             raise ValueError(f"capacity must be in 1..{MAX_CAPACITY}, got {c}")
         lane = self._lanes[stream]
-        with lane.cond:
+        with lane.lock:
             lane.capacity = int(c)
             lane.vhq.c = int(c)
-            self._transmit(lane)
-            lane.cond.notify()
+            self._transmit(lane, True)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self, on_complete: CompletionCallback) -> None:
@@ -185,6 +398,7 @@ class CpuDevice(Device):
             self._started = True
             if self._blas_threads is not None:
                 self._blas_limit = threadpool_limits(self._blas_threads, user_api="blas")
+            self._renice_helpers = os_priority.supported() and os_priority.can_restore()
             for lane in self._lanes:
                 self._spawn(lane)
 
@@ -199,8 +413,10 @@ class CpuDevice(Device):
                 self._blas_limit.restore_original_limits()
                 self._blas_limit = None
         for lane in lanes:
-            with lane.cond:
-                lane.cond.notify_all()
+            with lane.lock:
+                if lane.running is not None:
+                    lane.running.terminate = True
+            _signal(lane.wake)  # the worker sees _stopping
         me = threading.current_thread()
         for lane in lanes:
             if lane.thread is not None and lane.thread is not me:
@@ -210,14 +426,26 @@ class CpuDevice(Device):
     def telemetry(self) -> dict[str, Any]:
         return {
             "device": self.name,
+            "engine": self.engine,
+            "threads_per_session": self.threads,
+            "segment_ms": self.segment_ms,
+            "kill": self.kill,
+            "kill_below_ms": self.kill_below_s * 1e3,
+            "be_nice": self.be_nice,
+            "rt_priority": self.rt_priority,
+            "helpers_reniced": self._renice_helpers,
             "streams": [
                 {"id": ln.id, "priority": ln.priority, "queued": ln.vhq.queued,
                  "in_flight": ln.vhq.in_flight, "flag": ln.flag,
-                 "capacity": ln.vhq.c, "executed": ln.executed, "evicted": ln.evicted}
+                 "capacity": ln.vhq.c, "executed": ln.executed, "evicted": ln.evicted,
+                 "killed": ln.killed, "os_priority": ln.prio_desc}
                 for ln in self._lanes
             ],
             "tasks": len(self._tasks),
-            "stream_priorities_honoured": False,
+            # kill -> the killed launch gave its core back (CPU clock of its thread)
+            "kill_ms": _pcts([x for ln in self._lanes for x in list(ln.kill_s)]),
+            "stream_priorities_honoured": any(ln.prio_desc not in ("default", "")
+                                              for ln in self._lanes),
         }
 
     # -- the lanes ------------------------------------------------------------------------
@@ -227,45 +455,124 @@ class CpuDevice(Device):
         )
         lane.thread.start()
 
+    def _apply_os_priority(self, lane: _Lane) -> None:
+        """The worker's OS priority (devices.os_priority): BE lanes niced, RT optional."""
+        nice, desc = os_priority.apply(lane.priority > 0, self.be_nice, self.rt_priority)
+        lane.nice, lane.prio_desc = nice, desc
+        lane.fixed = desc.startswith("SCHED_FIFO")
+
     @staticmethod
-    def _transmit(lane: _Lane) -> None:
+    def _transmit(lane: _Lane, wake: bool) -> None:
         """Move launches from the vHQ to the device queue while fewer than c are in flight
-        (caller holds ``lane.cond``)."""
-        vhq, dq = lane.vhq, lane.dq
+        (caller holds ``lane.lock``, so launches reach the queue in vHQ order); ``wake``:
+        signal the worker (not needed when the thread running the lane will go on, or a
+        caller is about to: whoever gives up ``lane.token`` signals what it leaves)."""
+        vhq, put = lane.vhq, lane.dq.append
+        sent = False
         while True:
             x = vhq.transmit()
             if x is None:
-                return
-            dq.append(x)
+                break
+            put(x)
+            sent = True
+        if sent and wake:
+            _signal(lane.wake)
+
+    def run_pending(self, stream: int, until: Any) -> bool:
+        """Caller-runs (``Device.run_pending``): run the lane's transmitted launches on this
+        thread while no other thread runs them, until ``until()`` or none are left, at the
+        lane's OS priority (a niced lane is helped only where the thread may take its own
+        priority back: devices.os_priority)."""
+        lane = self._lanes[stream]
+        if not lane.dq:
+            return False
+        reniced = lane.nice is not None
+        if (lane.prio_desc == "" or lane.fixed or (reniced and not self._renice_helpers)
+                or self._stopping or not lane.token.acquire(blocking=False)):
+            # left to the worker (or to the thread running the lane, which re-checks the
+            # queue when it lets go): launches enqueued for a helper were not signalled
+            _signal(lane.wake)
+            return False
+        try:
+            if reniced:
+                with os_priority.as_lane(lane.nice):
+                    ran = self._drain(lane, until)
+            else:
+                ran = self._drain(lane, until)
+        finally:
+            lane.token.release()
+        if lane.dq:  # left for the worker (the token was ours when it was signalled)
+            _signal(lane.wake)
+        return ran
 
     def _run_lane(self, lane: _Lane) -> None:
-        cond = lane.cond
-        now = time.perf_counter
+        self._apply_os_priority(lane)
+        wake, token = lane.wake, lane.token
         while True:
-            with cond:
-                while not lane.dq and not self._stopping:
-                    cond.wait()
-                if self._stopping:
-                    return
-                task, k = lane.dq.popleft()
-            t0 = now()
-            executed = not lane.flag  # the flag check at the start of every kernel
-            if executed:
-                rec = self._tasks.get(task)
-                if rec is None:
-                    executed = False
-                elif rec.error is None:
-                    try:
-                        rec.fns[k]()
-                    except BaseException as e:  # noqa: BLE001 - reported at read_outputs
+            wake.acquire()  # blocks without the GIL
+            if self._stopping:
+                return
+            if not token.acquire(blocking=False):
+                continue  # a caller is helping: it signals again if it leaves work
+            try:
+                self._drain(lane, None)
+            finally:
+                token.release()
+            if lane.dq:
+                _signal(wake)
+
+    def _drain(self, lane: _Lane, until: Any) -> bool:
+        """Run transmitted launches in order (caller holds ``lane.token``)."""
+        lock, dq = lane.lock, lane.dq
+        now = time.perf_counter
+        tasks = self._tasks
+        ran = False
+        clk = _thread_clock()
+        while dq and not self._stopping and (until is None or not until()):
+            with lock:
+                if not dq:
+                    break
+                task, k = dq.popleft()
+                t0 = now()
+                rec = tasks.get(task)
+                # the flag check at the start of every launch
+                executed = not lane.flag and rec is not None
+                ro = None
+                if executed and rec.error is None and rec.model.killable:
+                    ro = rec.model.runner.run_options()
+                    lane.running, lane.run_t0, lane.run_est = ro, t0, rec.model.est_s[k]
+                lane.busy, lane.run_clk, lane.flag_mark = executed, clk, None
+            ran = True
+            if executed and rec.error is None:
+                try:
+                    if ro is None:
+                        rec.bound.fns[k]()
+                    else:
+                        rec.bound.fns[k](ro)
+                except BaseException as e:  # noqa: BLE001 - reported at read_outputs
+                    if ro is not None and ro.terminate and is_kill(e):
+                        executed = False  # killed: evicted, restored from its start
+                    else:
                         rec.error, rec.error_kernel = e, k
-                lane.executed += executed
-            else:
-                lane.evicted += 1
             t1 = now()
-            with cond:
+            t_stop = _NAN
+            with lock:
+                lane.running = None
+                lane.busy = False
+                mark, lane.flag_mark = lane.flag_mark, None
+                if mark is not None:  # preempted while it ran: when it gave the core back
+                    t_stop = min(t1, mark[0] + max(0.0, _cpu_time(clk) - mark[1]))
+                if executed:
+                    lane.executed += 1
+                elif ro is not None:
+                    lane.killed += 1
+                    if mark is not None:
+                        lane.kill_s.append(t_stop - mark[0])
+                else:
+                    lane.evicted += 1
                 lane.vhq.complete()
-                self._transmit(lane)
+                self._transmit(lane, False)  # this thread goes on draining
             cb = self._on_complete
             if cb is not None and not self._stopping:
-                cb(Completion(lane.id, task, k, executed, t0, t1))
+                cb(Completion(lane.id, task, k, executed, t0, t1, t_stop=t_stop))
+        return ran

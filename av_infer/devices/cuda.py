@@ -446,7 +446,8 @@ class CudaDevice(Device):
             self._stream_cap.append(None)
         return sid
 
-    def enqueue(self, stream: int, task: int, first: int, last: int) -> None:
+    def enqueue(self, stream: int, task: int, first: int, last: int,
+                wake: bool = True) -> None:
         self._vhqs[stream].push(task, first, last)
         self._disp.wake()
 

@@ -264,7 +264,8 @@ class SimDevice(Device):
         self._streams.append(s)
         return s.id
 
-    def enqueue(self, stream: int, task: int, first: int, last: int) -> None:
+    def enqueue(self, stream: int, task: int, first: int, last: int,
+                wake: bool = True) -> None:
         s = self._streams[stream]
         s.vhq.push(task, first, last)
         self._pump(s)

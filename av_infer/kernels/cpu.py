@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from av_infer.errors import InvalidInputError
-from av_infer.model.plan import KERNEL_KINDS, Kernel, Plan
+from av_infer.model.plan import ENGINE_KINDS, KERNEL_KINDS, Kernel, Plan
 
 from . import cpu_spatial
 from .cpu_base import (
@@ -525,7 +525,7 @@ NOT_EXECUTABLE_KINDS: frozenset[str] = frozenset({"trace"})
 
 def missing_kinds() -> list[str]:
     """Kinds of ``KERNEL_KINDS`` this module cannot run (should be empty; tested)."""
-    return sorted(set(KERNEL_KINDS) - set(KERNELS) - NOT_EXECUTABLE_KINDS)
+    return sorted(set(KERNEL_KINDS) - set(KERNELS) - NOT_EXECUTABLE_KINDS - ENGINE_KINDS)
 
 
 class CpuPlanRunner:
@@ -546,6 +546,8 @@ class CpuPlanRunner:
                 why = (
                     "simulator-only kind, no device executes it"
                     if k.kind in NOT_EXECUTABLE_KINDS
+                    else "a segment plan: ONNX Runtime runs it (kernels.ort_segments)"
+                    if k.kind in ENGINE_KINDS
                     else "no CPU implementation"
                 )
                 raise NotImplementedError(f"kernel {k.index} ({k.name}): kind {k.kind!r}: {why}")

@@ -123,11 +123,16 @@ class Plan:
     arena_bytes: int = 0  # per-task activation arena size (inputs + outputs + activations)
     reuse_guard: int = 16
     stats: dict[str, Any] = field(default_factory=dict)  # compile-time counters (passes)
+    #: segment plans (``model.segments``): the program each ``ort_segment`` kernel runs,
+    #: indexed by its ``args["segment"]``; empty for kernel plans
+    segments: list[Any] = field(default_factory=list)
 
     # -- sizes ----------------------------------------------------------------------------
     @property
     def weight_bytes(self) -> int:
-        return sum(b.nbytes for b in self.buffers.values() if b.role == "weight")
+        """Weight buffers, plus the initializers a segment plan's programs hold."""
+        return (sum(b.nbytes for b in self.buffers.values() if b.role == "weight")
+                + sum(getattr(p, "weight_bytes", 0) for p in self.segments))
 
     @property
     def activation_bytes(self) -> int:
@@ -209,9 +214,17 @@ KERNEL_KINDS: dict[str, str] = {
     "batchnorm": "inputs (x, scale, bias, mean, var) -> (y,). args: epsilon. Only when it "
     "cannot be folded into a producer.",
     "where": "inputs (cond, a, b) -> (y,). numpy broadcasting.",
+    "ort_segment": "inputs (tensors crossing into the segment) -> (tensors it produces that "
+    "later segments or the caller read). args: segment (index into plan.segments), nodes "
+    "[first, end) of the ORT-optimised graph, est_ms. Segment plans only "
+    "(model.segments); run by the cpu device through ONNX Runtime.",
     "trace": "no tensors. A measured kernel of a REEF trace (args: storage indices): "
     "simulator workload only; no device executes it.",
 }
+
+#: Kinds that are launches of an external engine's program, not av_infer kernels: the
+#: kernel executors (numpy, CUDA C) do not implement them; ``kernels.ort_segments`` does.
+ENGINE_KINDS: frozenset[str] = frozenset({"ort_segment"})
 
 #: Activations usable in ``unary`` ops and conv/gemm epilogues: name -> parameter names.
 ACTIVATIONS: dict[str, tuple[str, ...]] = {

@@ -247,17 +247,16 @@ class ModelServices:
         return sum(len(v) for v in self._parked.values())
 
 
-def compile_batch_plans(name: str, source: Any, input_shapes: Any, base: Any,
-                        sizes: list[int]) -> tuple[dict[int, Any], str]:
+def compile_batch_plans(device: Any, name: str, source: Any, input_shapes: Any, base: Any,
+                        sizes: list[int], whole: bool = False) -> tuple[dict[int, Any], str]:
     """Plans of an ONNX model for batch sizes ``sizes``; ``({}, why)`` when unavailable.
 
     Batching needs every input and output of the base plan to lead with a batch dim of 1
     and an ONNX whose batch dim is dynamic (recompiled with ``input_shapes`` batch=b). A
     static batch-1 ONNX model (the zoo's scaled models) cannot be batched: its shapes are
-    fixed in the file. Runs the compiler: call it off the RT path (at load time).
+    fixed in the file. Runs the device's compiler (``Device.compile``): call it off the RT
+    path (at load time).
     """
-    from av_infer.model.compiler import compile_model
-
     if source is None:
         return {}, "no ONNX source (loaded from a Plan)"
     spec_in, spec_out = base.input_spec(), base.output_spec()
@@ -268,8 +267,7 @@ def compile_batch_plans(name: str, source: Any, input_shapes: Any, base: Any,
     for b in sizes:
         shapes = {n: (b, *sh[1:]) for n, (sh, _) in spec_in.items()}
         try:
-            p = compile_model(source, shapes, name=batch_name(name, b),
-                              reuse_guard=base.reuse_guard)
+            p = device.compile(source, shapes, name=batch_name(name, b), whole=whole)
         except AvInferError as e:
             return {}, f"recompiling with batch {b} failed: {e}"
         ok = all(p.input_spec()[n][0] == shapes[n] for n in spec_in if n in p.input_spec()) \

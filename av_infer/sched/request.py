@@ -85,3 +85,10 @@ class Request:
     drop_late: bool
     timings: Timings
     future: Future = field(default_factory=Future)
+    #: the stream the scheduler last enqueued it on (-1: none yet); written by the scheduler
+    #: only, read by a waiting caller as a hint of which lane to help (``Device.run_pending``)
+    stream: int = -1
+    #: ``Runtime.infer``: the thread (ident) that waits for this request and runs its
+    #: launches itself (0: none). An enqueue made *on that thread* while it handles the
+    #: arrival need not wake a lane worker: the thread helps right after.
+    caller_runs: int = 0

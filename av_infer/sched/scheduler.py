@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -116,14 +117,13 @@ class Task:
     pad_b: int = 0
     pad_blocks: dict[int, int] = field(default_factory=dict)
     pad_full: set[int] = field(default_factory=set)
+    # fixed at creation (read on every event: plain attributes, not properties)
+    tid: int = field(init=False)
+    rt: bool = field(init=False)
 
-    @property
-    def tid(self) -> int:
-        return self.req.id
-
-    @property
-    def rt(self) -> bool:
-        return self.req.priority == Priority.RT
+    def __post_init__(self) -> None:
+        self.tid = self.req.id
+        self.rt = self.req.priority == Priority.RT
 
 
 @dataclass(eq=False)
@@ -134,6 +134,9 @@ class StreamState:
     outstanding: int = 0
     flagged: bool = False
     tasks: set[int] = field(default_factory=set)
+    #: arrival time of the RT request that preempted this BE stream while a launch was on
+    #: it; the stream's next completion is that launch leaving (evicted, killed or done)
+    stop_from: float | None = None
 
 
 class Scheduler:
@@ -275,6 +278,12 @@ class Scheduler:
         s = self.streams.get(comp.stream)
         if s is not None:
             s.outstanding -= 1
+            if s.stop_from is not None:  # preemption latency (DESIGN.md, Metrics)
+                stop = comp.t_stop if comp.t_stop == comp.t_stop else comp.t_end
+                with self.stats.lock:
+                    self.stats.preemption_stop.add(max(0.0, stop - s.stop_from))
+                    self.stats.preemption_observed.add(comp.t_end - s.stop_from)
+                s.stop_from = None
         if self.listeners:
             self._emit("kernel", {"stream": comp.stream, "task": comp.task,
                                   "kernel": comp.kernel, "executed": comp.executed,
@@ -437,6 +446,8 @@ class Scheduler:
     def _preempt_be(self) -> None:
         """Reset every BE stream that is feeding a task, then raise its flag: launches still
         in flight (<= c under reef, everything under wait) run or evict themselves."""
+        top = self.rt_queue.peek()
+        arrival = top[1].req.timings.arrival if top is not None else self.device.now()
         for s in self.be_streams:
             t = s.owner
             if t is None or t.state != RUNNING:
@@ -448,6 +459,8 @@ class Scheduler:
             mine = info.task == t.tid
             self.device.set_preempt(s.id, True)
             s.flagged = True
+            if s.outstanding > 0 and s.stop_from is None and info.running is not False:
+                s.stop_from = arrival
             t.state = PREEMPTED
             t.preempt_info = (info.last_sent if mine else -1,
                               info.done if mine else t.enq_from, info.restore_c or self.c)
@@ -575,12 +588,14 @@ class Scheduler:
         if self.listeners:
             self._emit("dispatch", {"request_id": t.tid, "stream": s.id, "first": first,
                                     "priority": req.priority.name, "t": now})
-        self._enqueue(t, s, first)
+        # no wake-up only where the waiting caller itself is handling this (it helps next)
+        self._enqueue(t, s, first,
+                      wake=not (req.caller_runs and req.caller_runs == threading.get_ident()))
         return True
 
-    def _enqueue(self, t: Task, s: StreamState, first: int) -> None:
+    def _enqueue(self, t: Task, s: StreamState, first: int, wake: bool = True) -> None:
         t.state = RUNNING
-        t.stream = s.id
+        t.stream = t.req.stream = s.id
         if first >= t.n:
             return
         t.enq_from = first
@@ -590,7 +605,7 @@ class Scheduler:
         if t.rt and self.policy.padding and self._dkp is not None:
             self._enqueue_padded(t, s, first)
         else:
-            self.device.enqueue(s.id, t.tid, first, t.n - 1)
+            self.device.enqueue(s.id, t.tid, first, t.n - 1, wake)
 
     # -- dynamic kernel padding (REEF §5) -----------------------------------------------------
     def _enqueue_padded(self, t: Task, s: StreamState, first: int) -> None:

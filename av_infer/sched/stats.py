@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import deque
 from typing import Any
 
 import numpy as np
@@ -19,37 +18,55 @@ SAMPLE_CAP = 100_000
 
 
 class LatencyRecorder:
-    """The last ``cap`` samples (seconds) plus all-time count/sum/max."""
+    """The last ``cap`` samples (seconds, in a numpy ring) plus all-time count/sum/max.
 
-    __slots__ = ("_samples", "count", "total", "max")
+    ``add`` is O(1); ``sample`` copies the ring (a memcpy) so callers holding the stats lock
+    keep it for microseconds and compute percentiles after releasing it."""
+
+    __slots__ = ("_ring", "_cap", "count", "total", "max")
 
     def __init__(self, cap: int = SAMPLE_CAP) -> None:
-        self._samples: deque[float] = deque(maxlen=cap)
+        self._cap = int(cap)
+        self._ring = np.empty(0, dtype=np.float64)  # grows to cap
         self.count = 0
         self.total = 0.0
         self.max = -math.inf
 
     def add(self, seconds: float) -> None:
-        self._samples.append(seconds)
-        self.count += 1
+        n = self.count
+        if n < self._cap and n >= len(self._ring):
+            grown = np.empty(min(self._cap, max(64, 2 * len(self._ring))), dtype=np.float64)
+            grown[:n] = self._ring[:n]
+            self._ring = grown
+        self._ring[n % self._cap] = seconds
+        self.count = n + 1
         self.total += seconds
         if seconds > self.max:
             self.max = seconds
 
+    def sample(self) -> tuple[np.ndarray, int, float, float]:
+        """(samples copy, count, total, max): cheap, take it under the stats lock."""
+        return self._ring[: min(self.count, self._cap)].copy(), self.count, self.total, self.max
+
     def summary_ms(self) -> dict[str, float | None]:
         """p50/p90/p99/p999/mean/max in milliseconds (None when there are no samples)."""
-        if not self._samples:
-            return {k: None for k in ("p50", "p90", "p99", "p999", "mean", "max")}
-        a = np.fromiter(self._samples, dtype=np.float64) * 1e3
-        p50, p90, p99, p999 = np.percentile(a, [50, 90, 99, 99.9])
-        return {
-            "p50": float(p50),
-            "p90": float(p90),
-            "p99": float(p99),
-            "p999": float(p999),
-            "mean": self.total / self.count * 1e3,
-            "max": self.max * 1e3,
-        }
+        return summarize_ms(self.sample())
+
+
+def summarize_ms(sample: tuple[np.ndarray, int, float, float]) -> dict[str, float | None]:
+    """Percentiles of a ``LatencyRecorder.sample()`` (call it outside any lock)."""
+    a, count, total, mx = sample
+    if not len(a):
+        return {k: None for k in ("p50", "p90", "p99", "p999", "mean", "max")}
+    p50, p90, p99, p999 = np.percentile(a * 1e3, [50, 90, 99, 99.9])
+    return {
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "p999": float(p999),
+        "mean": total / count * 1e3,
+        "max": mx * 1e3,
+    }
 
 
 class ClientStats:
@@ -81,6 +98,12 @@ class Stats:
         self.padded_launches = 0  # RT launches that carried BE blocks (DKP)
         self.padded_blocks = 0  # BE blocks that ran inside padded launches
         self.padded_kernels = 0  # BE kernels completed by padding
+        #: RT arrival -> the BE launch running at arrival left the device (evicted, killed
+        #: or finished), per preempted stream that had one (DESIGN.md, preemption latency)
+        self.preemption_stop = LatencyRecorder()
+        #: the same up to the moment the device *reported* that launch (a killed CPU launch
+        #: reports once its thread has the GIL again: an upper bound)
+        self.preemption_observed = LatencyRecorder()
 
     def client(self, name: str, priority: str) -> ClientStats:
         cs = self.clients.get(name)
@@ -95,21 +118,16 @@ class Stats:
         return m
 
     def snapshot(self) -> dict[str, Any]:
+        """Counters and percentiles; the lock is held only to copy (percentiles after)."""
         with self.lock:
-            return {
-                "clients": {
-                    name: {
-                        "priority": cs.priority,
-                        "submitted": cs.submitted,
-                        "completed": cs.completed,
-                        "failed": cs.failed,
-                        "deadline_misses": cs.deadline_misses,
-                        "errors": dict(cs.errors),
-                        "latency_ms": cs.latency.summary_ms(),
-                        "preemption_latency_ms": cs.preemption_latency.summary_ms(),
-                    }
-                    for name, cs in self.clients.items()
-                },
+            clients = {
+                name: ({"priority": cs.priority, "submitted": cs.submitted,
+                        "completed": cs.completed, "failed": cs.failed,
+                        "deadline_misses": cs.deadline_misses, "errors": dict(cs.errors)},
+                       cs.latency.sample(), cs.preemption_latency.sample())
+                for name, cs in self.clients.items()
+            }
+            out: dict[str, Any] = {
                 "models": {k: dict(v) for k, v in self.models.items()},
                 "preemptions": self.preemptions,
                 "restores": self.restores,
@@ -119,3 +137,12 @@ class Stats:
                 "padded_blocks": self.padded_blocks,
                 "padded_kernels": self.padded_kernels,
             }
+            stop = self.preemption_stop.sample()
+            observed = self.preemption_observed.sample()
+        out["clients"] = {
+            name: {**c, "latency_ms": summarize_ms(lat), "preemption_latency_ms": summarize_ms(pl)}
+            for name, (c, lat, pl) in clients.items()
+        }
+        out["preemption_stop_ms"] = {**summarize_ms(stop), "count": stop[1]}
+        out["preemption_observed_ms"] = {**summarize_ms(observed), "count": observed[1]}
+        return out

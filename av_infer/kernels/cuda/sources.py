@@ -45,7 +45,7 @@ from av_infer.errors import UnsupportedModelError
 from av_infer.kernels.cpu import slice_index
 from av_infer.kernels.cpu_ops import act_params
 from av_infer.kernels.cpu_spatial import _as_2d_args, _to4d, resize_taps
-from av_infer.model.plan import KERNEL_KINDS, Kernel, Plan
+from av_infer.model.plan import ENGINE_KINDS, KERNEL_KINDS, Kernel, Plan
 
 __all__ = [
     "FAMILY_FILES",
@@ -925,12 +925,13 @@ _TF32_KINDS = ("conv", "conv_transpose", "gemm")
 
 
 def supported_kinds() -> list[str]:
-    """Kinds with a CUDA generator (every kind of KERNEL_KINDS except ``trace``)."""
+    """Kinds with a CUDA generator (every kind of KERNEL_KINDS except ``trace`` and the
+    engine kinds)."""
     return sorted(GENERATORS)
 
 
 def missing_kinds() -> list[str]:
-    return sorted(set(KERNEL_KINDS) - set(GENERATORS) - {"trace"})
+    return sorted(set(KERNEL_KINDS) - set(GENERATORS) - {"trace"} - ENGINE_KINDS)
 
 
 # -- geometry: the one place ---------------------------------------------------------------

@@ -1,0 +1,281 @@
+"""``av-infer bench --peer ort``: av_infer against what a user writes in an afternoon.
+
+One load, three systems, one run, the same client code:
+
+* ``avi``: av_infer (``Runtime(device="cpu")`` with the chosen policy); the RT model loaded
+  pinned (whole), the BE model cut into preemptible segments;
+* ``ort_threads``: one ONNX Runtime session per model, a thread per client (the RT thread at
+  default priority), the same intra-op thread count per session;
+* ``ort_rt_alone``: the RT model alone in ONNX Runtime (the latency floor).
+
+The load: one periodic RT client (``rt_rate`` Hz; latency = completion seen by the client
+minus the *scheduled* arrival, so a late start counts) and ``be_clients`` closed-loop BE
+clients (each submits its next request when the previous one returned). After ``warmup``
+seconds, ``duration`` seconds are measured. Wall-clock numbers on a shared machine: compare
+the systems of one run, not runs across machines.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PeerConfig", "run_peer", "format_peer", "resolve_model"]
+
+
+@dataclass
+class PeerConfig:
+    rt_model: str = "resnet152"
+    be_model: str = "vgg19"
+    rt_shape: Any = None  # input shapes for ONNX paths (like --input-shape)
+    be_shape: Any = None
+    rt_rate: float = 20.0
+    be_clients: int = 2
+    policy: str = "reef"
+    c: int = 4
+    duration: float = 10.0
+    warmup: float = 1.0
+    threads: int = 1
+    device_options: dict[str, Any] = field(default_factory=dict)
+    systems: tuple[str, ...] = ("ort_rt_alone", "ort_threads", "avi")
+    progress: bool = True
+
+
+@dataclass
+class _Model:
+    label: str
+    source: str
+    shapes: Any
+    inputs: dict[str, np.ndarray]
+
+
+def resolve_model(spec: str, shapes: Any = None) -> _Model:
+    """A zoo name (scaled variant), an exported model name (``model.exported``: ocr_det,
+    ocr_rec, ocr_cls, at their CPU-table shapes unless ``shapes``), or an ONNX path
+    (dynamic dims bound by ``shapes``)."""
+    from av_infer.model import exported, zoo
+
+    if spec in zoo.names():
+        return _Model(spec, str(zoo.path(spec, "scaled")), None, zoo.sample_inputs(spec))
+    label = os.path.splitext(os.path.basename(spec))[0]
+    if spec in exported.names():
+        label, shapes = spec, shapes or list(exported.input_shape(spec))
+        spec = exported.as_path_str(spec)
+    from av_infer.model.check import random_inputs
+    from av_infer.model.onnx_import import bind_inputs, load_model
+
+    m = load_model(spec)
+    spec_in = {n: (v.shape, v.dtype) for n, v in bind_inputs(m, shapes).items()}
+    return _Model(label, spec, shapes, random_inputs(spec_in, seed=0))
+
+
+def _summary(lat: list[float], be_done: int, window: float) -> dict[str, Any]:
+    a = np.asarray(lat, dtype=np.float64) * 1e3
+    out: dict[str, Any] = {"rt_n": int(a.size), "be_done": int(be_done),
+                           "be_rps": be_done / window if window > 0 else 0.0}
+    if a.size:
+        p50, p90, p99, p999 = np.percentile(a, [50, 90, 99, 99.9])
+        out.update(rt_p50_ms=float(p50), rt_p90_ms=float(p90), rt_p99_ms=float(p99),
+                   rt_p999_ms=float(p999), rt_mean_ms=float(a.mean()), rt_max_ms=float(a.max()))
+    else:
+        out.update(rt_p50_ms=None, rt_p90_ms=None, rt_p99_ms=None, rt_p999_ms=None,
+                   rt_mean_ms=None, rt_max_ms=None)
+    return out
+
+
+def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]],
+           cfg: PeerConfig, label: str) -> dict[str, Any]:
+    """Run the load: the RT loop on this thread, one thread per BE client."""
+    period = 1.0 / cfg.rt_rate
+    stop = threading.Event()
+    t_meas = [0.0, 0.0]
+    counts = [0] * len(be_infer)
+    measuring = threading.Event()
+    errors: list[BaseException] = []
+
+    def be_loop(i: int, fn: Callable[[], None]) -> None:
+        try:
+            while not stop.is_set():
+                fn()
+                if measuring.is_set():
+                    counts[i] += 1
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+            stop.set()
+
+    ths = [threading.Thread(target=be_loop, args=(i, f), daemon=True, name=f"peer-be{i}")
+           for i, f in enumerate(be_infer)]
+    for th in ths:
+        th.start()
+    lat: list[float] = []
+    now = time.perf_counter
+    t0 = now() + 0.05
+    n_warm = int(cfg.warmup * cfg.rt_rate)
+    n_total = n_warm + max(1, int(cfg.duration * cfg.rt_rate))
+    bar = _bar(n_total, label, cfg.progress)
+    try:
+        for i in range(n_total):
+            sched = t0 + i * period
+            dt = sched - now()
+            if dt > 0:
+                time.sleep(dt)
+            if i == n_warm:
+                measuring.set()
+                t_meas[0] = now()
+            rt_infer(sched)
+            if i >= n_warm:
+                lat.append(now() - sched)
+            if bar is not None:
+                bar.update(1)
+            if errors:
+                break
+    finally:
+        t_meas[1] = now()
+        measuring.clear()
+        stop.set()
+        for th in ths:
+            th.join()
+        if bar is not None:
+            bar.close()
+    if errors:
+        raise RuntimeError(f"{label}: a BE client failed: {errors[0]!r}") from errors[0]
+    return _summary(lat, sum(counts), t_meas[1] - t_meas[0])
+
+
+def _bar(n: int, label: str, on: bool) -> Any:
+    if not on:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=n, desc=f"peer {label}", unit="rt", leave=False)
+
+
+def _ort_session(source: str, threads: int) -> Any:
+    import onnxruntime as ort
+
+    from av_infer.model.segments import ort_options
+
+    return ort.InferenceSession(source, ort_options(threads), providers=["CPUExecutionProvider"])
+
+
+def run_ort(rt: _Model, be: _Model | None, cfg: PeerConfig, label: str) -> dict[str, Any]:
+    """One ORT session per model, a thread per client (what a user writes first)."""
+    rs = _ort_session(rt.source, cfg.threads)
+    for _ in range(5):
+        rs.run(None, rt.inputs)
+    be_fns: list[Callable[[], None]] = []
+    if be is not None:
+        bs = _ort_session(be.source, cfg.threads)
+        bs.run(None, be.inputs)
+        be_fns = [lambda bs=bs: bs.run(None, be.inputs) for _ in range(cfg.be_clients)]
+    return _drive(lambda _sched: rs.run(None, rt.inputs), be_fns, cfg, label)
+
+
+def run_avi(rt: _Model, be: _Model, cfg: PeerConfig) -> dict[str, Any]:
+    """The same clients through one av_infer Runtime on the cpu device."""
+    from av_infer import Runtime
+
+    opts = {"threads": cfg.threads, **cfg.device_options}
+    with Runtime("cpu", policy=cfg.policy, c=cfg.c, max_be_streams=cfg.be_clients,
+                 device_options=opts) as r:
+        r.load_model("rt", rt.source, rt.shapes, pin=True)
+        r.load_model("be", be.source, be.shapes)
+        r.configure_client("rt", "RT", relative_deadline=1.0 / cfg.rt_rate)
+        for _ in range(5):
+            r.submit("rt", rt.inputs, priority="RT", client="warm").result()
+        r.submit("be", be.inputs, client="warm").result()
+
+        def rt_infer(sched: float) -> None:
+            r.infer("rt", rt.inputs, client="rt", arrival=sched)
+
+        be_fns = [lambda c=f"be{i}": r.infer("be", be.inputs, client=c)
+                  for i in range(cfg.be_clients)]
+        out = _drive(rt_infer, be_fns, cfg, "avi")
+        st = r.stats()
+    stop = st.get("preemption_stop_ms", {})
+    out["preemption_ms"] = {k: stop.get(k) for k in ("p50", "p99", "max", "count")}
+    obs = st.get("preemption_observed_ms", {})
+    out["preemption_observed_ms"] = {k: obs.get(k) for k in ("p50", "p99", "max", "count")}
+    out["preemptions"] = st.get("preemptions")
+    out["kernels_reexecuted"] = st.get("kernels_reexecuted")
+    dev = st.get("device", {})
+    out["killed"] = sum(s.get("killed", 0) for s in dev.get("streams", []))
+    out["kill_ms"] = dev.get("kill_ms")
+    out["policy"] = cfg.policy
+    return out
+
+
+def run_peer(cfg: PeerConfig) -> dict[str, Any]:
+    """Run every system of ``cfg.systems`` on the same load; the report dict."""
+    from av_infer.model.segments import compile_segments
+
+    rt = resolve_model(cfg.rt_model, cfg.rt_shape)
+    be = resolve_model(cfg.be_model, cfg.be_shape)
+    doc: dict[str, Any] = {
+        "kind": "peer",
+        "peer": "ort",
+        "config": {k: v for k, v in asdict(cfg).items() if k != "progress"},
+        "rt_model": rt.label,
+        "be_model": be.label,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version()},
+        "command": None,
+    }
+    seg = compile_segments(be.source, be.shapes, name=be.label)
+    doc["be_segments"] = seg.stats.get("segments")
+    for system in cfg.systems:
+        if system == "ort_rt_alone":
+            doc[system] = run_ort(rt, None, cfg, system)
+        elif system == "ort_threads":
+            doc[system] = run_ort(rt, be, cfg, system)
+        elif system == "avi":
+            doc[system] = run_avi(rt, be, cfg)
+        else:
+            raise ValueError(f"unknown system {system!r}")
+    a, o = doc.get("avi"), doc.get("ort_threads")
+    if a and o:
+        doc["ratios"] = {
+            "rt_p99": _ratio(a["rt_p99_ms"], o["rt_p99_ms"]),
+            "rt_p50": _ratio(a["rt_p50_ms"], o["rt_p50_ms"]),
+            "be_rps": _ratio(a["be_rps"], o["be_rps"]),
+        }
+    return doc
+
+
+def _ratio(x: float | None, y: float | None) -> float | None:
+    return None if x is None or not y else float(x) / float(y)
+
+
+def _f(v: Any, nd: int = 2) -> str:
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def format_peer(doc: dict[str, Any]) -> str:
+    """The comparison table (and ratios) as text."""
+    cfg = doc["config"]
+    lines = [f"peer comparison: RT {doc['rt_model']} @ {cfg['rt_rate']:g} Hz, "
+             f"{cfg['be_clients']} closed-loop BE clients on {doc['be_model']} "
+             f"({doc.get('be_segments')} segments in avi), policy {cfg['policy']}, "
+             f"{cfg['threads']} intra-op thread(s) per session, {cfg['duration']:g} s",
+             f"{'system':<14}{'RT p50 ms':>10}{'p99':>8}{'p99.9':>8}{'max':>8}{'RT n':>7}"
+             f"{'BE req/s':>10}{'preempt p99 ms':>16}"]
+    for s in ("avi", "ort_threads", "ort_rt_alone"):
+        r = doc.get(s)
+        if not r:
+            continue
+        pre = (r.get("preemption_ms") or {}).get("p99")
+        lines.append(f"{s:<14}{_f(r['rt_p50_ms']):>10}{_f(r['rt_p99_ms']):>8}"
+                     f"{_f(r['rt_p999_ms']):>8}{_f(r['rt_max_ms']):>8}{r['rt_n']:>7}"
+                     f"{r['be_rps']:>10.1f}{_f(pre, 3):>16}")
+    ra = doc.get("ratios")
+    if ra:
+        lines.append(f"avi / ort_threads: RT p99 {_f(ra['rt_p99'])}x, RT p50 "
+                     f"{_f(ra['rt_p50'])}x, BE req/s {_f(ra['be_rps'])}x")
+    return "\n".join(lines)

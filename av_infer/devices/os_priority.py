@@ -1,0 +1,111 @@
+"""OS scheduling priority of the threads that run launches (Linux per-thread nice, SCHED_FIFO).
+
+Why: on a CPU the device *is* the OS scheduler. Measured on the 2-core VM (docs/cpu_engine.md):
+with best-effort work running on threads at the default priority, a periodic RT client
+thread that wakes from its sleep waits for a core up to ~4 ms behind them (CFS wake-up
+granularity), which is most of its p99; with the BE lanes at nice +10 the same wake-up
+takes ~0.5 ms at p90. Lowering a thread's own priority is always permitted, so BE lanes are
+niced by default (``be_nice``); raising the RT lanes (nice -5 or SCHED_FIFO) needs
+CAP_SYS_NICE or an RLIMIT_NICE/RLIMIT_RTPRIO grant and is off by default (``rt_priority``).
+
+A thread that *helps* (runs a lane's launches while it waits, ``Device.run_pending``) takes
+the lane's priority for those launches and returns to its own afterwards; returning means
+raising it again, so helpers are reniced only where the process may raise priority
+(``can_restore``), and otherwise leave niced lanes to their own workers.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["RT_PRIORITIES", "apply", "as_lane", "can_restore", "current_nice"]
+
+#: ``rt_priority`` values: leave RT lanes alone, nice -5, or SCHED_FIFO priority 10.
+RT_PRIORITIES = ("off", "nice", "fifo")
+RT_NICE = -5
+RT_FIFO = 10
+
+_restore_ok: bool | None = None
+
+
+def supported() -> bool:
+    return hasattr(os, "setpriority") and hasattr(threading, "get_native_id")
+
+
+def current_nice() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+def can_restore() -> bool:
+    """Whether a thread may lower its nice value again after raising it (probed once, on a
+    throwaway thread, so no thread is left at a lower priority)."""
+    global _restore_ok
+    if _restore_ok is None:
+        result = [False]
+
+        def probe() -> None:
+            try:
+                tid = threading.get_native_id()
+                cur = os.getpriority(os.PRIO_PROCESS, tid)
+                if cur >= 19:
+                    return
+                os.setpriority(os.PRIO_PROCESS, tid, cur + 1)
+                os.setpriority(os.PRIO_PROCESS, tid, cur)
+                result[0] = True
+            except OSError:
+                result[0] = False
+
+        if supported():
+            th = threading.Thread(target=probe, name="av_infer-nice-probe")
+            th.start()
+            th.join()
+        _restore_ok = result[0]
+    return _restore_ok
+
+
+def apply(rt: bool, be_nice: int, rt_priority: str) -> tuple[int | None, str]:
+    """Set the calling (lane worker) thread's priority; returns (nice or None, what was
+    done, for telemetry). Never raises: refusals are reported."""
+    if not supported():
+        return None, "unsupported on this OS"
+    tid = threading.get_native_id()
+    if not rt:
+        if be_nice <= 0:
+            return None, "default"
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, current_nice() + be_nice))
+        except OSError as e:
+            return None, f"nice refused: {e}"
+        return current_nice(), f"nice {current_nice()}"
+    if rt_priority == "off":
+        return None, "default"
+    if rt_priority == "fifo":
+        try:
+            os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(RT_FIFO))
+            return None, f"SCHED_FIFO {RT_FIFO}"
+        except (OSError, AttributeError) as e:
+            return None, f"SCHED_FIFO refused: {e}"
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, RT_NICE)
+    except OSError as e:
+        return None, f"nice {RT_NICE} refused: {e}"
+    return current_nice(), f"nice {current_nice()}"
+
+
+@contextmanager
+def as_lane(nice: int) -> Iterator[None]:
+    """Run the body at the lane's nice value, then restore the thread's own (the caller
+    checked ``can_restore``)."""
+    tid = threading.get_native_id()
+    own = os.getpriority(os.PRIO_PROCESS, tid)
+    if own == nice:
+        yield
+        return
+    os.setpriority(os.PRIO_PROCESS, tid, nice)
+    try:
+        yield
+    finally:
+        os.setpriority(os.PRIO_PROCESS, tid, own)

@@ -1,0 +1,186 @@
+"""The ONNX Runtime executor of segment plans (``model.segments``): the cpu device's fast engine.
+
+``SegmentRunner`` has the executor contract of :class:`~av_infer.kernels.cpu.CpuPlanRunner`
+(``new_arena``/``bind``/``write_inputs``/``read_outputs``/``run``), so the cpu device runs
+both kinds of plan through one lane loop. Differences that matter to the device:
+
+* one ORT session per segment, built once per plan with a fixed intra-op thread count
+  (deterministic results: golden preemption tests stay bit-identical);
+* ``bind`` returns per segment a callable taking an ``onnxruntime.RunOptions``: the run
+  reads and writes the task's arena in place through I/O binding (no copies between
+  segments) and releases the GIL for its whole duration; setting ``terminate`` on those
+  options from another thread aborts it between two ORT kernels (``killable``), after which
+  ``is_kill(exc)`` recognises the exception it raised;
+* a killed segment may have written part of its outputs; nothing else. Re-running it
+  overwrites them entirely (segment outputs have their own arena regions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from av_infer.errors import InvalidInputError, UnsupportedModelError
+from av_infer.kernels.cpu_base import aligned_empty, tensor_view
+from av_infer.model.plan import Plan
+from av_infer.model.segments import SEGMENT_KIND, SegmentProgram, ort_options
+
+__all__ = ["SegmentRunner", "is_kill", "is_segment_plan"]
+
+_KILL_TEXT = "terminate flag"
+
+
+def is_segment_plan(plan: Plan) -> bool:
+    """True for plans made by ``model.segments.compile_segments``."""
+    return bool(plan.kernels) and all(k.kind == SEGMENT_KIND for k in plan.kernels)
+
+
+def is_kill(exc: BaseException) -> bool:
+    """The exception ORT raises when a run's ``RunOptions.terminate`` was set."""
+    return _KILL_TEXT in str(exc)
+
+
+class SegmentRunner:
+    """Runs a segment plan segment by segment with ONNX Runtime on preallocated arenas."""
+
+    #: runs accept RunOptions whose ``terminate`` aborts them (the device's kill)
+    killable = True
+
+    def __init__(self, plan: Plan, threads: int = 1) -> None:
+        import onnxruntime as ort
+
+        if not is_segment_plan(plan) or len(plan.segments) != len(plan.kernels):
+            raise UnsupportedModelError({}, f"plan {plan.name!r} is not a segment plan")
+        self.plan = plan
+        self.threads = int(threads)
+        self._ort = ort
+        self.sessions: list[Any] = []
+        for k in plan.kernels:
+            prog: SegmentProgram = plan.segments[k.args["segment"]]
+            try:
+                self.sessions.append(ort.InferenceSession(
+                    prog.onnx, ort_options(self.threads), providers=["CPUExecutionProvider"]))
+            except Exception as e:  # noqa: BLE001 - ORT's own exception types
+                raise UnsupportedModelError(
+                    {}, f"ONNX Runtime refused segment {k.index} of {plan.name!r}: "
+                    f"{str(e).strip().splitlines()[0] if str(e).strip() else e}") from e
+        #: bytes of the initializers the sessions hold (what the model keeps resident)
+        self.weight_bytes = plan.weight_bytes
+        self._views = {n: (plan.tensors[n], plan.buffers[plan.tensors[n].buffer].offset)
+                       for n in plan.tensors}
+
+    # -- arenas ---------------------------------------------------------------------------
+    def new_arena(self) -> np.ndarray:
+        return aligned_empty(max(int(self.plan.arena_bytes), 1))
+
+    def view(self, arena: np.ndarray, name: str) -> np.ndarray:
+        t, off = self._views[name]
+        return tensor_view(arena, t, off)
+
+    def bind(self, arena: np.ndarray) -> list[Callable[[Any], None]]:
+        """Per segment ``fn(run_options)``: runs it on ``arena`` (I/O bound in place)."""
+        if arena.dtype != np.uint8 or arena.ndim != 1 or arena.size < self.plan.arena_bytes:
+            raise ValueError(f"arena must be a 1-D uint8 array of >= "
+                             f"{self.plan.arena_bytes} bytes")
+        fns = []
+        for k, sess in zip(self.plan.kernels, self.sessions):
+            io = sess.io_binding()
+            for name in k.inputs:
+                v = self.view(arena, name)
+                io.bind_input(name, "cpu", 0, v.dtype, list(v.shape), v.ctypes.data)
+            for name in k.outputs:
+                v = self.view(arena, name)
+                io.bind_output(name, "cpu", 0, v.dtype, list(v.shape), v.ctypes.data)
+            fns.append(_SegmentFn(sess, io, k.inputs, k.outputs))
+        return fns
+
+    @staticmethod
+    def rebind(fns: list[Any], name: str, array: np.ndarray) -> None:
+        """Point every segment that reads or writes tensor ``name`` at ``array`` (C-contiguous,
+        the tensor's shape and dtype; the caller keeps it alive while ``fns`` may run).
+        Zero-copy inputs and outputs: a request's own arrays become the task's buffers."""
+        shape, ptr = list(array.shape), array.ctypes.data
+        for f in fns:
+            if name in f.inputs:
+                f.bind_input(name, array.dtype, shape, ptr)
+            if name in f.outputs:
+                f.bind_output(name, array.dtype, shape, ptr)
+
+    # -- I/O ------------------------------------------------------------------------------
+    def write_inputs(self, arena: np.ndarray, inputs: dict[str, np.ndarray]) -> None:
+        for name in self.plan.inputs:
+            if name not in inputs:
+                raise InvalidInputError(f"missing input {name!r} (expects {self.plan.inputs})")
+        for name, value in inputs.items():
+            if name not in self.plan.inputs:
+                raise InvalidInputError(f"unknown input {name!r} (expects {self.plan.inputs})")
+            dst = self.view(arena, name)
+            src = np.asarray(value)
+            if src.shape != dst.shape:
+                raise InvalidInputError(f"input {name!r}: shape {src.shape}, expected {dst.shape}")
+            try:
+                np.copyto(dst, src, casting="same_kind")
+            except TypeError as e:
+                raise InvalidInputError(
+                    f"input {name!r}: dtype {src.dtype} cannot be cast to {dst.dtype}") from e
+
+    def read_outputs(self, arena: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: self.view(arena, name).copy() for name in self.plan.outputs}
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Convenience: new arena, write inputs, run every segment, return outputs."""
+        arena = self.new_arena()
+        fns = self.bind(arena)
+        self.write_inputs(arena, inputs)
+        ro = self._ort.RunOptions()
+        for f in fns:
+            f(ro)
+        return self.read_outputs(arena)
+
+    def run_options(self) -> Any:
+        """Fresh options for one launch (the device sets ``terminate`` on them to kill)."""
+        return self._ort.RunOptions()
+
+
+class _SegmentFn:
+    """One bound segment: ``fn(run_options)`` runs it (GIL released for the whole run).
+
+    Calls the pybind layer of the pinned ORT (``InferenceSession._sess``,
+    ``IOBinding._iobinding``) when present: the public wrappers cost ~20 us of Python per
+    call, a large share of a 1 ms model; the public API is used where those are missing."""
+
+    __slots__ = ("_run", "_io", "_bin", "_bout", "_cdev", "io", "inputs", "outputs")
+
+    def __init__(self, sess: Any, io: Any, inputs: tuple[str, ...],
+                 outputs: tuple[str, ...]) -> None:
+        self.io, self.inputs, self.outputs = io, inputs, outputs
+        raw_sess, raw_io = getattr(sess, "_sess", None), getattr(io, "_iobinding", None)
+        try:
+            from onnxruntime.capi.onnxruntime_inference_collection import OrtDevice
+
+            self._cdev = OrtDevice.make("cpu", 0)._get_c_device()
+        except (ImportError, AttributeError):
+            raw_sess = None
+        if raw_sess is not None and raw_io is not None and hasattr(raw_sess, "run_with_iobinding"):
+            self._run, self._io = raw_sess.run_with_iobinding, raw_io
+            self._bin, self._bout = raw_io.bind_input, raw_io.bind_output
+        else:  # public API
+            self._run, self._io, self._cdev = sess.run_with_iobinding, io, None
+            self._bin, self._bout = io.bind_input, io.bind_output
+
+    def bind_input(self, name: str, dtype: Any, shape: list[int], ptr: int) -> None:
+        if self._cdev is None:
+            self._bin(name, "cpu", 0, dtype, shape, ptr)
+        else:
+            self._bin(name, self._cdev, dtype, shape, ptr)
+
+    def bind_output(self, name: str, dtype: Any, shape: list[int], ptr: int) -> None:
+        if self._cdev is None:
+            self._bout(name, "cpu", 0, dtype, shape, ptr)
+        else:
+            self._bout(name, self._cdev, dtype, shape, ptr)
+
+    def __call__(self, ro: Any) -> None:
+        self._run(self._io, ro)

@@ -1,0 +1,185 @@
+"""The driver of the synchronous Scheduler: who calls ``Scheduler.post``, and when.
+
+Why no scheduler thread: on a CPU the runtime's own cost is thread hand-offs. A dedicated
+scheduler thread costs two wake-ups per request (submit -> scheduler -> lane, lane ->
+scheduler -> caller), 50-150 us each on a busy 2-core machine, which is a large share of a
+1 ms model. Here the thread that posts an event handles it (flat combining): ``submit``
+starts the task on the caller's thread and a lane's completion is handled on the lane,
+so a request costs one hand-off each way, the irreducible ones (caller -> lane -> caller).
+
+Guarantees:
+
+* the scheduler is entered by one thread at a time, never re-entered (events posted while
+  one is handled, from any thread, are handled by the thread already inside before it
+  leaves);
+* ``post`` never blocks on another thread's handler: it queues the event and returns when
+  another thread is inside (that thread handles it), so a lane is never held up by a
+  caller and vice versa;
+* no event is lost: a thread leaving re-checks the queue after releasing the lock;
+* futures' done-callbacks run on one callback thread per runtime (``callbacks="thread"``),
+  never inside the scheduler or on a lane, so user code (a ROS publish) cannot delay a
+  decision or a launch; the simulator delivers them inline (``"inline"``), in virtual time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from queue import SimpleQueue
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Driver", "RequestFuture"]
+
+
+class RequestFuture(Future):
+    """A Future whose done-callbacks run where the driver delivers them (its callback
+    thread), not on whichever thread resolved it.
+
+    A thread that blocks on it (``result``/``exception``) first *helps*: ``helper(self)``
+    runs the request's queued launches on that thread when no lane is running them (the
+    device's ``run_pending``), so a caller that waits anyway costs no thread hand-off."""
+
+    def __init__(self, driver: Driver) -> None:
+        super().__init__()
+        self._driver = driver
+        self.helper: Callable[[RequestFuture], None] | None = None
+
+    def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
+        deliver = self._driver.deliver
+        super().add_done_callback(lambda f: deliver(fn, f))
+
+    def _help(self) -> None:
+        h = self.helper
+        if h is not None and not self.done() and not self._driver.holds():
+            h(self)
+
+    def result(self, timeout: float | None = None) -> Any:
+        self._help()
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._help()
+        return super().exception(timeout)
+
+
+class Driver:
+    """Serialises every entry into ``sched`` (see the module docstring)."""
+
+    def __init__(self, sched: Any, callbacks: str = "thread",
+                 on_stop: Callable[[], None] | None = None) -> None:
+        if callbacks not in ("thread", "inline"):
+            raise ValueError(f"callbacks must be 'thread' or 'inline', got {callbacks!r}")
+        self.sched = sched
+        self.inline_callbacks = callbacks == "inline"
+        self.on_stop = on_stop
+        self.stopped = threading.Event()
+        self._pending: deque[tuple] = deque()
+        self._lock = threading.Lock()
+        self._holder = 0
+        self._cbq: SimpleQueue | None = None
+        self._cb_thread: threading.Thread | None = None
+        self._cb_lock = threading.Lock()
+        self._cb_closed = False
+        self.callback_errors = 0
+
+    # -- entering the scheduler ---------------------------------------------------------
+    def post(self, event: tuple) -> None:
+        """Handle ``event`` now on this thread, or leave it to the thread inside."""
+        pending = self._pending
+        pending.append(event)
+        lock = self._lock
+        sched = self.sched
+        while pending:
+            if not lock.acquire(blocking=False):
+                return  # the thread inside handles it before it leaves (re-check below)
+            self._holder = threading.get_ident()
+            try:
+                while pending:
+                    sched.post(pending.popleft())
+            finally:
+                self._holder = 0
+                lock.release()
+            if sched.stopped and not self.stopped.is_set():
+                self.stopped.set()
+                if self.on_stop is not None:
+                    try:
+                        self.on_stop()
+                    except Exception:
+                        log.exception("driver: on_stop failed")
+
+    def holds(self) -> bool:
+        """True on the thread that is inside the scheduler now."""
+        return self._holder == threading.get_ident()
+
+    def call(self, fn: Callable[[], Any], wait: bool = True) -> Any:
+        """Run ``fn`` inside the scheduler (between events) and return its result.
+
+        From the thread already inside (a listener, a scheduler hook) ``fn`` runs after the
+        event being handled and ``None`` is returned; its exception, if any, is logged."""
+        fut: Future = Future()
+        self.post(("control", fn, fut))
+        if fut.done():
+            return fut.result()
+        if not wait:
+            return None
+        if self.holds():
+            fut.add_done_callback(_log_failure)
+            return None
+        return fut.result()
+
+    # -- callbacks ------------------------------------------------------------------------
+    def deliver(self, fn: Callable[[Future], Any], fut: Future) -> None:
+        """Run a future's done-callback where callbacks run (see the module docstring)."""
+        if self.inline_callbacks:
+            _run_callback(self, fn, fut)
+            return
+        with self._cb_lock:
+            if self._cb_closed:  # after close: nobody else would run it
+                q = None
+            else:
+                if self._cbq is None:
+                    self._cbq = SimpleQueue()
+                    self._cb_thread = threading.Thread(
+                        target=self._callback_loop, args=(self._cbq,),
+                        name="av_infer-callbacks", daemon=True)
+                    self._cb_thread.start()
+                q = self._cbq
+                q.put((fn, fut))
+        if q is None:
+            _run_callback(self, fn, fut)
+
+    def _callback_loop(self, q: SimpleQueue) -> None:
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            _run_callback(self, *item)
+
+    def close_callbacks(self, timeout: float | None = 10.0) -> None:
+        """Run the callbacks already queued, then stop the callback thread."""
+        with self._cb_lock:
+            self._cb_closed = True
+            q, th = self._cbq, self._cb_thread
+            if q is None or th is None:
+                return
+            q.put(None)
+        if th is not threading.current_thread():
+            th.join(timeout)
+
+
+def _run_callback(driver: Driver, fn: Callable[[Future], Any], fut: Future) -> None:
+    try:
+        fn(fut)
+    except Exception:
+        driver.callback_errors += 1
+        log.exception("future callback %r failed", fn)
+
+
+def _log_failure(fut: Future) -> None:
+    if fut.exception() is not None:
+        log.error("control call inside the scheduler failed: %s", fut.exception())
