@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,11 +66,14 @@ def cmd_models_check(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from av_infer.model import zoo
-    from av_infer.model.check import CPU_TOLERANCE, check_model
+    from av_infer.model.check import check_model
 
     targets = list(zoo.names()) if args.all else args.model
     if not targets:
         raise SystemExit("models check: give NAME_OR_PATH (or --all)")
+    for flag, value in (("--rtol", args.rtol), ("--atol", args.atol)):
+        if not (math.isfinite(value) and value >= 0):  # argparse's type= already rejects
+            raise SystemExit(f"models check: {flag} must be a finite number >= 0, got {value!r}")
     shapes = parse_input_shapes(args.input_shape)
     reports, failed = [], []
     bar = tqdm(targets, desc="check", unit="model", disable=args.json == "-" or len(targets) < 2)
@@ -81,7 +85,8 @@ def cmd_models_check(args: argparse.Namespace) -> int:
             if shapes is None and target in zoo.names():
                 inputs = zoo.sample_inputs(target, args.variant)  # binds dynamic dims too
                 target_shapes = {k: list(v.shape) for k, v in inputs.items()}
-            reports.append(check_model(path, target_shapes, inputs=inputs, name=name))
+            reports.append(check_model(path, target_shapes, inputs=inputs, name=name,
+                                       rtol=args.rtol, atol=args.atol))
         except AvInferError as e:
             failed.append({"model": target, "error": e.code, "message": str(e)})
             print(f"{target}: {type(e).__name__}: {e}", file=sys.stderr)
@@ -96,21 +101,29 @@ def cmd_models_check(args: argparse.Namespace) -> int:
             Path(args.json).write_text(text)
     if args.json != "-":
         print_check_table(rows)
-        print(f"tolerance: max relative error <= {CPU_TOLERANCE:g} vs ONNX Runtime (CPU)")
+        print(f"tolerance: numpy.allclose(cpu, ort, rtol={args.rtol:g}, atol={args.atol:g}), "
+              "i.e. |cpu - ort| <= atol + rtol * |ort| per element vs ONNX Runtime (CPU)")
+        for r in rows:
+            for out, d in r["per_output_detail"].items():
+                if not d["ok"]:
+                    print(f"FAIL {r['model']}/{out}: max abs err {d['max_abs_err']:.3g}, "
+                          f"worst excess over atol + rtol*|ort| {d['worst_excess']:.3g}")
     bad = failed or [r for r in reports if not r.ok]
     return 1 if bad else 0
 
 
 def print_check_table(rows: list[dict]) -> None:
     hdr = (f"{'model':<18}{'kernels':>8}{'unopt':>7}{'weights':>11}{'activ.':>11}"
-           f"{'compile s':>10}{'cpu ms':>9}{'ort ms':>9}{'max rel err':>13}  ok")
+           f"{'compile s':>10}{'cpu ms':>9}{'ort ms':>9}{'max abs err':>13}{'max rel err':>13}"
+           "  ok")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(f"{r['model']:<18}{r['kernels']:>8}{r['kernels_unoptimized']:>7}"
               f"{_fmt_bytes(r['weight_bytes']):>11}{_fmt_bytes(r['activation_bytes']):>11}"
               f"{r['compile_s']:>10.2f}{r['run_s'] * 1e3:>9.1f}{r['ort_s'] * 1e3:>9.1f}"
-              f"{r['max_rel_err']:>13.2e}  {'yes' if r['ok'] else 'NO'}")
+              f"{r['max_abs_err']:>13.2e}{r['max_rel_err']:>13.2e}"
+              f"  {'ok' if r['ok'] else 'FAIL'}")
 
 
 def cmd_models_show(args: argparse.Namespace) -> int:
@@ -156,7 +169,20 @@ def cmd_models_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tolerance(text: str) -> float:
+    """argparse type of --rtol/--atol: a finite float >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from av_infer.model.check import DEFAULT_ATOL, DEFAULT_RTOL
+
     p = argparse.ArgumentParser(prog="av-infer", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -176,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(m_check, many=True)
     m_check.add_argument("--all", action="store_true", help="every zoo model")
     m_check.add_argument("--json", metavar="OUT", help="write the report as JSON ('-': stdout)")
+    m_check.add_argument("--rtol", type=_tolerance, default=DEFAULT_RTOL, metavar="R",
+                         help="relative tolerance: ok iff |cpu - ort| <= atol + rtol * |ort| "
+                              f"for every element (numpy.allclose; default {DEFAULT_RTOL:g})")
+    m_check.add_argument("--atol", type=_tolerance, default=DEFAULT_ATOL, metavar="A",
+                         help=f"absolute tolerance (default {DEFAULT_ATOL:g})")
     m_check.set_defaults(func=cmd_models_check)
 
     m_show = msub.add_parser("show", help="print the kernel table of the compiled plan")

@@ -55,6 +55,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--skip-check", action="store_true",
                     help="skip phase 1 (compile every zoo model, compare with ONNX Runtime)")
+    ap.add_argument("--peer-s", type=float, default=5.0,
+                    help="seconds of the closing side-by-side run against plain ONNX Runtime "
+                    "threads (cpu only; 0 skips it)")
     return ap.parse_args(argv)
 
 
@@ -120,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[demo] device: {device} ({why})", flush=True)
     front, rear, calibration = _pick_rt_models(rt, args)
     models = {"front": front, "rear": rear, "cabin": args.cabin_model}
+    alone = dict(calibration.get("standalone_p50_ms", {}))
+    for m in (front, rear):  # each RT model's standalone p50, the demo's reference
+        if m not in alone:
+            alone[m] = _standalone_p50_ms(rt, m, args.variant)
 
     h = RosHarness(num_threads=args.threads)
     try:
@@ -222,7 +229,16 @@ def main(argv: list[str] | None = None) -> int:
                 "throughput_rps": len(ok) / wall,
                 "preemptions": sum(r["preempted"] for r in ok),
             })
+            if node.p["priority"] == "RT" and models[cam] in alone:
+                table[-1]["alone_p50_ms"] = alone[models[cam]]
+                table[-1]["p50_vs_alone"] = (table[-1]["p50_ms"] or math.nan) / alone[
+                    models[cam]]
         _print_table(table, device, wall)
+        for row in table:
+            if "p50_vs_alone" in row:
+                print(f"[demo] {row['client']}: RT p50 {_fmt(row['p50_ms'])} ms under load vs "
+                      f"{_fmt(row['alone_p50_ms'])} ms standalone "
+                      f"({_fmt(row['p50_vs_alone'])}x)")
 
         overhead = _ros_overhead(args, rt, h, cams, clients["front"], pubs["front"],
                                  frames["front"][0], models["front"], image_to_tensor,
@@ -234,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
               f"added p50 {overhead['added_p50_ms']:.2f} / p99 {overhead['added_p99_ms']:.2f}"
               f" ms (preprocess alone p50 {overhead['preprocess_p50_ms']:.2f} ms)")
 
-        result = {"device": device, "device_reason": why, "duration_s": wall,
+        peer = _peer_line(args, device, models)
+        result = {"device": device, "device_reason": why, "duration_s": wall, "peer": peer,
                   "config": {k: v for k, v in vars(args).items()},
                   "models": models, "calibration": calibration, "clients": table,
                   "ros_overhead": overhead,
@@ -250,6 +267,28 @@ def main(argv: list[str] | None = None) -> int:
         if rclpy.ok():
             rclpy.shutdown()
     return 0
+
+
+def _peer_line(args: argparse.Namespace, device: str, models: dict[str, str]
+               ) -> dict[str, Any] | None:
+    """The demo's load beside what a user writes in an afternoon (``bench --peer ort``):
+    the front camera's model at the camera rate as RT, the cabin model closed-loop as BE,
+    through av_infer and through one ORT session per model with a thread per client."""
+    if device != "cpu" or args.peer_s <= 0 or args.variant != "scaled":
+        return None
+    from av_infer.bench.peer import PeerConfig, run_peer
+
+    doc = run_peer(PeerConfig(rt_model=models["front"], be_model=models["cabin"],
+                              rt_rate=args.rate, be_clients=1, policy=args.policy, c=args.c,
+                              duration=args.peer_s, warmup=0.5, progress=False,
+                              systems=("ort_threads", "avi")))
+    a, o = doc["avi"], doc["ort_threads"]
+    print(f"[demo] vs ORT threads ({models['front']} RT @ {args.rate:g} Hz + "
+          f"{models['cabin']} BE closed loop, {args.peer_s:g} s; `av-infer bench --peer ort`): "
+          f"RT p50/p99 {_fmt(a['rt_p50_ms'])}/{_fmt(a['rt_p99_ms'])} ms vs "
+          f"{_fmt(o['rt_p50_ms'])}/{_fmt(o['rt_p99_ms'])} ms, BE {a['be_rps']:.0f} vs "
+          f"{o['be_rps']:.0f} req/s", flush=True)
+    return doc
 
 
 def _standalone_p50_ms(rt: Any, model: str, variant: str, runs: int = 7) -> float:

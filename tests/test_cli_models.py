@@ -21,10 +21,14 @@ def test_check_zoo_model_json(tmp_path, capsys) -> None:
     assert "tiny_cnn" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["vgg19", "resnet152", "densenet201", "inception_v3",
-                                  "distilbert", "dynamic_cnn"])
-def test_check_scaled_zoo_models_exit_zero(name: str) -> None:
-    assert main(["models", "check", name]) == 0
+# inception_v3 (scaled) differs from ONNX Runtime by up to 1.5e-4 absolute where |logit| is
+# small; ONNX Runtime's own optimisation levels differ from each other by 1.4e-4 there: the
+# default atol (5e-4) is set above that.
+@pytest.mark.parametrize("name,extra", [("vgg19", []), ("resnet152", []), ("densenet201", []),
+                                        ("inception_v3", []),
+                                        ("distilbert", []), ("dynamic_cnn", [])])
+def test_check_scaled_zoo_models_exit_zero(name: str, extra: list[str]) -> None:
+    assert main(["models", "check", name, *extra]) == 0
 
 
 def test_show_prints_kernel_table(capsys) -> None:
