@@ -23,13 +23,14 @@ import time
 import numpy as np
 
 from av_infer import InvalidParameterError, Runtime
+from av_infer.devices.cpu import CpuDevice
 from av_infer.model import zoo
-from av_infer.model.compiler import compile_model
 from av_infer.sched.policies import POLICIES
 
 
 def run_one(policy: str, with_be: bool, args: argparse.Namespace, plans: dict) -> dict:
-    rt = Runtime("cpu", policy=policy, c=args.c, max_be_streams=args.be_clients)
+    rt = Runtime("cpu", policy=policy, c=args.c, max_be_streams=args.be_clients,
+                 device_options={"engine": args.engine})
     rt.load_model("rt", plans["rt"])
     rt.load_model("be", plans["be"])
     x_rt = zoo.sample_inputs(args.rt_model, "scaled")
@@ -95,18 +96,21 @@ def main() -> None:
     ap.add_argument("--be-model", default="vgg19")
     ap.add_argument("--be-clients", type=int, default=2)
     ap.add_argument("--c", type=int, default=4)
+    ap.add_argument("--engine", choices=["ort", "numpy"], default="ort",
+                    help="cpu engine: ONNX Runtime segments (default) or the numpy reference")
     ap.add_argument("--policies", default=",".join(p for p, s in POLICIES.items()
                                                    if s.available))
     args = ap.parse_args()
-    plans = {
-        "rt": compile_model(zoo.path(args.rt_model, "scaled"), name="rt"),
-        "be": compile_model(zoo.path(args.be_model, "scaled"), name="be"),
+    dev = CpuDevice(engine=args.engine)
+    plans = {  # the engine's own plans: ORT segments (RT whole), or numpy kernels
+        "rt": dev.compile(str(zoo.path(args.rt_model, "scaled")), name="rt", whole=True),
+        "be": dev.compile(str(zoo.path(args.be_model, "scaled")), name="be"),
     }
-    print(f"# cpu device, {os.cpu_count()} cpus, {platform.processor() or platform.machine()}, "
-          f"numpy {np.__version__}; RT {args.rt_model}-scaled ({len(plans['rt'].kernels)} "
-          f"kernels) at {args.rate:g} Hz for {args.duration:g} s; BE {args.be_model}-scaled "
-          f"({len(plans['be'].kernels)} kernels) closed loop x{args.be_clients}; c={args.c}; "
-          f"load average at start {os.getloadavg()[0]:.2f}")
+    print(f"# cpu device ({args.engine} engine), {os.cpu_count()} cpus, "
+          f"{platform.processor() or platform.machine()}; RT {args.rt_model}-scaled "
+          f"({len(plans['rt'].kernels)} launches) at {args.rate:g} Hz for {args.duration:g} s; "
+          f"BE {args.be_model}-scaled ({len(plans['be'].kernels)} launches) closed loop "
+          f"x{args.be_clients}; c={args.c}; load average at start {os.getloadavg()[0]:.2f}")
     hdr = (f"{'policy':<13}{'load':<10}{'n':>5}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
            f"{'misses':>8}{'BE req/s':>10}{'preempt':>9}  note")
     print(hdr)

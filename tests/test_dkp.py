@@ -3,6 +3,8 @@ simulated MI50 with the REEF traces (virtual time: timing assertions are exact h
 
 from __future__ import annotations
 
+import os
+import threading
 from concurrent.futures import Future
 
 import numpy as np
@@ -18,6 +20,7 @@ from av_infer.profiler import profile_plan
 from av_infer.profiles import KernelProfile, ModelProfile, default_trace_dir
 from av_infer.runtime import Runtime
 from av_infer.sched.request import Priority, Result
+from tests.test_golden_preemption import GateDevice
 
 SMS = 60
 needs_traces = pytest.mark.skipif(not default_trace_dir().is_dir(), reason="no REEF traces")
@@ -184,16 +187,52 @@ def test_be_finished_only_by_padding_completes_while_rt_runs() -> None:
 # -- policy availability ----------------------------------------------------------------------
 
 
-def test_cpu_refuses_reef_dkp_with_a_reason() -> None:
+def test_cpu_refuses_reef_dkp_without_be_nice_with_a_reason() -> None:
+    """Padding on a CPU keeps BE on the cores RT leaves free, which is safe only with BE at a
+    lower OS priority: without it the device refuses reef_dkp and says why."""
+    opts = {"be_nice": 0}
     with pytest.raises(InvalidParameterError, match="padding"):
-        Runtime(device="cpu", policy="reef_dkp")
-    with Runtime(device="cpu", policy="reef") as rt:
+        Runtime(device="cpu", policy="reef_dkp", device_options=opts)
+    with Runtime(device="cpu", policy="reef", device_options=opts) as rt:
         with pytest.raises(InvalidParameterError, match="cpu"):
             rt.set_policy("reef_dkp")
         assert rt.policy == "reef"
         pad = rt.stats()["padding"]
-        assert pad["supported"] is False and "SM" in pad["reason"] and not pad["active"]
+        assert pad["supported"] is False and "be_nice" in pad["reason"] and not pad["active"]
         assert rt.policy_unavailable("reef_dkp") and rt.policy_unavailable("reef") is None
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="padding on a CPU needs a spare core")
+def test_cpu_reef_dkp_keeps_be_on_the_spare_cores() -> None:
+    """reef preempts every running BE stream on an RT arrival; reef_dkp on the cpu preempts
+    only those beyond the cores the RT task leaves free (``be_beside_rt``)."""
+    from av_infer.model import zoo
+
+    counts = {}
+    for policy in ("reef", "reef_dkp"):
+        dev = GateDevice()
+        with Runtime(dev, policy=policy, max_be_streams=2) as rt:
+            rt.load_model("be", zoo.path("resnet152"))
+            rt.load_model("rt", zoo.path("tiny_mlp"), pin=True)
+            plan_name = rt.model_info("be").plan.name
+            gate = threading.Event()
+            inside = [threading.Event(), threading.Event()]
+            xs = zoo.sample_inputs("resnet152")
+            futs = []
+            for i in range(2):  # two BE tasks, each held inside its first segment
+                dev.hook_next(plan_name, 0,
+                              lambda i=i, ins=inside, g=gate: (ins[i].set(), g.wait(30)))
+                futs.append(rt.submit("be", xs, client=f"c{i}"))
+                assert inside[i].wait(30)
+            r = rt.submit("rt", zoo.sample_inputs("tiny_mlp"), priority="RT")
+            r.result(timeout=60)
+            gate.set()
+            for f in futs:
+                f.result(timeout=60)
+            counts[policy] = rt.stats()["preemptions"]
+            assert rt.stats()["padding"]["active"] is (policy == "reef_dkp")
+    assert counts["reef"] == 2
+    assert counts["reef_dkp"] == max(0, 2 - GateDevice().be_beside_rt)
 
 
 def test_sim_switches_between_reef_and_reef_dkp_at_runtime() -> None:

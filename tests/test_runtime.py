@@ -106,7 +106,7 @@ def test_reuse_guard_limits_c(x):
 
 def test_constructor_and_client_validation():
     with pytest.raises(InvalidParameterError):
-        Runtime("cpu", policy="reef_dkp")
+        Runtime("cpu", policy="reef_dkp", device_options={"be_nice": 0})
     with pytest.raises(InvalidParameterError):
         Runtime("cpu", policy="fifo")
     with pytest.raises(InvalidParameterError):

@@ -225,7 +225,7 @@ def test_set_c_validation(plans):
             with pytest.raises(InvalidParameterError):
                 rt.set_c(bad)
         assert rt.c == guard - 1
-        for bad in ("reef_dkp", "nope"):
+        for bad in ("nope", "fifo"):
             with pytest.raises(InvalidParameterError):
                 rt.set_policy(bad)
         assert rt.policy == "reef"

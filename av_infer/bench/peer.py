@@ -183,7 +183,10 @@ def run_avi(rt: _Model, be: _Model, cfg: PeerConfig) -> dict[str, Any]:
     from av_infer import Runtime
 
     opts = {"threads": cfg.threads, **cfg.device_options}
-    with Runtime("cpu", policy=cfg.policy, c=cfg.c, max_be_streams=cfg.be_clients,
+    # BE lanes: one per client up to one per core (more would only oversubscribe the cores;
+    # further BE requests queue, round-robin between clients)
+    lanes = max(1, min(cfg.be_clients, os.cpu_count() or 1))
+    with Runtime("cpu", policy=cfg.policy, c=cfg.c, max_be_streams=lanes,
                  device_options=opts) as r:
         r.load_model("rt", rt.source, rt.shapes, pin=True)
         r.load_model("be", be.source, be.shapes)
@@ -209,6 +212,7 @@ def run_avi(rt: _Model, be: _Model, cfg: PeerConfig) -> dict[str, Any]:
     out["killed"] = sum(s.get("killed", 0) for s in dev.get("streams", []))
     out["kill_ms"] = dev.get("kill_ms")
     out["policy"] = cfg.policy
+    out["be_lanes"] = lanes
     return out
 
 

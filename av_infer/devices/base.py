@@ -207,6 +207,11 @@ class Device(ABC):
     # all set ``supports_padding = False`` and say why in ``padding_reason``.
     supports_padding: bool = False
     padding_reason: str = "this device has no padded launches"
+    #: Padding without padded launches (the CPU): how many BE streams may keep running
+    #: beside one RT task because they take nothing from it (cores the RT task does not use,
+    #: BE at a lower OS priority: DKP's rules 1 and 2 enforced by the OS scheduler). Under a
+    #: padding policy the scheduler preempts only the BE streams beyond this; 0 elsewhere.
+    be_beside_rt: int = 0
 
     def enqueue_padded(self, stream: int, task: int, kernel: int,
                        parts: Sequence[tuple[int, int, int, int, int]]) -> bool:

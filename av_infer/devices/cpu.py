@@ -30,6 +30,7 @@ Callers that wait run their request's launches themselves when the lane is idle
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -181,8 +182,6 @@ class CpuDevice(Device):
     """Worker-lane device; see the module docstring."""
 
     name = "cpu"
-    padding_reason = ("a CPU lane runs one launch at a time: there are no free SMs for a "
-                      "padded launch to give BE blocks")
     virtual = False
 
     def __init__(self, c: int = 4, blas_threads: int | None = 1, engine: str = "ort",
@@ -215,6 +214,15 @@ class CpuDevice(Device):
         self.kill_below_s = float(kill_below_ms) / 1e3
         self.be_nice = be_nice
         self.rt_priority = rt_priority
+        # Padding on a CPU (``reef_dkp``): an RT task runs on one core (``threads``); BE lanes
+        # keep the other cores, at a lower OS priority so they cannot take RT's (DKP rule 2
+        # by the OS). Without BE nice there is no such guarantee: no padding.
+        cores = os.cpu_count() or 1
+        self.be_beside_rt = max(0, cores - threads) if be_nice > 0 else 0
+        self.supports_padding = self.be_beside_rt > 0
+        self.padding_reason = (
+            f"padding keeps BE on the cores an RT task leaves free ({cores} cores, "
+            f"{threads} per RT task); it needs a spare core and be_nice > 0")
         #: helpers may take a niced lane's priority and give it back (probed at start)
         self._renice_helpers = False
         self._c = int(c)

@@ -448,9 +448,14 @@ class Scheduler:
         in flight (<= c under reef, everything under wait) run or evict themselves."""
         top = self.rt_queue.peek()
         arrival = top[1].req.timings.arrival if top is not None else self.device.now()
+        # padding without padded launches (cpu): BE streams beside RT keep running
+        keep = self.device.be_beside_rt if self.policy.padding and self._dkp is None else 0
         for s in self.be_streams:
             t = s.owner
             if t is None or t.state != RUNNING:
+                continue
+            if keep > 0:
+                keep -= 1
                 continue
             info = self.device.reset(s.id)  # before the flag: ``done`` counts executed only
             if info is None:

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""The CPU peer matrix: av_infer against one ORT session per model with a thread per client.
+
+Runs ``av-infer bench --peer ort`` for each (RT model, BE model, RT rate) pair with 2 and 4
+closed-loop BE clients, writes ``out/peer/<pair>_be<N>.json`` and prints one markdown table
+(the one in docs/cpu_engine.md and the README). ``--table-only`` re-prints it from the JSON.
+
+    .venv/bin/python scripts/peer_matrix.py                  # ~7 min on the 2-core VM
+    .venv/bin/python scripts/peer_matrix.py --policy reef_dkp --out out/peer_dkp
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from av_infer.bench.peer import PeerConfig, run_peer
+
+PAIRS = [  # (label, RT model, BE model, RT Hz)
+    ("zoo", "resnet152", "vgg19", 20.0),
+    ("cls_det", "ocr_cls", "ocr_det", 30.0),
+    ("rec_det", "ocr_rec", "ocr_det", 10.0),
+]
+
+
+def _f(v: float | None, nd: int = 2) -> str:
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def table(docs: list[dict]) -> str:
+    rows = ["| RT model @ Hz | BE model × clients | policy | RT p50 / p99 ms: av_infer | ORT "
+            "threads | RT alone | BE req/s: av_infer | ORT threads | RT p99 ratio | BE ratio "
+            "| preemption p50 / p99 ms |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for d in docs:
+        a, o, s, c = d["avi"], d["ort_threads"], d["ort_rt_alone"], d["config"]
+        pre = a.get("preemption_ms") or {}
+        rows.append(
+            f"| {d['rt_model']} @ {c['rt_rate']:g} | {d['be_model']} × {c['be_clients']} | "
+            f"{c['policy']} | {_f(a['rt_p50_ms'])} / {_f(a['rt_p99_ms'])} | "
+            f"{_f(o['rt_p50_ms'])} / {_f(o['rt_p99_ms'])} | "
+            f"{_f(s['rt_p50_ms'])} / {_f(s['rt_p99_ms'])} | {a['be_rps']:.1f} | "
+            f"{o['be_rps']:.1f} | {_f(d['ratios']['rt_p99'])} | {_f(d['ratios']['be_rps'])} | "
+            f"{_f(pre.get('p50'))} / {_f(pre.get('p99'))} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--policy", default="reef")
+    ap.add_argument("--clients", default="2,4")
+    ap.add_argument("--out", default="out/peer")
+    ap.add_argument("--table-only", action="store_true")
+    args = ap.parse_args()
+    out = Path(args.out)
+    docs = []
+    for n in [int(v) for v in args.clients.split(",")]:
+        for label, rt, be, hz in PAIRS:
+            path = out / f"{label}_be{n}.json"
+            if args.table_only:
+                if path.exists():
+                    docs.append(json.loads(path.read_text()))
+                continue
+            doc = run_peer(PeerConfig(rt_model=rt, be_model=be, rt_rate=hz, be_clients=n,
+                                      policy=args.policy, duration=args.duration))
+            doc["command"] = (f"av-infer bench --peer ort --rt-model {rt} --be-model {be} "
+                              f"--rt-rate {hz:g} --be-clients {n} --policy {args.policy} "
+                              f"--duration {args.duration:g}")
+            out.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(doc, indent=2) + "\n")
+            docs.append(doc)
+            print(f"wrote {path}", flush=True)
+    print(table(docs))
+
+
+if __name__ == "__main__":
+    main()
