@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--clients", default="2,4")
     ap.add_argument("--out", default="out/peer")
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--progress", action="store_true", help="progress bars (stderr)")
     args = ap.parse_args()
     out = Path(args.out)
     docs = []
@@ -64,7 +65,8 @@ def main() -> None:
                     docs.append(json.loads(path.read_text()))
                 continue
             doc = run_peer(PeerConfig(rt_model=rt, be_model=be, rt_rate=hz, be_clients=n,
-                                      policy=args.policy, duration=args.duration))
+                                      policy=args.policy, duration=args.duration,
+                                      progress=args.progress))
             doc["command"] = (f"av-infer bench --peer ort --rt-model {rt} --be-model {be} "
                               f"--rt-rate {hz:g} --be-clients {n} --policy {args.policy} "
                               f"--duration {args.duration:g}")
