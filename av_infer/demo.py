@@ -55,6 +55,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--skip-check", action="store_true",
                     help="skip phase 1 (compile every zoo model, compare with ONNX Runtime)")
+    ap.add_argument("--rt-priority", default="off", choices=("off", "nice", "fifo"),
+                    help="cpu: OS priority of the RT lane where the process may raise it "
+                    "(nice -5; refused quietly otherwise, shown in /diagnostics) (off)")
     ap.add_argument("--peer-s", type=float, default=5.0,
                     help="seconds of the closing side-by-side run against plain ONNX Runtime "
                     "threads (cpu only; 0 skips it)")
@@ -119,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print("[demo] phase 2: the ROS 2 node graph", flush=True)
     # the Runtime first, so the device choice is printed with its reason
-    rt, device, why = make_runtime(args.device, policy=args.policy, c=args.c)
+    rt, device, why = make_runtime(args.device, policy=args.policy, c=args.c,
+                                   cpu_options={"rt_priority": args.rt_priority})
     print(f"[demo] device: {device} ({why})", flush=True)
     front, rear, calibration = _pick_rt_models(rt, args)
     models = {"front": front, "rear": rear, "cabin": args.cabin_model}

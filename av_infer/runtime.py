@@ -428,8 +428,11 @@ class Runtime:
         """A caller blocks on ``fut``: run its request's launches on this thread while no
         lane thread is (``Device.run_pending``), instead of waking one."""
         run = self._device.run_pending
-        done = fut.done
-        while not done():
+
+        def done() -> bool:
+            return fut.resolved
+
+        while not fut.resolved:
             s = req.stream
             if s < 0 or not run(s, done):
                 return

@@ -76,17 +76,21 @@ def check_policy(name: str, runtime: Any = None) -> str | None:
     return None
 
 
-def make_runtime(device: str, **kwargs: Any) -> tuple[Any, str, str]:
-    """Builds a Runtime; ``device="auto"`` tries cuda first. Returns (rt, device, why)."""
+def make_runtime(device: str, cpu_options: dict[str, Any] | None = None,
+                 **kwargs: Any) -> tuple[Any, str, str]:
+    """Builds a Runtime; ``device="auto"`` tries cuda first. Returns (rt, device, why).
+    ``cpu_options``: device options used when the device is the cpu (e.g. rt_priority)."""
     from av_infer import Runtime
 
+    cpu = {"device_options": dict(cpu_options)} if cpu_options else {}
     if device != "auto":
-        return Runtime(device=device, **kwargs), device, "requested"
+        extra = cpu if device == "cpu" else {}
+        return Runtime(device=device, **kwargs, **extra), device, "requested"
     try:
         return Runtime(device="cuda", **kwargs), "cuda", "a CUDA GPU is usable"
     except Exception as exc:  # no GPU, no CuPy, driver error: fall back honestly
         why = f"cuda unavailable ({type(exc).__name__}: {str(exc)[:160]}); using cpu"
-        return Runtime(device="cpu", **kwargs), "cpu", why
+        return Runtime(device="cpu", **kwargs, **cpu), "cpu", why
 
 
 def model_source(entry: str, variant: str) -> tuple[str, Any]:

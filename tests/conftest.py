@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# DDS never leaves the machine: `make test` runs the suite in a fresh network namespace
+# (scripts/netns_run.sh); a bare `pytest` still keeps ROS 2 discovery on loopback.
+os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
 
 from av_infer.kernels.cuda_compile import find_nvcc
 from tests.checks import require

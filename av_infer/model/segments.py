@@ -241,7 +241,7 @@ def compile_segments(
     name: str | None = None,
     segment_ms: float | None = DEFAULT_SEGMENT_MS,
     profile_runs: int = 3,
-    max_segments: int = 32,
+    max_segments: int = 16,
 ) -> Plan:
     """Compile ``source`` into a segment plan (``plan.segments`` holds the programs).
 

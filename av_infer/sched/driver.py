@@ -48,6 +48,17 @@ class RequestFuture(Future):
         super().__init__()
         self._driver = driver
         self.helper: Callable[[RequestFuture], None] | None = None
+        #: set once a result or an exception is in (a plain read, unlike ``done()``,
+        #: which takes the future's lock: helpers poll it between launches)
+        self.resolved = False
+
+    def set_result(self, result: Any) -> None:
+        super().set_result(result)
+        self.resolved = True
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        super().set_exception(exception)
+        self.resolved = True
 
     def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
         deliver = self._driver.deliver
@@ -55,7 +66,7 @@ class RequestFuture(Future):
 
     def _help(self) -> None:
         h = self.helper
-        if h is not None and not self.done() and not self._driver.holds():
+        if h is not None and not self.resolved and not self._driver.holds():
             h(self)
 
     def result(self, timeout: float | None = None) -> Any:
