@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from av_infer.errors import InvalidInputError
 from av_infer.model.plan import ENGINE_KINDS, KERNEL_KINDS, Kernel, Plan
 
 from . import cpu_spatial
 from .cpu_base import (
+    ArenaIO,
     KernelFn,
     PlanContext,
     Prepared,
@@ -528,7 +528,7 @@ def missing_kinds() -> list[str]:
     return sorted(set(KERNEL_KINDS) - set(KERNELS) - NOT_EXECUTABLE_KINDS - ENGINE_KINDS)
 
 
-class CpuPlanRunner:
+class CpuPlanRunner(ArenaIO):
     """Runs a plan kernel by kernel with numpy on preallocated buffers.
 
     Construction prepares every kernel once (shape checks, index tables, folded weights);
@@ -595,30 +595,7 @@ class CpuPlanRunner:
                 raise type(e)(f"kernel {k.index} {k.kind} ({k.name}): {e}") from e
         return fns
 
-    # -- I/O ------------------------------------------------------------------------------
-    def write_inputs(self, arena: np.ndarray, inputs: dict[str, np.ndarray]) -> None:
-        """Copy each graph input into its arena region (shape must match exactly)."""
-        for name in self.plan.inputs:
-            if name not in inputs:
-                raise InvalidInputError(f"missing input {name!r} (expects {self.plan.inputs})")
-        for name, value in inputs.items():
-            if name not in self.plan.inputs:
-                raise InvalidInputError(f"unknown input {name!r} (expects {self.plan.inputs})")
-            dst = self.view(arena, name)
-            src = np.asarray(value)
-            if src.shape != dst.shape:
-                raise InvalidInputError(f"input {name!r}: shape {src.shape}, expected {dst.shape}")
-            try:
-                np.copyto(dst, src, casting="same_kind")
-            except TypeError as e:
-                raise InvalidInputError(
-                    f"input {name!r}: dtype {src.dtype} cannot be cast to {dst.dtype}"
-                ) from e
-
-    def read_outputs(self, arena: np.ndarray) -> dict[str, np.ndarray]:
-        """Fresh copies of the graph outputs (safe to keep after the arena is reused)."""
-        return {name: self.view(arena, name).copy() for name in self.plan.outputs}
-
+    # -- I/O: write_inputs / read_outputs from ArenaIO ------------------------------------
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Convenience: new arena, write inputs, run every kernel, return outputs."""
         arena = self.new_arena()

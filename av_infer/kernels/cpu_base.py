@@ -162,3 +162,40 @@ def bind_epilogue(steps: list[Any] | None, y: np.ndarray, view: ViewFn,
 
             fns.append(act)
     return fns
+
+
+class ArenaIO:
+    """Graph inputs and outputs of a plan on a task's arena: what every executor shares
+    (``CpuPlanRunner``, ``ort_segments.SegmentRunner``). Subclasses set ``plan`` and give
+    ``view(arena, name)``."""
+
+    plan: Any
+
+    def view(self, arena: np.ndarray, name: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def write_inputs(self, arena: np.ndarray, inputs: dict[str, np.ndarray]) -> None:
+        """Copy each graph input into its arena region (names and shapes must match exactly;
+        dtypes may only widen): InvalidInputError saying what is wrong otherwise."""
+        from av_infer.errors import InvalidInputError
+
+        for name in self.plan.inputs:
+            if name not in inputs:
+                raise InvalidInputError(f"missing input {name!r} (expects {self.plan.inputs})")
+        for name, value in inputs.items():
+            if name not in self.plan.inputs:
+                raise InvalidInputError(f"unknown input {name!r} (expects {self.plan.inputs})")
+            dst = self.view(arena, name)
+            src = np.asarray(value)
+            if src.shape != dst.shape:
+                raise InvalidInputError(f"input {name!r}: shape {src.shape}, expected {dst.shape}")
+            try:
+                np.copyto(dst, src, casting="same_kind")
+            except TypeError as e:
+                raise InvalidInputError(
+                    f"input {name!r}: dtype {src.dtype} cannot be cast to {dst.dtype}"
+                ) from e
+
+    def read_outputs(self, arena: np.ndarray) -> dict[str, np.ndarray]:
+        """Fresh copies of the graph outputs (safe to keep after the arena is reused)."""
+        return {name: self.view(arena, name).copy() for name in self.plan.outputs}

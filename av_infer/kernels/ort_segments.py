@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from av_infer.errors import InvalidInputError, UnsupportedModelError
-from av_infer.kernels.cpu_base import aligned_empty, tensor_view
+from av_infer.errors import UnsupportedModelError
+from av_infer.kernels.cpu_base import ArenaIO, aligned_empty, tensor_view
 from av_infer.model.plan import Plan
 from av_infer.model.segments import SEGMENT_KIND, SegmentProgram, ort_options
 
@@ -42,7 +42,7 @@ def is_kill(exc: BaseException) -> bool:
     return _KILL_TEXT in str(exc)
 
 
-class SegmentRunner:
+class SegmentRunner(ArenaIO):
     """Runs a segment plan segment by segment with ONNX Runtime on preallocated arenas."""
 
     #: runs accept RunOptions whose ``terminate`` aborts them (the device's kill)
@@ -108,27 +108,7 @@ class SegmentRunner:
             if name in f.outputs:
                 f.bind_output(name, array.dtype, shape, ptr)
 
-    # -- I/O ------------------------------------------------------------------------------
-    def write_inputs(self, arena: np.ndarray, inputs: dict[str, np.ndarray]) -> None:
-        for name in self.plan.inputs:
-            if name not in inputs:
-                raise InvalidInputError(f"missing input {name!r} (expects {self.plan.inputs})")
-        for name, value in inputs.items():
-            if name not in self.plan.inputs:
-                raise InvalidInputError(f"unknown input {name!r} (expects {self.plan.inputs})")
-            dst = self.view(arena, name)
-            src = np.asarray(value)
-            if src.shape != dst.shape:
-                raise InvalidInputError(f"input {name!r}: shape {src.shape}, expected {dst.shape}")
-            try:
-                np.copyto(dst, src, casting="same_kind")
-            except TypeError as e:
-                raise InvalidInputError(
-                    f"input {name!r}: dtype {src.dtype} cannot be cast to {dst.dtype}") from e
-
-    def read_outputs(self, arena: np.ndarray) -> dict[str, np.ndarray]:
-        return {name: self.view(arena, name).copy() for name in self.plan.outputs}
-
+    # -- I/O: write_inputs / read_outputs from ArenaIO ------------------------------------
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Convenience: new arena, write inputs, run every segment, return outputs."""
         arena = self.new_arena()
