@@ -176,7 +176,16 @@ def cmd_peer(args: argparse.Namespace) -> int:
                      threads=args.threads, device_options=opts,
                      progress=not args.no_progress)
     doc = run_peer(cfg)
-    doc["command"] = "av-infer " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    cmd = ["av-infer", "bench", "--peer", "ort", "--rt-model", args.rt_model, "--be-model",
+           args.be_model, "--rt-rate", f"{args.rt_rate:g}", "--be-clients", str(args.be_clients),
+           "--policy", policy, "--c", str(args.c), "--duration", f"{args.duration:g}",
+           "--warmup", f"{args.warmup:g}", "--threads", str(args.threads)]
+    for flag, vals in (("--rt-input-shape", args.rt_input_shape),
+                       ("--be-input-shape", args.be_input_shape),
+                       ("--device-option", args.device_option)):
+        for v in vals or []:
+            cmd += [flag, v]
+    doc["command"] = " ".join(shlex.quote(a) for a in cmd)  # repeats this run
     if args.json == "-":
         print(json.dumps(doc, indent=2))
         print(format_peer(doc), file=sys.stderr)

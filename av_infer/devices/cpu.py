@@ -183,6 +183,9 @@ class CpuDevice(Device):
 
     name = "cpu"
     virtual = False
+    #: with the defaults (be_nice 10, one thread per RT task): padding needs a spare core;
+    #: each instance decides for its own settings (``__init__``)
+    supports_padding = (os.cpu_count() or 1) > 1
 
     def __init__(self, c: int = 4, blas_threads: int | None = 1, engine: str = "ort",
                  threads: int = 1, segment_ms: float = 4.0, kill: bool = True,
