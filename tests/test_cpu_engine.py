@@ -5,7 +5,6 @@ Behaviour only (no timing assertions): waits are on conditions, never on elapsed
 
 from __future__ import annotations
 
-import random
 import threading
 
 import numpy as np
@@ -204,46 +203,6 @@ def test_a_failing_segment_fails_only_its_request():
 
 
 # -- the runtime on the engine: golden preemption, helping, callbacks ----------------------------
-@pytest.mark.parametrize("name", ["resnet152", "densenet201", "distilbert"])
-def test_be_outputs_bit_identical_under_preemption_on_segments(name):
-    """REEF's golden test on the ORT engine: RT arrivals injected while chosen segments of a
-    BE request run (each one killed and restored) leave its outputs bit-identical."""
-    path = zoo.path(name, "scaled")
-    plan = compile_segments(path, segment_ms=0.05, name=name)
-    n = len(plan.kernels)
-    assert n >= 2
-    x = zoo.sample_inputs(name, "scaled", seed=1)
-    ref = SegmentRunner(plan).run(x)
-    x_rt = zoo.sample_inputs("tiny_mlp", "default")
-    rng = random.Random(n)
-    dev = GateDevice(be_nice=0)
-    with Runtime(dev, policy="reef", c=2) as rt:
-        rt.load_model(name, plan)
-        rt.load_model("rt", zoo.path("tiny_mlp"), pin=True)
-        preempted = threading.Event()
-        rt.add_listener(lambda kind, p: preempted.set() if kind == "preempt" else None)
-        rt_futs = []
-
-        def inject() -> None:
-            preempted.clear()
-            rt_futs.append(rt.submit("rt", x_rt, priority="RT"))
-            assert preempted.wait(30), "RT arrival did not preempt the BE task"
-
-        scenarios = [[0], [n - 1], *[sorted(rng.sample(range(n), min(n, 2))) for _ in range(3)]]
-        for ks in scenarios:
-            for k in ks:
-                dev.hook_next(name, k, inject)
-            r = rt.submit(name, x, client="be").result(timeout=60)
-            assert r.timings.preempted == len(ks), (ks, r.timings)
-            for out in ref:
-                assert np.array_equal(r.outputs[out], ref[out]), (name, ks, out)
-        for f in rt_futs:
-            f.result(timeout=60)
-        st = rt.stats()
-        assert st["preemptions"] >= sum(len(s) for s in scenarios)
-        assert st["preemption_stop_ms"]["count"] >= 1
-
-
 def test_infer_runs_on_the_calling_thread_and_submit_on_a_lane():
     """``infer`` (and ``result()``) help: the launch runs on the waiting thread when its lane
     is idle; a request nobody waits for runs on a lane worker."""
@@ -324,3 +283,46 @@ def test_exported_paddleocr_models_match_ort(name):
     for seg in (None, 2.0):
         plan = compile_segments(path, list(shape), segment_ms=seg, name=name)
         assert _allclose(SegmentRunner(plan).run(x), ref), (name, seg)
+
+
+@pytest.mark.parametrize("opts", [{"engine": "tensorrt"}, {"be_nice": 20}, {"be_nice": True},
+                                  {"rt_priority": "max"}, {"threads": 0},
+                                  {"segment_ms": 0}, {"kill_below_ms": -1}])
+def test_bad_cpu_device_options_are_typed_errors(opts):
+    from av_infer.errors import InvalidParameterError
+
+    with pytest.raises(InvalidParameterError):
+        Runtime("cpu", device_options=opts)
+
+
+@pytest.mark.parametrize("zero_copy", [False, True])
+def test_device_write_inputs_outside_the_runtime_checks_and_casts(zero_copy, monkeypatch):
+    """What Runtime.submit validates is copied (or, from ZERO_COPY_BYTES, bound in place);
+    anything else goes through the runner's checks: a typed error, or a safe cast into the
+    arena, which the segments then read in both cases."""
+    from av_infer.devices import cpu as cpu_mod
+    from av_infer.errors import InvalidInputError
+
+    if zero_copy:
+        monkeypatch.setattr(cpu_mod, "ZERO_COPY_BYTES", 0)
+    dev = CpuDevice(be_nice=0)
+    path = zoo.path("resnet152", "scaled")
+    plan = compile_segments(path, segment_ms=None)
+    h = dev.load_plan(plan)
+    dev.new_task(h, 1)
+    (name, (shape, _)), = plan.input_spec().items()
+    assert (name in dev._tasks[1].bound.zero_in) is zero_copy
+    with pytest.raises(InvalidInputError):
+        dev.write_inputs(1, {name: np.zeros((1, 2), np.float32)})
+    with pytest.raises(InvalidInputError):
+        dev.write_inputs(1, {"nope": np.zeros(shape, np.float32)})
+    x = zoo.sample_inputs("resnet152", "scaled")[name]
+    fns = dev._tasks[1].bound.fns
+    ro = h.runner.run_options()
+    for given in (x, x.astype(np.float16)):  # what submit sends; a safe cast
+        dev.write_inputs(1, {name: given})
+        for f in fns:
+            f(ro)
+        want = _ort(path, {name: given.astype(np.float32)})
+        assert _allclose(dev.read_outputs(1), want)
+    dev.close()

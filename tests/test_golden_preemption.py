@@ -19,8 +19,10 @@ import pytest
 from av_infer import Runtime
 from av_infer.devices.cpu import CpuDevice
 from av_infer.kernels.cpu import CpuPlanRunner
+from av_infer.kernels.ort_segments import SegmentRunner
 from av_infer.model import zoo
 from av_infer.model.compiler import compile_model
+from av_infer.model.segments import compile_segments
 
 
 @pytest.fixture(autouse=True)
@@ -85,12 +87,30 @@ def rt_plan():
     return _plan("tiny_mlp", "default")
 
 
-@pytest.mark.parametrize("name,variant", MODELS)
-def test_be_outputs_bit_identical_under_preemption(name, variant, rt_plan):
-    plan = _plan(name, variant)
+def _engine_plan(name: str, variant: str, engine: str):
+    """(plan, its executor) on the cpu device's engine: numpy kernels, or ONNX Runtime
+    segments cut small enough that every model has several (kill + restore per segment)."""
+    if engine == "numpy":
+        plan = _plan(name, variant)
+        return plan, CpuPlanRunner(plan)
+    plan = compile_segments(zoo.path(name, variant), segment_ms=0.05, name=name)
+    return plan, SegmentRunner(plan)
+
+
+# tiny_cnn (25 us) is a single segment on ORT: nothing to preempt between segments
+ENGINE_MODELS = [(n, v, e) for n, v in MODELS for e in ("numpy", "ort")
+                 if not (e == "ort" and n == "tiny_cnn")]
+
+
+@pytest.mark.parametrize("name,variant,engine", ENGINE_MODELS)
+def test_be_outputs_bit_identical_under_preemption(name, variant, engine, rt_plan):
+    """On the ORT engine each injected RT arrival kills the running segment, which is
+    restored from its start."""
+    plan, runner = _engine_plan(name, variant, engine)
     x = zoo.sample_inputs(name, variant, seed=1)
-    ref = CpuPlanRunner(plan).run(x)
+    ref = runner.run(x)
     n = len(plan.kernels)
+    assert n >= 2 or engine == "numpy"
     x_rt = zoo.sample_inputs("tiny_mlp", "default")
     rng = random.Random(hash(name) & 0xFFFF)
 
@@ -124,8 +144,10 @@ def test_be_outputs_bit_identical_under_preemption(name, variant, rt_plan):
         assert st["preemptions"] >= sum(len(s) for s in scenarios)
         # the cpu device reports which launches ran, so the kernel running at each
         # preemption counts as done and nothing is re-executed (re-running from k - c is
-        # covered by the next test)
+        # covered by the next test); a killed segment never counted as done
         assert st["kernels_reexecuted"] == 0
+        if engine == "ort":
+            assert st["preemption_stop_ms"]["count"] >= 1
 
 
 @pytest.mark.parametrize("c", [1, 2, 4])

@@ -77,16 +77,12 @@ def resolve_model(spec: str, shapes: Any = None) -> _Model:
 
 
 def _summary(lat: list[float], be_done: int, window: float) -> dict[str, Any]:
-    a = np.asarray(lat, dtype=np.float64) * 1e3
-    out: dict[str, Any] = {"rt_n": int(a.size), "be_done": int(be_done),
+    """RT latency distribution (``rt_<p50|p90|p99|p999|mean|max>_ms``) and BE rate."""
+    from av_infer.bench.metrics import dist
+
+    out: dict[str, Any] = {"rt_n": len(lat), "be_done": int(be_done),
                            "be_rps": be_done / window if window > 0 else 0.0}
-    if a.size:
-        p50, p90, p99, p999 = np.percentile(a, [50, 90, 99, 99.9])
-        out.update(rt_p50_ms=float(p50), rt_p90_ms=float(p90), rt_p99_ms=float(p99),
-                   rt_p999_ms=float(p999), rt_mean_ms=float(a.mean()), rt_max_ms=float(a.max()))
-    else:
-        out.update(rt_p50_ms=None, rt_p90_ms=None, rt_p99_ms=None, rt_p999_ms=None,
-                   rt_mean_ms=None, rt_max_ms=None)
+    out.update({f"rt_{k}_ms": v for k, v in dist(lat, 1e3).items()})
     return out
 
 

@@ -47,6 +47,7 @@ from av_infer.errors import DeviceFaultError, InvalidParameterError
 from av_infer.kernels.cpu import CpuPlanRunner
 from av_infer.kernels.ort_segments import SegmentRunner, is_kill, is_segment_plan
 from av_infer.model.plan import Plan
+from av_infer.sched.stats import LatencyRecorder, summarize_ms
 
 #: Largest per-stream capacity the vHQ supports (its in-flight ring).
 MAX_CAPACITY = MAX_C  # the vHQ in-flight ring bounds c
@@ -77,11 +78,13 @@ class _Bound:
     fns: list
     inputs: dict[str, np.ndarray]
     outputs: dict[str, np.ndarray]
-    #: segment plans: the request's input arrays, bound in place of the arena's regions
-    #: (kept alive until the task is released)
-    held: dict[str, np.ndarray] | None = None
-    #: outputs bound to a fresh array per task (handed to the caller without a copy)
-    fresh: frozenset[str] = frozenset()
+    #: segment plans, tensors of ``ZERO_COPY_BYTES`` or more (fixed per model, shapes are
+    #: static): inputs bound to the request's own arrays, outputs to a fresh array per task
+    #: that is handed to the caller without a copy
+    zero_in: frozenset[str] = frozenset()
+    zero_out: frozenset[str] = frozenset()
+    #: the arrays the zero-copy inputs are bound to now (kept alive while bound)
+    held: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -90,14 +93,6 @@ class _Task:
     bound: _Bound
     error: BaseException | None = None
     error_kernel: int = -1
-
-
-def _pcts(samples: list[float]) -> dict[str, float | int | None]:
-    if not samples:
-        return {"count": 0, "p50": None, "p99": None, "max": None}
-    a = np.asarray(samples) * 1e3
-    return {"count": len(samples), "p50": float(np.percentile(a, 50)),
-            "p99": float(np.percentile(a, 99)), "max": float(a.max())}
 
 
 _NAN = float("nan")
@@ -124,6 +119,19 @@ def _cpu_time(clk: int) -> float:
         return time.clock_gettime(clk)
     except OSError:  # the thread is gone
         return 0.0
+
+
+def _exact(views: dict[str, np.ndarray], inputs: dict[str, Any]) -> bool:
+    """``inputs`` are what ``Runtime.submit`` lets through for these regions: the same
+    names, C-contiguous arrays of the exact shape and dtype."""
+    if inputs.keys() != views.keys():
+        return False
+    for n, v in inputs.items():
+        dst = views[n]
+        if not (isinstance(v, np.ndarray) and v.shape == dst.shape and v.dtype == dst.dtype
+                and v.flags.c_contiguous):
+            return False
+    return True
 
 
 def _locked() -> threading.Lock:
@@ -171,11 +179,11 @@ class _Lane:
     executed: int = 0
     evicted: int = 0
     killed: int = 0
-    #: terminate -> the killed run returned (and this thread had the GIL back), seconds
-    kill_s: deque = field(default_factory=lambda: deque(maxlen=4096))
     nice: int | None = None  # the worker's nice value where it was changed
-    fixed: bool = False  # a priority helpers cannot take (SCHED_FIFO)
-    prio_desc: str = ""
+    prio_desc: str = ""  # what was done to the worker's OS priority (telemetry)
+    #: callers may run this lane's launches (``run_pending``): the worker has set its
+    #: priority, and a helper can take it and give it back (never SCHED_FIFO)
+    helpable: bool = False
 
 
 class CpuDevice(Device):
@@ -228,6 +236,8 @@ class CpuDevice(Device):
             f"{threads} per RT task); it needs a spare core and be_nice > 0")
         #: helpers may take a niced lane's priority and give it back (probed at start)
         self._renice_helpers = False
+        #: kill -> the killed launch gave its core back (its thread's CPU clock), all lanes
+        self._kill_latency = LatencyRecorder(4096)
         self._c = int(c)
         self._blas_threads = blas_threads
         self._blas_limit: Any = None
@@ -278,15 +288,14 @@ class CpuDevice(Device):
             b = _Bound(arena, r.bind(arena),
                        {n: r.view(arena, n) for n in handle.plan.inputs},
                        {n: r.view(arena, n) for n in handle.plan.outputs})
-        if handle.killable:  # large outputs into fresh arrays: read_outputs hands them over
-            rebind = handle.runner.rebind
-            big = [n for n, v in b.outputs.items() if v.nbytes >= ZERO_COPY_BYTES]
-            for name in big:
-                v = b.outputs[name]
-                fresh = np.empty(v.shape, v.dtype)
-                rebind(b.fns, name, fresh)
-                b.outputs[name] = fresh
-            b.fresh = frozenset(big)
+            if handle.killable:
+                b.zero_in = frozenset(n for n, v in b.inputs.items()
+                                      if v.nbytes >= ZERO_COPY_BYTES)
+                b.zero_out = frozenset(n for n, v in b.outputs.items()
+                                       if v.nbytes >= ZERO_COPY_BYTES)
+        for name in b.zero_out:  # the previous task's arrays were handed over
+            v = b.outputs[name] = np.empty(b.outputs[name].shape, b.outputs[name].dtype)
+            handle.runner.rebind(b.fns, name, v)
         self._tasks[task] = _Task(handle, b)
 
     def release_task(self, task: int) -> None:
@@ -299,34 +308,18 @@ class CpuDevice(Device):
     def write_inputs(self, task: int, inputs: dict[str, np.ndarray]) -> None:
         t = self._tasks[task]
         b = t.bound
-        views = b.inputs
-        if len(inputs) == len(views):
-            try:  # the runtime validated names, shapes and dtypes at submit
-                ok = all(v.shape == views[n].shape and v.dtype == views[n].dtype
-                         for n, v in inputs.items())
-            except (KeyError, AttributeError):
-                ok = False
-            if ok:
-                held = b.held
-                for name, v in inputs.items():
-                    if t.model.killable and v.nbytes >= ZERO_COPY_BYTES:
-                        # zero-copy: the segments read the request's (private) array
-                        v = np.ascontiguousarray(v)
-                        t.model.runner.rebind(b.fns, name, v)
-                        if held is None:
-                            held = b.held = {}
-                        held[name] = v
-                    else:
-                        if held is not None and name in held:  # back to the arena region
-                            t.model.runner.rebind(b.fns, name, views[name])
-                            del held[name]
-                        np.copyto(views[name], v)
-                return
-        if b.held:  # back to the arena's own regions, then the validating copy
-            for name in b.held:
-                t.model.runner.rebind(b.fns, name, views[name])
-            b.held = None
-        t.model.runner.write_inputs(b.arena, inputs)  # validates: typed errors
+        if not _exact(b.inputs, inputs):
+            # not what Runtime.submit validates: the runner's checks raise the typed error
+            # or copy with a safe cast into the arena, whose regions the task then reads
+            t.model.runner.write_inputs(b.arena, inputs)
+            inputs = b.inputs
+        for name, v in inputs.items():
+            if name in b.zero_in:  # the segments read the request's (private) array
+                if b.held.get(name) is not v:
+                    t.model.runner.rebind(b.fns, name, v)
+                    b.held[name] = v
+            elif v is not b.inputs[name]:
+                np.copyto(b.inputs[name], v)
 
     def read_outputs(self, task: int) -> dict[str, np.ndarray]:
         t = self._tasks[task]
@@ -336,10 +329,10 @@ class CpuDevice(Device):
                 f"{t.model.plan.name} failed on the cpu device: "
                 f"{type(t.error).__name__}: {t.error}"
             ) from t.error
-        # large outputs of segment plans are fresh per task (new_task): handed over as they
-        # are; the rest are arena views: copied
-        fresh = t.bound.fresh
-        return {name: v if name in fresh else v.copy() for name, v in t.bound.outputs.items()}
+        # zero-copy outputs are fresh per task (new_task): handed over as they are; the
+        # rest are arena views: copied
+        zero = t.bound.zero_out
+        return {name: v if name in zero else v.copy() for name, v in t.bound.outputs.items()}
 
     # -- streams --------------------------------------------------------------------------
     def open_stream(self, priority: int) -> int:
@@ -434,6 +427,11 @@ class CpuDevice(Device):
                 lane.thread.join()
         self._tasks.clear()
 
+    def _kill_ms(self) -> dict[str, Any]:
+        with self._lock:
+            sample = self._kill_latency.sample()
+        return {**summarize_ms(sample), "count": sample[1]}
+
     def telemetry(self) -> dict[str, Any]:
         return {
             "device": self.name,
@@ -454,7 +452,7 @@ class CpuDevice(Device):
             ],
             "tasks": len(self._tasks),
             # kill -> the killed launch gave its core back (CPU clock of its thread)
-            "kill_ms": _pcts([x for ln in self._lanes for x in list(ln.kill_s)]),
+            "kill_ms": self._kill_ms(),
             "stream_priorities_honoured": any(ln.prio_desc not in ("default", "")
                                               for ln in self._lanes),
         }
@@ -470,7 +468,8 @@ class CpuDevice(Device):
         """The worker's OS priority (devices.os_priority): BE lanes niced, RT optional."""
         nice, desc = os_priority.apply(lane.priority > 0, self.be_nice, self.rt_priority)
         lane.nice, lane.prio_desc = nice, desc
-        lane.fixed = desc.startswith("SCHED_FIFO")
+        lane.helpable = (not desc.startswith("SCHED_FIFO")
+                         and (nice is None or self._renice_helpers))
 
     @staticmethod
     def _transmit(lane: _Lane, wake: bool) -> None:
@@ -497,15 +496,13 @@ class CpuDevice(Device):
         lane = self._lanes[stream]
         if not lane.dq:
             return False
-        reniced = lane.nice is not None
-        if (lane.prio_desc == "" or lane.fixed or (reniced and not self._renice_helpers)
-                or self._stopping or not lane.token.acquire(blocking=False)):
+        if not lane.helpable or self._stopping or not lane.token.acquire(blocking=False):
             # left to the worker (or to the thread running the lane, which re-checks the
             # queue when it lets go): launches enqueued for a helper were not signalled
             _signal(lane.wake)
             return False
         try:
-            if reniced:
+            if lane.nice is not None:
                 with os_priority.as_lane(lane.nice):
                     ran = self._drain(lane, until)
             else:
@@ -578,7 +575,8 @@ class CpuDevice(Device):
                 elif ro is not None:
                     lane.killed += 1
                     if mark is not None:
-                        lane.kill_s.append(t_stop - mark[0])
+                        with self._lock:
+                            self._kill_latency.add(t_stop - mark[0])
                 else:
                     lane.evicted += 1
                 lane.vhq.complete()

@@ -159,7 +159,8 @@ def random_inputs(spec: dict[str, tuple[tuple[int, ...], str]], seed: int = 0) -
     return out
 
 
-def _median_time(fn, repeats: int) -> float:
+def median_time(fn, repeats: int) -> float:
+    """Median wall time (s) of ``repeats`` calls of ``fn``."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -206,13 +207,13 @@ def check_model(
             k()
 
     run_once()
-    run_s = _median_time(run_once, repeats)
+    run_s = median_time(run_once, repeats)
     got = runner.read_outputs(arena)
 
     sess = ort_session(source)
     feed = {i.name: inputs[i.name] for i in sess.get_inputs()}
     want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
-    ort_s = _median_time(lambda: sess.run(None, feed), repeats)
+    ort_s = median_time(lambda: sess.run(None, feed), repeats)
 
     detail = {k: allclose_report(got[k], want[k], rtol=rtol, atol=atol) for k in want}
     per_output = {k: d["max_rel_err"] for k, d in detail.items()}

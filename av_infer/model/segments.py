@@ -197,19 +197,14 @@ def _probe(model: onnx.ModelProto, feeds: dict[str, np.ndarray], profile_runs: i
 
 def _whole_ms(model: onnx.ModelProto, feeds: dict[str, np.ndarray], runs: int = 5) -> float:
     """Median time (ms) of the whole model at ORT's full optimisation, one thread."""
-    import time
-
     import onnxruntime as ort
+
+    from av_infer.model.check import median_time
 
     sess = ort.InferenceSession(model.SerializeToString(), ort_options(1, "all"),
                                 providers=["CPUExecutionProvider"])
     sess.run(None, feeds)
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        sess.run(None, feeds)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)) * 1e3
+    return median_time(lambda: sess.run(None, feeds), runs) * 1e3
 
 
 def _choose_cuts(costs: list[float], cross: list[float], n_seg: int) -> list[int]:

@@ -595,7 +595,7 @@ class Scheduler:
                                     "priority": req.priority.name, "t": now})
         # no wake-up only where the waiting caller itself is handling this (it helps next)
         self._enqueue(t, s, first,
-                      wake=not (req.caller_runs and req.caller_runs == threading.get_ident()))
+                      wake=req.caller_runs != threading.get_ident())
         return True
 
     def _enqueue(self, t: Task, s: StreamState, first: int, wake: bool = True) -> None:
