@@ -32,6 +32,9 @@ _LAZY = {
     "Timings": "av_infer.sched.request",
     "compile_model": "av_infer.model.compiler",
     "Plan": "av_infer.model.plan",
+    "DEVICE_NAMES": "av_infer.devices",
+    "POLICIES": "av_infer.sched.policies",
+    "get_policy": "av_infer.sched.policies",
 }
 
 if TYPE_CHECKING:

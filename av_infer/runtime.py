@@ -365,15 +365,19 @@ class Runtime:
         deadline: float | None = None,
         client: str = "default",
         arrival: float | None = None,
+        drop_late: bool | None = None,
     ) -> Future[Result]:
         """Queue one inference; returns its future. Never raises for a bad request: the
         future is already failed with the typed error (nothing was queued).
 
         ``priority`` defaults to the client's configured one (BE if unconfigured);
         ``deadline`` is absolute on ``now()``'s clock, default arrival + the client's
-        relative deadline (inf if none); ``arrival`` defaults to ``now()``.
+        relative deadline (inf if none); ``arrival`` defaults to ``now()``; ``drop_late``
+        (this request only) defaults to the client's configured one. Per-request values
+        never change the client's configuration.
         """
-        return self._submit(model, inputs, priority, deadline, client, arrival, False)
+        return self._submit(model, inputs, priority, deadline, client, arrival, False,
+                            drop_late)
 
     def infer(
         self,
@@ -384,19 +388,22 @@ class Runtime:
         client: str = "default",
         arrival: float | None = None,
         timeout: float | None = None,
+        drop_late: bool | None = None,
     ) -> Result:
         """Submit and wait: the result, or the typed error raised. The same request as
         ``submit`` (same queues, priorities and preemption), but the calling thread, which
         waits anyway, runs the request's launches itself when its lane is idle, so a
         request costs no thread hand-off (the synchronous call for a thread per client)."""
-        fut = self._submit(model, inputs, priority, deadline, client, arrival, True)
+        fut = self._submit(model, inputs, priority, deadline, client, arrival, True,
+                           drop_late)
         return fut.result(timeout)
 
     def _submit(self, model: str, inputs: Any, priority: Any, deadline: Any, client: Any,
-                arrival: Any, caller_runs: bool) -> Future[Result]:
+                arrival: Any, caller_runs: bool, drop_late: Any = None) -> Future[Result]:
         fut: RequestFuture = RequestFuture(self._driver)
         try:
-            req = self._make_request(model, inputs, priority, deadline, client, arrival, fut)
+            req = self._make_request(model, inputs, priority, deadline, client, arrival, fut,
+                                     drop_late)
         except AvInferError as e:
             self._count_submit_error(e)
             fut.set_exception(e)
@@ -449,7 +456,8 @@ class Runtime:
             self._submit_errors[e.code] = self._submit_errors.get(e.code, 0) + 1
 
     def _make_request(self, model: str, inputs: Any, priority: Any, deadline: Any,
-                      client: Any, arrival: Any, fut: Future) -> Request:
+                      client: Any, arrival: Any, fut: Future,
+                      drop_late: Any = None) -> Request:
         if self._closed:
             raise RuntimeClosedError("runtime is closed")
         if not isinstance(client, str) or not client:
@@ -473,7 +481,11 @@ class Runtime:
             deadline = arrival + cfg.relative_deadline if cfg.relative_deadline else math.inf
         else:
             deadline = _number("deadline", deadline, allow_inf=True)
-        return Request(next(self._ids), model, copied, prio, client, deadline, cfg.drop_late,
+        if drop_late is None:
+            drop_late = cfg.drop_late
+        elif not isinstance(drop_late, (bool, np.bool_)):
+            raise InvalidParameterError(f"drop_late must be a bool, got {drop_late!r}")
+        return Request(next(self._ids), model, copied, prio, client, deadline, bool(drop_late),
                        Timings(arrival), fut)
 
     # -- settings ---------------------------------------------------------------------------
