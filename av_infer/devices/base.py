@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from av_infer.devices.faults import FaultInjector
 from av_infer.model.plan import Plan
 
 
@@ -226,6 +227,16 @@ class Device(ABC):
     def run_pending(self, stream: int, until: Callable[[], bool]) -> bool:
         """Run queued launches of ``stream`` on the calling thread (see above)."""
         return False
+
+    #: Test hook of the reliability suite (``devices.faults``): None in production. Devices
+    #: call ``faults.check(point, model, kernel)`` at the hook points listed there.
+    faults: FaultInjector | None = None
+
+    def inject_faults(self) -> FaultInjector:
+        """The device's fault injector, created on first use (tests only)."""
+        if self.faults is None:
+            self.faults = FaultInjector()
+        return self.faults
 
     def telemetry(self) -> dict[str, Any]:
         """Device facts for diagnostics (name, memory, utilisation, clocks)."""
