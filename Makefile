@@ -6,9 +6,10 @@ NETNS     := scripts/netns_run.sh
 PYX       := $(wildcard cython_ext/*.pyx cython_ext/av_infer/_cy/*.pxd)
 DEMO_ARGS ?=
 BENCH_ARGS ?=
+SOAK_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup build test demo bench lint gpu-check clean
+.PHONY: setup build test demo bench soak lint gpu-check clean
 
 setup: $(VENV)/.stamp-deps $(VENV)/.stamp-models build
 
@@ -39,6 +40,14 @@ demo: setup
 
 bench: setup
 	$(VPY) -m av_infer.cli bench --workload all --policy all --device sim --duration 10 --out out/ $(BENCH_ARGS)
+
+# The reliability suite's long form (docs/reliability.md): a DISB-E soak on cpu and sim for
+# 10 minutes each, then 10,000 fuzzed requests, 100 concurrency and 100 shutdown rounds;
+# prints a table, writes out/soak.json. E.g. SOAK_ARGS="--minutes 1". Then 10,000 fuzzed
+# requests through the ROS request topic (AV_INFER_FUZZ_N).
+soak: setup
+	$(VPY) -m av_infer.bench.soak --json out/soak.json $(SOAK_ARGS)
+	AV_INFER_FUZZ_N=$${AV_INFER_FUZZ_N:-10000} $(NETNS) $(VPY) -m pytest -q -p no:cacheprovider -s tests/test_ros_fuzz.py
 
 lint: setup
 	$(VENV)/bin/ruff check av_infer nodes tests scripts launch

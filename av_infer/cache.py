@@ -62,6 +62,7 @@ class _Entry:
     plan: Plan
     pinned: bool = False
     state: str = "host"  # host | loading | resident
+    gone: bool = False  # unregistered (a load running then is undone)
     handle: Any = None
     size: int | None = None  # measured resident bytes (None before the first load)
     refs: int = 0
@@ -171,15 +172,16 @@ class ModelCache:
             self.ensure_resident(name, count=False)
 
     def unregister(self, name: str) -> None:
-        """Forget a model (unloading it). Refused while tasks hold it."""
+        """Forget a model (unloading it). Refused while tasks hold it. Never waits: a load
+        of it that is running is undone by the loader when it finishes (the scheduler's
+        thread calls this and must not stall behind a cold compile)."""
         with self._lock:
             e = self._get(name)
             if e.refs:
                 raise InvalidParameterError(
                     f"model {name!r} is in use by {e.refs} task(s); release them first"
                 )
-            while e.state == "loading":
-                self._cv.wait()
+            e.gone = True  # a running load sees it and unloads what it made
             self._entries.pop(name, None)
             self._pending.pop(name, None)
             self._lru.pop(name, None)
@@ -591,8 +593,11 @@ class ModelCache:
             self._load_times.append(dt)
             e.size = size
             more = self._victims_for(size, 1, exclude=e)
-            if self._closed:
+            if self._closed or e.gone:
                 undo, unload = True, []
+                if e.gone:
+                    failed, e.waiters = e.waiters, []
+                    err = None
             elif more is None:
                 # measured larger than estimated and the room is not there: undo
                 undo, unload = True, []
@@ -617,7 +622,8 @@ class ModelCache:
         if undo:
             self._device.unload_plan(handle)
             for f in failed:
-                _fail(f, err or RuntimeClosedError("the model cache was closed"))
+                _fail(f, err or (UnknownModelError(f"model {e.name!r} was unloaded") if e.gone
+                                 else RuntimeClosedError("the model cache was closed")))
             return
         for f in waiters:
             if not f.done():

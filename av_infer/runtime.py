@@ -40,9 +40,9 @@ from av_infer.profiles import ModelProfile
 from av_infer.qos import UtilityTracker, check_deadlines
 from av_infer.sched.driver import Driver, RequestFuture
 from av_infer.sched.model_services import ModelServices, batch_name, compile_batch_plans
-from av_infer.sched.policies import WAIT_BE_CAPACITY, device_refuses, get_policy
+from av_infer.sched.policies import device_refuses, get_policy
 from av_infer.sched.request import Priority, Request, Result, Timings
-from av_infer.sched.scheduler import ModelEntry, Scheduler
+from av_infer.sched.scheduler import ModelEntry, Scheduler, check_capacity
 
 __all__ = ["ModelInfo", "Runtime"]
 
@@ -78,10 +78,16 @@ class Runtime:
     go to its constructor. ``policy``: see :mod:`av_infer.sched.policies`. ``c``: device
     queue capacity (REEF's DQ bound). ``max_be_streams``: BE tasks that run concurrently.
     ``edf_preempt``: a more urgent RT request takes over the RT stream at a kernel boundary.
-    ``preempt_drain`` (reef): start RT only after the <= c launched BE kernels finished or
-    evicted themselves, REEF-N's literal order (§4.4). Off by default: RT goes at once to
-    the highest-priority stream, where the block scheduler gives it SMs as BE blocks end,
-    so RT never waits for a whole running BE kernel (in-order BE streams would make it).
+    ``max_queue_depth``: queued (not yet started) requests per priority class beyond which
+    arrivals fail at once with RejectedError (None: unbounded), so overload cannot grow
+    the queues without bound. ``be_min_share`` (0 <= share < 1; 0: strict RT priority):
+    BE's share of the device while RT is over capacity: BE work that waited
+    ``sched.scheduler.BE_SHARE_WINDOW`` (50 ms) without progress because of RT runs for
+    ``share / (1 - share)`` of that window while new RT work waits. ``preempt_drain``
+    (reef): start RT only after the <= c launched BE kernels finished or evicted
+    themselves, REEF-N's literal order (§4.4). Off by default: RT goes at once to the
+    highest-priority stream, where the block scheduler gives it SMs as BE blocks end, so
+    RT never waits for a whole running BE kernel (in-order BE streams would make it).
     """
 
     def __init__(
@@ -98,21 +104,38 @@ class Runtime:
         batching: bool = False,
         batch_quantum: float = 0.005,
         max_batch: int = 8,
+        max_queue_depth: int | None = None,
+        be_min_share: float = 0.1,
     ) -> None:
-        get_policy(policy)
-        c = _check_c(c, [])
-        if not isinstance(max_be_streams, int) or max_be_streams < 1:
+        pol = get_policy(policy)
+        max_queue_depth = _check_depth(max_queue_depth)
+        be_min_share = _check_share(be_min_share)
+        if isinstance(max_be_streams, bool) or not isinstance(max_be_streams, int) \
+                or max_be_streams < 1:
             raise InvalidParameterError(
                 f"max_be_streams must be an int >= 1, got {max_be_streams!r}")
         self._device = make_device(device, **dict(device_options or {}))
-        self._virtual = bool(getattr(self._device, "virtual", False))
-        self._sched = Scheduler(self._device, policy, c, max_be_streams, edf_preempt,
-                                preempt_drain)
+        try:  # everything the device decides is checked before anything else is built
+            c = check_capacity(c, self._device)
+            why = device_refuses(pol, self._device)
+            if why:
+                raise InvalidParameterError(why)
+            self._sched = Scheduler(self._device, pol.name, c, max_be_streams, edf_preempt,
+                                    preempt_drain)
+            self._sched.max_queue_depth = max_queue_depth
+            self._sched.be_min_share = be_min_share
+        except BaseException:
+            self._device.close()
+            raise
+        # the one place the device's clock kind matters: who drives the scheduler and the
+        # cache's loads (the caller's thread in virtual time, threads on a wall clock)
+        virtual = self._device.virtual
         # -- model cache, adaptive batching, utility (av_infer.cache/batching/qos) --------
         # cache_budget None: the device's free memory if it reports one, else unlimited.
         self._cache = ModelCache(self._device, cache_budget, cache_max_models,
-                                 mode="inline" if self._virtual else "thread")
-        self._services = ModelServices(self._cache, self._wake, batching, batch_quantum)
+                                 mode="inline" if virtual else "thread")
+        self._services = ModelServices(self._cache, self._wake, self._sched.resume_parked,
+                                       batching, batch_quantum)
         self._sched.ext = self._services
         self._utility = UtilityTracker()
         self._sources: dict[str, tuple[Any, Any]] = {}  # ONNX sources, for batch plans
@@ -124,7 +147,7 @@ class Runtime:
         self._ids = itertools.count(1)
         self._closed = False
         self._submit_errors: dict[str, int] = {}
-        self._driver = Driver(self._sched, "inline" if self._virtual else "thread",
+        self._driver = Driver(self._sched, "inline" if virtual else "thread",
                               on_stop=self._device.close)
         self._device.start(self._on_complete)
 
@@ -185,14 +208,11 @@ class Runtime:
                 raise InvalidParameterError(
                     f"model {name!r}: profile has {len(prof.kernels)} kernels, plan has "
                     f"{len(plan.kernels)}")
-            setter = getattr(self._device, "set_profile", None)
-            if setter is not None:
-                setter(plan.name, prof)
+            self._device.set_profile(plan.name, prof)
         handle = self._cache_load(name, plan, bool(pin))
         entry = ModelEntry(name, plan, handle, pinned=bool(pin))
         if prof is None and handle is not None:
-            getter = getattr(self._device, "profile_of", None)
-            prof = getter(handle) if getter is not None else None
+            prof = self._device.profile_of(handle)
         entry.profile = prof
         with self._lock:
             if name in self._models:
@@ -522,13 +542,51 @@ class Runtime:
     def c(self) -> int:
         return self._sched.c
 
+    @property
+    def c_range(self) -> tuple[int, int]:
+        """The values ``set_c`` accepts now: 1 up to the device's ``max_capacity`` and below
+        every loaded plan's reuse guard (restore needs ``c + 1 <= reuse_guard``)."""
+        with self._lock:
+            guards = [e.plan.reuse_guard for e in self._models.values()]
+        hi = int(self._device.max_capacity)
+        return 1, min([hi, *(g - 1 for g in guards)])
+
     def set_c(self, c: int) -> None:
-        """Device queue capacity: 1 <= c and c + 1 <= every loaded plan's reuse_guard."""
+        """Device queue capacity, in ``c_range``. Validated first: a refused value raises
+        InvalidParameterError and changes nothing."""
         self._check_open()
         with self._lock:
             guards = [e.plan.reuse_guard for e in self._models.values()]
-        c = _check_c(c, guards)
+        c = _check_c(c, guards, self._device)
         self._control(lambda: self._sched.set_c(c))
+
+    @property
+    def max_queue_depth(self) -> int | None:
+        return self._sched.max_queue_depth
+
+    def set_max_queue_depth(self, depth: int | None) -> None:
+        """Queued requests per priority class beyond which arrivals are rejected (None: no
+        bound); requests already queued stay. Validated first."""
+        self._check_open()
+        depth = _check_depth(depth)
+
+        def apply() -> None:
+            self._sched.max_queue_depth = depth
+        self._control(apply)
+
+    @property
+    def be_min_share(self) -> float:
+        return self._sched.be_min_share
+
+    def set_be_min_share(self, share: float) -> None:
+        """BE's minimum share under RT overload (see the class docstring). Validated
+        first."""
+        self._check_open()
+        share = _check_share(share)
+
+        def apply() -> None:
+            self._sched.be_min_share = share
+        self._control(apply)
 
     @property
     def edf_preempt(self) -> bool:
@@ -583,11 +641,13 @@ class Runtime:
         snap["c"] = sched.c
         snap["edf_preempt"] = sched.edf_preempt
         snap["preempt_drain"] = sched.preempt_drain
+        snap["max_queue_depth"] = sched.max_queue_depth
+        snap["be_min_share"] = sched.be_min_share
         dev = self._device
-        supported = bool(getattr(dev, "supports_padding", False))
+        supported = bool(dev.supports_padding)
         snap["padding"] = {
             "supported": supported,
-            "reason": None if supported else getattr(dev, "padding_reason", "unsupported"),
+            "reason": None if supported else dev.padding_reason,
             "active": bool(sched.policy.padding and supported),
             "launches": snap.pop("padded_launches", 0),
             "blocks": snap.pop("padded_blocks", 0),
@@ -631,11 +691,9 @@ class Runtime:
             if not driver.holds():
                 driver.stopped.wait(timeout)
             return
-        if self._virtual:
+        if self._device.virtual:  # the caller's thread is the driver: run the events now
             if drain:
-                run = getattr(self._device, "run", None)
-                if run is not None:
-                    run()
+                self._device.run()
             self._post(("control", lambda: sched.shutdown(False), None))
         else:
             self._post(("control", lambda: sched.shutdown(drain), None))
@@ -656,6 +714,21 @@ class Runtime:
 
 
 # -- helpers ----------------------------------------------------------------------------------
+def _check_depth(d: Any) -> int | None:
+    if d is None:
+        return None
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or int(d) < 1:
+        raise InvalidParameterError(f"max_queue_depth must be an int >= 1 or None, got {d!r}")
+    return int(d)
+
+
+def _check_share(x: Any) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) \
+            or not 0.0 <= float(x) < 1.0:
+        raise InvalidParameterError(f"be_min_share must be a number in [0, 1), got {x!r}")
+    return float(x)
+
+
 def _check_max_batch(b: Any) -> int:
     if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 1 <= int(b) <= 256:
         raise InvalidParameterError(f"max_batch must be an int in 1..256, got {b!r}")
@@ -671,12 +744,8 @@ def _pow2(n: int) -> list[int]:
     return out
 
 
-def _check_c(c: Any, guards: list[int]) -> int:
-    if isinstance(c, bool) or not isinstance(c, (int, np.integer)):
-        raise InvalidParameterError(f"c must be an int, got {c!r}")
-    c = int(c)
-    if c < 1 or c > WAIT_BE_CAPACITY:
-        raise InvalidParameterError(f"c must be in 1..{WAIT_BE_CAPACITY}, got {c}")
+def _check_c(c: Any, guards: list[int], device: Device) -> int:
+    c = check_capacity(c, device)
     if guards and c + 1 > min(guards):
         raise InvalidParameterError(
             f"c={c} too large: restore needs c + 1 <= reuse_guard, and a loaded plan has "

@@ -151,6 +151,8 @@ def unpack_tensors(specs: Any, data: bytes | bytearray | memoryview,
         if not (_is_int(offset) and offset >= 0 and _is_int(nbytes) and nbytes >= 0):
             raise bad(f"tensor {name!r}: offset and nbytes must be non-negative integers")
         dtype = DTYPES[dname]
+        if math.prod(d for d in shape if d) * dtype.itemsize >= 1 << 62:
+            raise bad(f"tensor {name!r}: shape {shape} is too large for any array")
         expected = math.prod(shape) * dtype.itemsize
         if expected != nbytes:
             raise bad(f"tensor {name!r}: shape {shape} x {dname} is {expected} bytes, "
@@ -254,11 +256,14 @@ def decode_request(label: Any, data: bytes | bytearray | memoryview) -> TensorRe
         raise CodecError(f"'priority' must be 'RT' or 'BE', got {priority!r}", rid)
     deadline = header.get("deadline_s")
     if deadline is not None:
-        if (isinstance(deadline, bool) or not isinstance(deadline, int | float)
-                or not math.isfinite(deadline) or deadline <= 0):
+        try:  # an int beyond float range (10**400) is as malformed as inf
+            seconds = float(deadline) if isinstance(deadline, int | float) else math.nan
+        except OverflowError:
+            seconds = math.inf
+        if isinstance(deadline, bool) or not math.isfinite(seconds) or seconds <= 0:
             raise CodecError(f"'deadline_s' must be null or a positive number of seconds, "
-                             f"got {deadline!r}", rid)
-        deadline = float(deadline)
+                             f"got {str(deadline)[:40]}", rid)
+        deadline = seconds
     drop_late = header.get("drop_late", False)
     if not isinstance(drop_late, bool):
         raise CodecError("'drop_late' must be true or false", rid)

@@ -25,6 +25,7 @@ from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import MultiArrayDimension, String, UInt8MultiArray
 
+from av_infer import AvInferError
 from av_infer import tensor_codec as codec
 
 REQUEST_TOPIC = "/av_infer/request"
@@ -159,7 +160,6 @@ class LocalRuntimeClient(RuntimeClient):
     def __init__(self, node: Node, runtime: Any):
         self._node = node
         self.runtime = runtime
-        self._configured: dict[str, tuple[str, bool]] = {}
 
     def ready(self, model: str) -> bool:
         return model in self.runtime.models()
@@ -170,25 +170,25 @@ class LocalRuntimeClient(RuntimeClient):
         return {k: (list(v[0]), str(v[1])) for k, v in self.runtime.input_spec(model).items()}
 
     def submit(self, req: codec.TensorRequest) -> Future:
-        return submit_to_runtime(self.runtime, req, self._node.get_clock().now().nanoseconds
-                                 * 1e-9, self._configured)
+        return submit_to_runtime(self.runtime, req,
+                                 self._node.get_clock().now().nanoseconds * 1e-9)
 
 
-def submit_to_runtime(rt: Any, req: codec.TensorRequest, node_now: float,
-                      configured: dict[str, tuple[str, bool]]) -> Future:
-    """Runtime.submit for a decoded request; the returned future resolves to a response."""
+def submit_to_runtime(rt: Any, req: codec.TensorRequest, node_now: float) -> Future:
+    """``Runtime.submit`` for a decoded request; the returned future resolves to a response.
+
+    The request's priority, deadline and ``drop_late`` go with this request only: the
+    client's configuration in the runtime (``Runtime.configure_client``, owned by whoever
+    configured it) is never changed, so concurrent callbacks cannot race on it. A request
+    without a deadline gets the client's configured relative deadline, if any.
+    """
     out: Future = Future()
     base = {"model": req.model, "client": req.client, "stamp": req.stamp,
             "frame_id": req.frame_id}
     try:
-        key = (req.priority, req.drop_late)
-        if configured.get(req.client) != key:
-            rt.configure_client(req.client, priority=req.priority, relative_deadline=None,
-                                drop_late=req.drop_late)
-            configured[req.client] = key
         deadline = runtime_deadline(rt.now(), node_now, req.stamp, req.deadline_s)
         fut = rt.submit(req.model, req.inputs, priority=req.priority, deadline=deadline,
-                        client=req.client)
+                        client=req.client, drop_late=bool(req.drop_late))
     except Exception as exc:  # submit should not raise; answer anyway if it does
         out.set_result(codec.error_response(req.id, error_code(exc), str(exc), **base))
         return out
@@ -339,12 +339,17 @@ def spin_nodes(make_nodes: Callable[[], list[Node]], args: list[str] | None = No
     rclpy.init(args=args)
     nodes: list[Node] = []
     executor = None
+    refused: AvInferError | None = None
     try:
-        nodes = make_nodes()
-        executor = make_executor(executor_kind, num_threads)
-        for node in nodes:
-            executor.add_node(node)
-        executor.spin()
+        try:
+            nodes = make_nodes()
+        except AvInferError as exc:  # a configuration error the node logged: no traceback
+            refused = exc
+        if refused is None:
+            executor = make_executor(executor_kind, num_threads)
+            for node in nodes:
+                executor.add_node(node)
+            executor.spin()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
@@ -353,3 +358,5 @@ def spin_nodes(make_nodes: Callable[[], list[Node]], args: list[str] | None = No
         for node in reversed(nodes):  # clients before the runtime host
             node.destroy_node()
         rclpy.try_shutdown()
+    if refused is not None:
+        raise SystemExit(f"av_infer: cannot start: {type(refused).__name__}: {refused}")

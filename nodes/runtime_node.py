@@ -41,56 +41,50 @@ from rclpy.node import Node
 from rclpy.parameter import Parameter
 from std_msgs.msg import String, UInt8MultiArray
 
+import av_infer
+from av_infer import DEVICE_NAMES, POLICIES, DeviceUnavailableError, InvalidParameterError
 from av_infer import tensor_codec as codec
-from av_infer.devices import DEVICE_NAMES
 
 DEVICES = ("auto", *DEVICE_NAMES)
-DESIGN_POLICIES = ("rt_only", "seq", "streams", "prio_streams", "wait", "reef", "reef_dkp")
 
 
 def policy_names() -> tuple[str, ...]:
-    """The runtime's policy table (DESIGN.md's list if the table cannot be imported)."""
-    try:
-        from av_infer.sched.policies import POLICIES
-
-        return tuple(POLICIES)
-    except ImportError:  # pragma: no cover - depends on the runtime build
-        return DESIGN_POLICIES
+    """The runtime's policy table (``av_infer.POLICIES``)."""
+    return tuple(POLICIES)
 
 
 def check_policy(name: str, runtime: Any = None) -> str | None:
     """None if ``name`` is a usable policy (on ``runtime``'s device, when given: reef_dkp
     needs padded launches, which the cpu device refuses), else the reason it is not."""
-    check = getattr(runtime, "policy_unavailable", None)
-    if callable(check):
-        return check(name)
+    if runtime is not None:
+        return runtime.policy_unavailable(name)
     try:
-        from av_infer.sched.policies import get_policy
-    except ImportError:  # pragma: no cover
-        return None if name in DESIGN_POLICIES else (
-            f"unknown policy {name!r}; choose one of {', '.join(DESIGN_POLICIES)}")
-    try:
-        get_policy(name)
-    except Exception as exc:  # InvalidParameterError
+        av_infer.get_policy(name)
+    except InvalidParameterError as exc:
         return str(exc)
     return None
 
 
 def make_runtime(device: str, cpu_options: dict[str, Any] | None = None,
                  **kwargs: Any) -> tuple[Any, str, str]:
-    """Builds a Runtime; ``device="auto"`` tries cuda first. Returns (rt, device, why).
-    ``cpu_options``: device options used when the device is the cpu (e.g. rt_priority)."""
-    from av_infer import Runtime
+    """Builds a Runtime; returns (runtime, device name, why that device).
 
+    ``device="auto"`` takes cuda when a GPU is usable and falls back to cpu only when it
+    is not (``DeviceUnavailableError``: no GPU, driver, CuPy or built dispatcher); the
+    reason says so. Any other error (a bad policy, c, option: ``InvalidParameterError``
+    and the rest) propagates, so a configuration error is never hidden behind a cpu
+    fallback. ``cpu_options``: device options used when the device is the cpu (e.g.
+    rt_priority).
+    """
     cpu = {"device_options": dict(cpu_options)} if cpu_options else {}
     if device != "auto":
         extra = cpu if device == "cpu" else {}
-        return Runtime(device=device, **kwargs, **extra), device, "requested"
+        return av_infer.Runtime(device=device, **kwargs, **extra), device, "requested"
     try:
-        return Runtime(device="cuda", **kwargs), "cuda", "a CUDA GPU is usable"
-    except Exception as exc:  # no GPU, no CuPy, driver error: fall back honestly
-        why = f"cuda unavailable ({type(exc).__name__}: {str(exc)[:160]}); using cpu"
-        return Runtime(device="cpu", **kwargs, **cpu), "cpu", why
+        return av_infer.Runtime(device="cuda", **kwargs), "cuda", "auto: a CUDA GPU is usable"
+    except DeviceUnavailableError as exc:
+        why = f"auto: no usable GPU ({exc}); fell back to cpu"
+    return av_infer.Runtime(device="cpu", **kwargs, **cpu), "cpu", why
 
 
 def model_source(entry: str, variant: str) -> tuple[str, Any]:
@@ -104,6 +98,17 @@ def model_source(entry: str, variant: str) -> tuple[str, Any]:
         raise ValueError(f"{entry!r} is neither an ONNX file nor a zoo model "
                          f"({', '.join(zoo.names())})")
     return entry, zoo.path(entry, variant)
+
+
+def readable_id(label: Any) -> str:
+    """The request id in a header the codec failed on unexpectedly (an exception other than
+    ``CodecError``), so that the answer still reaches its client; ``""`` if unreadable."""
+    try:
+        header = json.loads(label)
+    except Exception:  # noqa: BLE001 - unreadable: no id
+        return ""
+    rid = header.get("id") if isinstance(header, dict) else None
+    return rid if isinstance(rid, str) and 0 < len(rid) <= codec.MAX_ID_LEN else ""
 
 
 class ModelLatency:
@@ -150,21 +155,36 @@ class RuntimeNode(Node):
         super().__init__(node_name, **node_kwargs)
         p = self._declare_parameters()
         self._lock = threading.Lock()
+        #: why the runtime runs on ``device``; ``device_fallback``: ``device=auto`` found no
+        #: usable GPU and fell back to cpu (a WARN in the log and in /diagnostics)
+        self.device_reason = "given by the container"
+        self.device_fallback = False
         if runtime is None:
-            self.runtime, self.device, why = make_runtime(
-                p["device"], policy=p["policy"], c=p["c"], max_be_streams=p["max_be_streams"],
-                edf_preempt=p["edf_preempt"])
+            try:
+                self.runtime, self.device, self.device_reason = make_runtime(
+                    p["device"], policy=p["policy"], c=p["c"],
+                    max_be_streams=p["max_be_streams"], edf_preempt=p["edf_preempt"])
+            except Exception as exc:  # a configuration error: refuse to start, say why
+                self.get_logger().error(
+                    f"cannot create the runtime (device={p['device']!r}, policy="
+                    f"{p['policy']!r}, c={p['c']}): {type(exc).__name__}: {exc}")
+                super().destroy_node()  # nothing of ours to free yet
+                raise
             self._owns_runtime = True
+            self.device_fallback = p["device"] == "auto" and self.device != "cuda"
         else:
-            self.runtime, self.device, why = runtime, p["device"], "given by the container"
+            self.runtime, self.device = runtime, p["device"]
             self._owns_runtime = False
-        self.get_logger().info(f"runtime on device {self.device!r} ({why}), policy "
-                               f"{self.runtime.policy}, c={self.runtime.c}")
+        text = (f"runtime on device {self.device!r} ({self.device_reason}), policy "
+                f"{self.runtime.policy}, c={self.runtime.c}")
+        if self.device_fallback:
+            self.get_logger().warning(text)
+        else:
+            self.get_logger().info(text)
         self._startup_settings(p)
         self.model_info: dict[str, Any] = {}
         for entry in p["models"]:
             self.load_model(entry, p["model_variant"], pin=entry in p["pinned_models"])
-        self._configured: dict[str, tuple[str, bool]] = {}
         self._group = ReentrantCallbackGroup()
         self._resp_pub = self.create_publisher(UInt8MultiArray, RESPONSE_TOPIC, REQUEST_QOS)
         self._req_sub = self.create_subscription(UInt8MultiArray, REQUEST_TOPIC,
@@ -190,7 +210,9 @@ class RuntimeNode(Node):
         pol = ", ".join(policy_names())
         return {
             "device": declare(self, "device", "auto",
-                              "Device: auto (cuda if usable, else cpu), cpu, cuda or sim.",
+                              "Device: auto (cuda when a GPU is usable; without one, cpu, "
+                              "with a warning in the log and /diagnostics) or one of "
+                              + ", ".join(DEVICE_NAMES) + ".",
                               read_only=True, constraints="one of " + ", ".join(DEVICES)),
             "models": declare(self, "models", ["tiny_cnn"],
                               "Models to load at start: zoo names or ONNX file paths.",
@@ -367,6 +389,7 @@ class RuntimeNode(Node):
     # -- request/response endpoint -------------------------------------------------------
     def _on_request(self, msg: UInt8MultiArray) -> None:
         """Decodes, submits, and answers every request exactly once (even malformed ones)."""
+        label: Any = ""
         try:
             label, data = from_msg(msg)
             req = codec.decode_request(label, data)
@@ -374,10 +397,11 @@ class RuntimeNode(Node):
             self._respond(codec.error_response(exc.request_id, exc.code, str(exc)))
             return
         except Exception as exc:  # never let a bad message kill the callback
-            self._respond(codec.error_response("", codec.MALFORMED, f"undecodable: {exc}"))
+            self._respond(codec.error_response(readable_id(label), codec.MALFORMED,
+                                               f"undecodable: {type(exc).__name__}: {exc}"))
             return
         now = self.get_clock().now().nanoseconds * 1e-9
-        fut = submit_to_runtime(self.runtime, req, now, self._configured)
+        fut = submit_to_runtime(self.runtime, req, now)
         fut.add_done_callback(lambda f: self._respond(f.result()))
 
     def _respond(self, resp: codec.TensorResponse) -> None:
@@ -402,8 +426,14 @@ class RuntimeNode(Node):
         msg = DiagnosticArray()
         msg.header.stamp = self.get_clock().now().to_msg()
         stats["models"] = self._model_stats(stats.get("models") or {})
-        msg.status = diagnostic_statuses(stats, self.device, self.runtime, self._last_misses)
-        self._diag_pub.publish(msg)
+        msg.status = diagnostic_statuses(stats, self.device, self.runtime, self._last_misses,
+                                         device_reason=self.device_reason,
+                                         device_fallback=self.device_fallback)
+        try:
+            self._diag_pub.publish(msg)
+        except Exception as exc:  # a diagnostics problem must never stop the node
+            if rclpy.ok(context=self.context):
+                self.get_logger().warning(f"diagnostics not published: {exc!r}")
 
     def _model_stats(self, counters: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -433,12 +463,23 @@ class RuntimeNode(Node):
         super().destroy_node()
 
 
+def ros_text(text: str) -> str:
+    """``text`` as a ROS string can carry it: lone surrogates (a client name sent as JSON
+    ``"\\ud800"`` decodes to one) cannot be UTF-8 encoded and would make ``publish`` raise,
+    so they are written as backslash escapes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def _kv(key: str, value: Any) -> KeyValue:
     if isinstance(value, float):
         value = f"{value:.3f}" if math.isfinite(value) else str(value)
     elif isinstance(value, dict | list):
         value = json.dumps(value, separators=(",", ":"), default=str)
-    return KeyValue(key=key, value=str(value))
+    return KeyValue(key=ros_text(key), value=ros_text(str(value)))
 
 
 def _flatten(prefix: str, value: Any, out: list[KeyValue]) -> None:
@@ -450,19 +491,27 @@ def _flatten(prefix: str, value: Any, out: list[KeyValue]) -> None:
 
 
 def diagnostic_statuses(stats: dict[str, Any], device: str, rt: Any,
-                        last_misses: dict[str, int]) -> list[DiagnosticStatus]:
+                        last_misses: dict[str, int], device_reason: str = "",
+                        device_fallback: bool = False) -> list[DiagnosticStatus]:
     """Runtime.stats() -> one status for the runtime, one per client, one per model.
 
-    A client's status is WARN when it missed deadlines since the previous publication.
+    The runtime's status names the device and why it was chosen (``device_reason``); it is
+    WARN while ``device_fallback`` (device=auto found no usable GPU and runs on cpu). A
+    client's status is WARN when it missed deadlines since the previous publication.
     """
     statuses: list[DiagnosticStatus] = []
-    head: list[KeyValue] = [_kv("device", device), _kv("policy", getattr(rt, "policy", "?")),
+    policy = getattr(rt, "policy", "?")
+    head: list[KeyValue] = [_kv("device", device), _kv("device_reason", device_reason),
+                            _kv("device_fallback", device_fallback), _kv("policy", policy),
                             _kv("c", getattr(rt, "c", "?"))]
     for key, value in stats.items():
         if key not in ("clients", "models"):
             _flatten(key, value, head)
-    statuses.append(DiagnosticStatus(level=DiagnosticStatus.OK, name="av_infer: runtime",
-                                     message=f"{device}, policy {getattr(rt, 'policy', '?')}",
+    text = f"{device}, policy {policy}"
+    if device_fallback:
+        text += f"; {device_reason}"
+    level = DiagnosticStatus.WARN if device_fallback else DiagnosticStatus.OK
+    statuses.append(DiagnosticStatus(level=level, name="av_infer: runtime", message=text,
                                      hardware_id=device, values=head))
     for name, cs in sorted((stats.get("clients") or {}).items()):
         values: list[KeyValue] = []
@@ -477,7 +526,7 @@ def diagnostic_statuses(stats: dict[str, Any], device: str, rt: Any,
         level = DiagnosticStatus.WARN if new > 0 else DiagnosticStatus.OK
         if new > 0:
             text += f", {new} deadline misses"
-        statuses.append(DiagnosticStatus(level=level, name=f"av_infer: client {name}",
+        statuses.append(DiagnosticStatus(level=level, name=ros_text(f"av_infer: client {name}"),
                                          message=text, hardware_id=device, values=values))
     for name, ms in sorted((stats.get("models") or {}).items()):
         values = []

@@ -1,5 +1,10 @@
 """Helpers for tests and the demo: a private rclpy context spun in a thread, synthetic
-camera images, bounded waits and node subprocesses that are always cleaned up.
+camera images, waits on conditions and node subprocesses that are always cleaned up.
+
+Tests wait for what they need (a matched endpoint, a service, a received message, a
+parameter value), never for a fixed time: on a busy machine discovery and start-up take
+longer, and a fixed sleep or a short timeout then fails a correct program. ``WAIT_S`` only
+bounds a hang.
 
 Run anything that creates a ROS 2 context inside ``scripts/netns_run.sh`` (LOCALHOST
 discovery in a fresh network namespace).
@@ -25,6 +30,9 @@ from rclpy.node import Node
 from sensor_msgs.msg import Image
 
 REPO = Path(__file__).resolve().parents[1]
+
+#: Upper bound of every wait in the ROS tests: a hang guard, not a timing expectation.
+WAIT_S = 120.0
 
 
 class RosHarness:
@@ -71,9 +79,10 @@ class RosHarness:
         self.close()
 
 
-def wait_for(pred: Callable[[], Any], timeout: float, period: float = 0.02,
+def wait_for(pred: Callable[[], Any], timeout: float = WAIT_S, period: float = 0.02,
              what: str = "condition") -> Any:
-    """Polls ``pred`` until truthy; raises TimeoutError naming ``what`` after ``timeout``."""
+    """Polls ``pred`` until truthy and returns its value; raises TimeoutError naming
+    ``what`` after ``timeout`` (a hang guard: ``WAIT_S`` unless a test knows better)."""
     deadline = time.monotonic() + timeout
     while True:
         value = pred()
@@ -82,6 +91,23 @@ def wait_for(pred: Callable[[], Any], timeout: float, period: float = 0.02,
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(period)
+
+
+def wait_matched(*endpoints: Any, timeout: float = WAIT_S, what: str = "discovery") -> None:
+    """Waits until every publisher has a matched subscription and every subscription a
+    matched publisher (DDS drops what is published before matching)."""
+
+    def matched(e: Any) -> bool:
+        count = getattr(e, "get_subscription_count", None) or e.get_publisher_count
+        return count() > 0
+
+    wait_for(lambda: all(matched(e) for e in endpoints), timeout, what=what)
+
+
+def wait_future(fut: Any, timeout: float = WAIT_S, what: str = "a reply") -> Any:
+    """The result of a (rclpy or concurrent.futures) future, waiting at most ``timeout``."""
+    wait_for(fut.done, timeout, what=what)
+    return fut.result()
 
 
 def make_image(node: Node, frame_id: str, height: int = 48, width: int = 64,
@@ -132,8 +158,9 @@ class NodeProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self, timeout: float = 10.0) -> int:
-        """SIGINT (Ctrl-C), wait; SIGKILL if it hangs. Returns the exit code."""
+    def stop(self, timeout: float = WAIT_S) -> int:
+        """SIGINT (Ctrl-C), wait for the exit (``timeout`` bounds a hang); SIGKILL if it
+        hangs. Returns the exit code."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:

@@ -9,6 +9,7 @@ nvcc runs once per architecture on one source holding every distinct kernel of t
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +81,75 @@ def test_every_sample_and_zoo_plan_generates(all_plans):
             head = code.split("__global__", 1)[1]
             assert head.splitlines()[1].strip() == "AVI_PREEMPT_CHECK(flag)"
             assert "_body" in head
+
+
+_FLAG_READ = re.compile(r"\*\s*\(\s*volatile[^)]*\)\s*\(?\s*[\w.]*flag")
+
+
+def _c_body(src: str, head: re.Pattern) -> str:
+    """The brace-balanced body of the first function whose header matches ``head``."""
+    m = head.search(src)
+    assert m, head.pattern
+    i = src.index("{", m.end() - 1)
+    depth = 0
+    for j in range(i, len(src)):
+        depth += {"{": 1, "}": -1}.get(src[j], 0)
+        if depth == 0:
+            return src[i + 1:j]
+    raise AssertionError(f"unbalanced body after {head.pattern}")
+
+
+def _assert_block_uniform_flag_check(src: str) -> None:
+    """The flag check every kernel starts with (issue 16, defect 8): AVI_PREEMPT_CHECK is
+    the one place that reads a flag word; thread 0 reads it into shared memory, a barrier,
+    then every thread of the block takes the same exit (no per-thread return on the flag
+    that could leave a barrier or full-mask shuffle short of warps)."""
+    macro = re.search(r"#define AVI_PREEMPT_CHECK\((\w+)\)\s*\\?\s*\n?(.*)", src)
+    assert macro, "AVI_PREEMPT_CHECK is not defined"
+    assert re.fullmatch(rf"if \(avi_block_preempted\({macro.group(1)}\)\) return;",
+                        macro.group(2).strip()), macro.group(0)
+    body = _c_body(src, re.compile(r"bool avi_block_preempted\(const unsigned int\* flag\)"))
+    stmts = [st.strip() for st in body.split(";") if st.strip()]
+    shared = next(i for i, st in enumerate(stmts) if st.startswith("__shared__"))
+    word = stmts[shared].split()[-1]
+    read = next(i for i, st in enumerate(stmts) if _FLAG_READ.search(st))
+    assert re.match(rf"if \(threadIdx\.x == 0\b.*\)\s*{word} = ", stmts[read]), stmts[read]
+    assert stmts[read + 1] == "__syncthreads()"
+    assert stmts[read + 2:] == [f"return {word} != 0u"], stmts[read + 2:]
+    # nothing else reads a flag word (a per-thread read would bypass the check)
+    assert len(_FLAG_READ.findall(src)) == 1, _FLAG_READ.findall(src)
+
+
+def test_every_kernel_leaves_block_uniformly_on_the_flag(all_plans):
+    from av_infer.kernels.cuda.padding import build_padded_module
+
+    zoo = [p for p in all_plans if p.name in set(_zoo_names())]
+    assert zoo, "no zoo model compiled"
+    for plan in [*zoo, chain_plan()[0]]:
+        src = build_plan_source(plan)
+        _assert_block_uniform_flag_check(src.source)
+        kernels = re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?'
+                             r'\w+\(([^)]*)\)\s*\{\s*([^\n]*)', src.source)
+        assert len(kernels) == len(src.wrappers) > 0
+        for params, first in kernels:  # the check is each kernel's first statement
+            assert params.startswith("const unsigned int* flag"), params
+            assert first == "AVI_PREEMPT_CHECK(flag)", first
+    # the padded dispatcher kernel: the same check on its part's flag, nothing before it
+    # that could return (zoo plan bodies + the chain's conv tiles)
+    padded = build_padded_module([build_plan_source(zoo[0]),
+                                  build_plan_source(chain_plan()[0])])
+    _assert_block_uniform_flag_check(padded.source)
+    disp = _c_body(padded.source, re.compile(r"void avi_pad_dispatch\([^)]*\)"))
+    before, _, after = disp.partition("AVI_PREEMPT_CHECK(p.flag)")
+    assert after, "the padded dispatcher does not check its part's flag"
+    assert "return" not in before and "__syncthreads" not in before
+    assert after.index("switch") > 0
+
+
+def _zoo_names() -> list[str]:
+    from av_infer.model import zoo
+
+    return list(zoo.names())
 
 
 def test_wrappers_are_deduplicated():

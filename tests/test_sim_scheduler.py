@@ -16,7 +16,6 @@ from av_infer.devices.sim import SimDevice
 from av_infer.model.plan import Geometry, Kernel, Plan
 from av_infer.profiles import GPUS, KernelProfile, ModelProfile, default_trace_dir, load_reef_trace
 from av_infer.runtime import Runtime
-from av_infer.sched.policies import WAIT_BE_CAPACITY
 from av_infer.sched.request import Priority, Result, Timings
 
 pytestmark = pytest.mark.skipif(
@@ -84,11 +83,11 @@ def test_fig13_reef_preemption_latency_is_flat_in_queued_kernels(fig13: dict) ->
 
 def test_fig13_wait_preemption_latency_grows_with_launched_kernels(fig13: dict) -> None:
     wait = fig13["wait"]
-    # REEF's baseline launches the whole BE model (WAIT_BE_CAPACITY = 4096 launches) and
+    # REEF's baseline launches the whole BE model (the device's max_capacity launches) and
     # evicts lazily: RT waits until every launched kernel was fetched and evicted itself,
     # one per evict_us in stream order — linear in launched kernels, all the way to 1000.
     evict_us = GPUS["mi50"].evict_us
-    assert WAIT_BE_CAPACITY >= max(QUEUED)
+    assert SimDevice.max_capacity >= max(QUEUED)
     for a, b in zip(QUEUED, QUEUED[1:]):
         assert wait[b] - wait[a] == pytest.approx((b - a) * evict_us, rel=0.02), (a, b, wait)
     for n in QUEUED:

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from av_infer._cy.vhq import MAX_C
 from av_infer.devices.faults import FaultInjector
 from av_infer.model.plan import Plan
 
@@ -89,9 +90,24 @@ CompletionCallback = Callable[[Completion], None]
 
 
 class Device(ABC):
-    """Base class: names every hook once; backends fill them."""
+    """Base class: names every hook and every capability once; backends fill them.
+
+    Capabilities are class attributes declared here with their defaults (``virtual``,
+    ``max_capacity``, ``supports_padding``, ``be_beside_rt``, ``sms``), so the layers above
+    read them directly and never probe a device with ``getattr``."""
 
     name: str = "device"
+    #: The clock is virtual (the simulator): events run inside :meth:`run`, so the runtime
+    #: drives the device from the caller's thread (deterministic) instead of wall-clock
+    #: threads. One declaration read once, by ``Runtime``.
+    virtual: bool = False
+    #: Largest per-stream capacity c (launches in flight) the device accepts: the one range
+    #: ``1..max_capacity`` every layer checks before anything changes (the vHQ's in-flight
+    #: ring by default; the CUDA dispatcher's event ring is smaller). The ``wait`` policy's
+    #: unbounded BE streams use it.
+    max_capacity: int = MAX_C
+    #: Streaming multiprocessors DKP counts padding slots on (0: not a GPU).
+    sms: int = 0
     #: Streams are numbered from 0; priority: higher number = more urgent (RT streams use
     #: the device's highest priority, BE streams its lowest).
 
@@ -237,6 +253,25 @@ class Device(ABC):
         if self.faults is None:
             self.faults = FaultInjector()
         return self.faults
+
+    # set_profile / profile_of: kernel profiles (profiles.ModelProfile) drive padding
+    # selection and the simulator's timing. Devices without profiles ignore them.
+    def set_profile(self, plan_name: str, profile: Any) -> None:
+        """Use ``profile`` for the plan called ``plan_name`` (default: ignored)."""
+        return None
+
+    def profile_of(self, handle: Any) -> Any | None:
+        """The kernel profile of a loaded plan, if the device has one (default: None)."""
+        return None
+
+    def run(self) -> None:
+        """Virtual devices: run every pending event (drains the work). Others: nothing."""
+        return None
+
+    def call_at(self, t: float, fn: Callable[[], None]) -> None:
+        """Virtual devices: run ``fn()`` at device time ``t`` inside :meth:`run` (the
+        driver's timer). Wall-clock devices do not need it (the driver has a thread)."""
+        raise NotImplementedError(f"{self.name} has no virtual clock")
 
     def telemetry(self) -> dict[str, Any]:
         """Device facts for diagnostics (name, memory, utilisation, clocks)."""

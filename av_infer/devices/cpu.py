@@ -26,10 +26,19 @@ may be raised (``rt_priority`` "nice" or "fifo", where permitted; off by default
 
 Callers that wait run their request's launches themselves when the lane is idle
 (``run_pending``, used by ``Runtime.infer`` and ``Future.result``): no thread hand-off.
+
+A lane's thread that dies (an exception outside the per-launch handler: a bug, or the
+``"lane"`` fault of ``devices.faults``) is noticed on its way out: the launch it held
+completes with its task marked failed (``read_outputs`` raises DeviceFaultError), and a new
+thread takes the lane over and runs what is queued, so every other request is still served
+(``telemetry()["streams"][i]["restarts"]``). Fault hook points (``devices.faults``):
+``"kernel"`` where a launch runs, ``"lane"`` just before it (outside the handler),
+``"load"``/``"oom"`` in ``load_plan``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -43,11 +52,16 @@ from threadpoolctl import threadpool_limits
 from av_infer._cy.vhq import MAX_C, VHQ
 from av_infer.devices import os_priority
 from av_infer.devices.base import Completion, CompletionCallback, Device, ResetInfo
-from av_infer.errors import DeviceFaultError, InvalidParameterError
+from av_infer.errors import (
+    DeviceFaultError,
+    InvalidParameterError,
+)
 from av_infer.kernels.cpu import CpuPlanRunner
 from av_infer.kernels.ort_segments import SegmentRunner, is_kill, is_segment_plan
 from av_infer.model.plan import Plan
 from av_infer.sched.stats import LatencyRecorder, summarize_ms
+
+log = logging.getLogger(__name__)
 
 #: Largest per-stream capacity the vHQ supports (its in-flight ring).
 MAX_CAPACITY = MAX_C  # the vHQ in-flight ring bounds c
@@ -184,6 +198,10 @@ class _Lane:
     #: callers may run this lane's launches (``run_pending``): the worker has set its
     #: priority, and a helper can take it and give it back (never SCHED_FIFO)
     helpable: bool = False
+    #: the launch taken from ``dq`` and not yet completed: (task, kernel, start time); what
+    #: a thread that dies running the lane leaves to be answered (``_fail_hand``)
+    hand: tuple[int, int, float] | None = None
+    restarts: int = 0  # worker threads that died and were replaced
 
 
 class CpuDevice(Device):
@@ -264,6 +282,8 @@ class CpuDevice(Device):
                                 segment_ms=None if whole else self.segment_ms)
 
     def load_plan(self, plan: Plan) -> _Model:
+        if self.faults is not None:
+            self.faults.check_load(plan.name, self.name)
         if is_segment_plan(plan):
             runner: Any = SegmentRunner(plan, self.threads)
             est = [float(k.args.get("est_ms", 0.0)) / 1e3 for k in plan.kernels]
@@ -447,7 +467,8 @@ class CpuDevice(Device):
                 {"id": ln.id, "priority": ln.priority, "queued": ln.vhq.queued,
                  "in_flight": ln.vhq.in_flight, "flag": ln.flag,
                  "capacity": ln.vhq.c, "executed": ln.executed, "evicted": ln.evicted,
-                 "killed": ln.killed, "os_priority": ln.prio_desc}
+                 "killed": ln.killed, "restarts": ln.restarts,
+                 "os_priority": ln.prio_desc}
                 for ln in self._lanes
             ],
             "tasks": len(self._tasks),
@@ -463,6 +484,44 @@ class CpuDevice(Device):
             target=self._run_lane, args=(lane,), name=f"av_infer-cpu-lane{lane.id}", daemon=True
         )
         lane.thread.start()
+
+    def _respawn(self, lane: _Lane, err: BaseException) -> None:
+        """The lane's worker is dying of ``err`` (its launch in hand was answered by
+        ``_fail_hand``): a new thread takes the lane over and runs what is queued."""
+        log.error("cpu device: lane %d worker died (%s: %s); restarting it",
+                  lane.id, type(err).__name__, err)
+        with self._lock:
+            if self._stopping:
+                return
+            lane.restarts += 1
+            self._spawn(lane)
+        _signal(lane.wake)  # launches left in the device queue
+
+    def _fail_hand(self, lane: _Lane, err: BaseException) -> None:
+        """A thread running ``lane`` died outside the per-launch handler: complete the
+        launch it held (in stream order: it was the queue's head) with its task marked
+        failed, so the request is answered with DeviceFaultError and the stream goes on.
+        The caller still holds ``lane.token``, so no launch overtakes it."""
+        comp = None
+        with lane.lock:
+            hand, lane.hand = lane.hand, None
+            lane.running = None
+            lane.busy = False
+            lane.flag_mark = None
+            if hand is not None:
+                task, k, t0 = hand
+                rec = self._tasks.get(task)
+                if rec is not None and rec.error is None:
+                    rec.error = RuntimeError(
+                        f"the thread running cpu lane {lane.id} died: "
+                        f"{type(err).__name__}: {err}")
+                    rec.error_kernel = k
+                lane.vhq.complete()
+                self._transmit(lane, False)  # the caller signals what it leaves
+                comp = Completion(lane.id, task, k, True, t0, time.perf_counter())
+        cb = self._on_complete
+        if comp is not None and cb is not None and not self._stopping:
+            cb(comp)
 
     def _apply_os_priority(self, lane: _Lane) -> None:
         """The worker's OS priority (devices.os_priority): BE lanes niced, RT optional."""
@@ -507,6 +566,12 @@ class CpuDevice(Device):
                     ran = self._drain(lane, until)
             else:
                 ran = self._drain(lane, until)
+        except Exception as e:  # noqa: BLE001 - its launch was answered (_drain)
+            # the caller's thread survives a death while it ran the lane (the worker
+            # takes over); it must not raise out of Future.result
+            log.error("cpu device: lane %d failed while a caller ran it (%s: %s)",
+                      lane.id, type(e).__name__, e)
+            ran = True
         finally:
             lane.token.release()
         if lane.dq:  # left for the worker (the token was ours when it was signalled)
@@ -514,6 +579,14 @@ class CpuDevice(Device):
         return ran
 
     def _run_lane(self, lane: _Lane) -> None:
+        """The worker. Whatever escapes the loop kills this thread; the lane does not die
+        with it (``_respawn``)."""
+        try:
+            self._lane_loop(lane)
+        except BaseException as e:  # noqa: BLE001 - the lane lives on in a new thread
+            self._respawn(lane, e)
+
+    def _lane_loop(self, lane: _Lane) -> None:
         self._apply_os_priority(lane)
         wake, token = lane.wake, lane.token
         while True:
@@ -530,7 +603,15 @@ class CpuDevice(Device):
                 _signal(wake)
 
     def _drain(self, lane: _Lane, until: Any) -> bool:
-        """Run transmitted launches in order (caller holds ``lane.token``)."""
+        """Run transmitted launches in order (caller holds ``lane.token``). An exception
+        out of it (outside the per-launch handler) first answers the launch in hand."""
+        try:
+            return self._drain_loop(lane, until)
+        except BaseException as e:
+            self._fail_hand(lane, e)
+            raise
+
+    def _drain_loop(self, lane: _Lane, until: Any) -> bool:
         lock, dq = lane.lock, lane.dq
         now = time.perf_counter
         tasks = self._tasks
@@ -542,6 +623,7 @@ class CpuDevice(Device):
                     break
                 task, k = dq.popleft()
                 t0 = now()
+                lane.hand = (task, k, t0)
                 rec = tasks.get(task)
                 # the flag check at the start of every launch
                 executed = not lane.flag and rec is not None
@@ -552,7 +634,13 @@ class CpuDevice(Device):
                 lane.busy, lane.run_clk, lane.flag_mark = executed, clk, None
             ran = True
             if executed and rec.error is None:
+                faults = self.faults
+                if faults is not None:
+                    # outside the per-launch handler: the thread running the lane dies
+                    faults.check("lane", rec.model.plan.name, k)
                 try:
+                    if faults is not None:
+                        faults.check("kernel", rec.model.plan.name, k)
                     if ro is None:
                         rec.bound.fns[k]()
                     else:
@@ -580,6 +668,7 @@ class CpuDevice(Device):
                 else:
                     lane.evicted += 1
                 lane.vhq.complete()
+                lane.hand = None
                 self._transmit(lane, False)  # this thread goes on draining
             cb = self._on_complete
             if cb is not None and not self._stopping:

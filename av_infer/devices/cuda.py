@@ -22,21 +22,42 @@ compiled per set of resident plans (RT plan + the BE plans of the parts) on a ba
 thread the first time that set is asked for (or up front: :meth:`CudaDevice.prepare_padding`);
 until it is ready the kernel runs unpadded and ``enqueue_padded`` says so (returns False).
 
+Threads and ownership: the scheduler thread calls the Device methods; the dispatcher thread
+(nogil) owns the streams; the drain thread turns the dispatcher's completions into
+:class:`Completion` calls. The task records (``_tasks``), the released tasks whose launches
+are still in flight (``_zombies``) and the BE parts of queued padded launches
+(``_padded``) are shared by the scheduler and the drain thread and have one owner, the
+lock ``_books``: every change, and every iteration, happens under it (issue 16: the drain
+popping ``_padded`` while ``reset`` iterated it; a task released between the dispatcher's
+"still in flight" and the drain's last completion of it was never freed).
+
+Fault hook points (``devices.faults``, tests only): ``"kernel"`` where the drain thread
+records a launch's completion (the launch counts as failed: its task's ``read_outputs``
+raises DeviceFaultError, as for a failing ``cuLaunchKernel``); ``"lane"`` just before it,
+outside any handler: the drain thread dies, the completion it held is booked as failed and
+a new drain thread takes over (the launches themselves run on the GPU, so the host thread
+that can die is this one); ``"load"``/``"oom"`` at the start of ``load_plan``
+(ModelLoadError / ModelTooLargeError, nothing allocated yet).
+
 ``CudaDevice(emulate=True)`` runs all of the above on the CPU: the emulated driver and
 kernel modules of ``av_infer.devices.cuda_emu`` (docs/cuda_emu.md) replace libcuda and
 NVRTC, and "device" memory is host memory. Only memory and compilation differ
-(:class:`_CupyMemory` vs :class:`_HostMemory`); the dispatcher, packing, vHQs and
-completions are the same code.
+(:class:`~av_infer.devices.cuda_memory.CupyMemory` vs ``HostMemory``); the dispatcher,
+packing, vHQs and completions are the same code.
+
+Split by responsibility: this module launches (models, tasks, streams, padded launches,
+completions); ``cuda_memory`` holds memory and copies, ``cuda_padcache`` compiles and
+caches the padded dispatcher modules, ``cuda_profiling`` times kernels and queries
+occupancy through the driver.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import statistics
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,8 +65,15 @@ from typing import Any
 import numpy as np
 
 from av_infer.devices.base import Completion, CompletionCallback, Device, ResetInfo
-from av_infer.errors import DeviceFaultError, DeviceUnavailableError, InvalidInputError
-from av_infer.kernels.cuda.padding import PaddedModule, build_padded_module
+from av_infer.devices.cuda_memory import CupyMemory, HostMemory
+from av_infer.devices.cuda_padcache import PadModuleCache
+from av_infer.devices.cuda_profiling import DriverTiming
+from av_infer.devices.faults import InjectedFault
+from av_infer.errors import (
+    DeviceFaultError,
+    DeviceUnavailableError,
+    InvalidInputError,
+)
 from av_infer.kernels.cuda.sources import PlanSource, build_plan_source, slot_address
 from av_infer.kernels.cuda_compile import CompileCache, Compiler, default_compiler
 from av_infer.model.plan import Plan
@@ -91,108 +119,6 @@ def is_available(device_id: int = 0) -> bool:
     return availability(device_id)[0]
 
 
-class _CupyMemory:
-    """Device memory, pinned staging and the copy stream of a real GPU (CuPy)."""
-
-    emulated = False
-
-    def __init__(self, device_id: int) -> None:
-        import cupy
-
-        self.cp = cupy
-        self.dev = cupy.cuda.Device(device_id)
-        self.dev.use()
-        self.arch = f"sm_{self.dev.compute_capability}"
-        self.sms = int(self.dev.attributes["MultiProcessorCount"])
-        self.copy = cupy.cuda.Stream(non_blocking=True)
-        cupy.cuda.runtime.deviceSynchronize()  # the context exists and is current
-
-    def alloc(self, nbytes: int, zero: bool = False) -> Any:
-        make = self.cp.zeros if zero else self.cp.empty
-        return make(max(int(nbytes), 1), dtype=self.cp.uint8)
-
-    @staticmethod
-    def ptr(buf: Any) -> int:
-        return int(buf.data.ptr)
-
-    def upload(self, buf: Any, offset: int, data: np.ndarray) -> None:
-        """Synchronous copy of host bytes into ``buf`` at ``offset`` (model loading)."""
-        buf[offset:offset + data.size].set(data)
-
-    def to_device(self, arr: np.ndarray) -> Any:
-        return self.cp.asarray(arr)
-
-    def pinned(self, nbytes: int) -> np.ndarray:
-        mem = self.cp.cuda.alloc_pinned_memory(max(nbytes, 1))
-        return np.frombuffer(mem, dtype=np.uint8, count=max(nbytes, 1))
-
-    def h2d(self, dst: int, src: int, nbytes: int) -> None:
-        rt = self.cp.cuda.runtime
-        rt.memcpyAsync(dst, src, nbytes, rt.memcpyHostToDevice, self.copy.ptr)
-
-    def d2h(self, dst: int, src: int, nbytes: int) -> None:
-        rt = self.cp.cuda.runtime
-        rt.memcpyAsync(dst, src, nbytes, rt.memcpyDeviceToHost, self.copy.ptr)
-
-    def wait_copies(self) -> None:
-        self.copy.synchronize()
-
-    def synchronize(self) -> None:
-        self.cp.cuda.runtime.deviceSynchronize()
-
-
-class _HostMemory:
-    """"Device" memory of the CPU emulator: 256-byte aligned host buffers, plain copies."""
-
-    emulated = True
-    arch = "emu"
-
-    def alloc(self, nbytes: int, zero: bool = False) -> np.ndarray:
-        """Uninitialised memory is poisoned (0xFF: NaN as float32), so a kernel that reads
-        what nothing wrote shows it."""
-        from av_infer.devices.cuda_emu.kernels import aligned_bytes
-
-        return aligned_bytes(nbytes, fill=0 if zero else 0xFF)
-
-    @staticmethod
-    def ptr(buf: np.ndarray) -> int:
-        return int(buf.ctypes.data)
-
-    def upload(self, buf: np.ndarray, offset: int, data: np.ndarray) -> None:
-        buf[offset:offset + data.size] = data
-
-    def to_device(self, arr: np.ndarray) -> np.ndarray:
-        a = np.ascontiguousarray(arr)
-        out = self.alloc(a.nbytes)
-        out[:] = a.view(np.uint8).reshape(-1)
-        return out
-
-    def pinned(self, nbytes: int) -> np.ndarray:
-        return np.empty(max(nbytes, 1), dtype=np.uint8)
-
-    def h2d(self, dst: int, src: int, nbytes: int) -> None:
-        ctypes.memmove(dst, src, nbytes)
-
-    d2h = h2d
-
-    def wait_copies(self) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-
-@dataclass
-class _PadModule:
-    """A compiled padded dispatcher module (or one being compiled: ``ready`` unset)."""
-
-    ready: threading.Event = field(default_factory=threading.Event)
-    module: int = 0
-    padded: PaddedModule | None = None
-    funcs: dict[str, int] = field(default_factory=dict)
-    error: str | None = None
-
-
 @dataclass(eq=False)
 class _Model:
     plan: Plan
@@ -223,6 +149,7 @@ class CudaDevice(Device):
 
     name = "cuda"
     virtual = False
+    max_capacity = MAX_CAPACITY  # Device.max_capacity: the dispatcher ring
     #: DKP: padded launches (``enqueue_padded``) through the generated dispatcher kernel
     supports_padding = True
     padding_reason = ""
@@ -247,11 +174,11 @@ class CudaDevice(Device):
             from av_infer.devices.cuda_emu.driver import build_driver
             from av_infer.devices.cuda_emu.kernels import HostKernelCompiler
 
-            self._mem: _CupyMemory | _HostMemory = _HostMemory()
+            self._mem: CupyMemory | HostMemory = HostMemory()
             self._driver_path = str(build_driver())
             self._compiler: Compiler = compiler or HostKernelCompiler()
         else:
-            self._mem = _CupyMemory(self.device_id)
+            self._mem = CupyMemory(self.device_id)
             self._driver_path = "libcuda.so.1"
             self._compiler = compiler or default_compiler("cubin")
         self.arch = self._mem.arch
@@ -263,9 +190,11 @@ class CudaDevice(Device):
         self._disp = Dispatcher(self._driver_path)
         self._errstr = self._disp.error_string
         self._cache = CompileCache(cache_dir)
-        self._pad_modules: dict[frozenset[int], _PadModule] = {}
-        #: launch-path shortcut: (RT model id, part model ids...) -> a ready module
-        self._pad_ready: dict[tuple[int, ...], _PadModule] = {}
+        self._pads = PadModuleCache(self._disp, self._cache, self._compiler, self.arch)
+        self._timing = DriverTiming(self._driver_path, self._mem, self._errstr)
+        #: one owner of _tasks / _zombies / _padded (module docstring, "Threads")
+        self._books = threading.Lock()
+        #: BE parts of the padded launches queued, by (RT task, kernel); taken by the drain
         self._padded: dict[tuple[int, int], tuple[tuple[int, int, int, int, int], ...]] = {}
         self._c = int(c)
         self._vhqs: list[Any] = []
@@ -275,10 +204,11 @@ class CudaDevice(Device):
         self._zombies: set[int] = set()
         self._on_complete: CompletionCallback | None = None
         self._threads: list[threading.Thread] = []
+        #: completion threads that died and were replaced (``_drain``)
+        self.drain_restarts = 0
         self._started = False
         self._closed = False
         self._lock = threading.Lock()
-        self._retired: list[_PadModule] = []
 
     # -- clock ----------------------------------------------------------------------------
     def now(self) -> float:
@@ -292,6 +222,8 @@ class CudaDevice(Device):
         return src, image
 
     def load_plan(self, plan: Plan) -> _Model:
+        if self.faults is not None:
+            self.faults.check_load(plan.name, self.name)
         mem = self._mem
         src, image = self.compile_plan(plan)
         module = self._disp.load_module(image)
@@ -333,10 +265,7 @@ class CudaDevice(Device):
 
     def unload_plan(self, handle: Any) -> None:
         self._profiles.pop(id(handle), None)
-        with self._lock:  # padded modules holding its bodies are unloaded at close()
-            for key in [k for k in self._pad_modules if id(handle) in k]:
-                self._retired.append(self._pad_modules.pop(key))
-            self._pad_ready.clear()
+        self._pads.forget_plan(handle)  # modules holding its bodies: unloaded at close()
         self._disp.unload_module(handle.module)
         handle.weights = None
         handle.aux = []
@@ -365,18 +294,24 @@ class CudaDevice(Device):
             pos += len(blob)
         blob = b"".join(packed)
         self._disp.register_task(task, handle.funcs, handle.geom, blob, offs)
-        t = self._tasks[task] = _Task(handle, arena, blob, offs)
-        if self._pad_modules:  # padding in use: upload now, not in a padded launch
+        t = _Task(handle, arena, blob, offs)
+        with self._books:
+            self._tasks[task] = t
+        if self._pads.in_use():  # padding in use: upload now, not in a padded launch
             self._device_args(t)
 
     def release_task(self, task: int) -> None:
-        if task not in self._tasks:
-            return
-        if self._disp.unregister_task(task):
-            self._tasks.pop(task, None)
-            self._forget_padding(task)
-        else:
-            self._zombies.add(task)  # launches still in flight: free on their completion
+        # under _books: the drain cannot take the task's last completion between the
+        # dispatcher's "launches in flight" and the zombie mark (it would never free it)
+        with self._books:
+            if task not in self._tasks:
+                return
+            if self._disp.unregister_task(task):
+                del self._tasks[task]
+                self._zombies.discard(task)
+                self._forget_padding(task)
+            else:
+                self._zombies.add(task)  # launches in flight: freed at their completion
 
     def _staging(self, t: _Task, name: str, nbytes: int) -> np.ndarray:
         buf = t.staging.get(name)
@@ -462,7 +397,8 @@ class CudaDevice(Device):
         info = ResetInfo(*r, restore_c=vhq.restore_c)
         if self._padded:  # dropped launches take their padding with them
             self._disp.clear_padded(info.task, info.last_sent + 1)
-            self._forget_padding(info.task, info.last_sent + 1)
+            with self._books:
+                self._forget_padding(info.task, info.last_sent + 1)
         return info
 
     def in_flight(self, stream: int) -> int:
@@ -491,48 +427,9 @@ class CudaDevice(Device):
     def prepare_padding(self, handles: list[Any]) -> None:
         """Compile (or load from the disk cache) the padded dispatcher module for this set
         of resident plans now, instead of on the first padded launch that needs it."""
-        pm = self._pad_module(handles, wait=True)
+        pm = self._pads.get(handles, wait=True)
         if pm.error is not None:
             raise DeviceFaultError(f"padded dispatcher module: {pm.error}")
-
-    def _pad_module(self, handles: list[Any], wait: bool = False) -> _PadModule:
-        """The padded module of ``handles``' plans, usable once ``ready`` is set and
-        ``padded`` is not None (``error`` says why not); a first request starts its
-        compilation on a background thread (``wait``: here, and returns when done)."""
-        key = frozenset(id(h) for h in handles)
-        with self._lock:
-            pm = self._pad_modules.get(key)
-            if pm is None:  # a ready module over more plans serves as well
-                pm = next((m for k, m in self._pad_modules.items()
-                           if key <= k and m.padded is not None), None)
-            start = pm is None
-            if start:
-                pm = self._pad_modules[key] = _PadModule()
-        if start:
-            uniq = list({id(h): h for h in handles}.values())
-            if wait:
-                self._build_pad_module(pm, uniq)
-            else:
-                threading.Thread(target=self._build_pad_module, args=(pm, uniq),
-                                 name="av_infer-cuda-padcompile", daemon=True).start()
-        if wait:
-            pm.ready.wait()
-        return pm
-
-    def _build_pad_module(self, pm: _PadModule, handles: list[Any]) -> None:
-        try:
-            padded = build_padded_module([h.src for h in handles])
-            image = self._cache.get_or_compile(self._compiler, padded.source, self.arch, ())
-            pm.module = self._disp.load_module(image)
-            pm.funcs = {name: self._disp.get_function(pm.module, name)
-                        for name in padded.variants.values()}
-            pm.padded = padded
-        except Exception as e:  # noqa: BLE001 - reported by prepare_padding / telemetry
-            pm.error = f"{type(e).__name__}: {e}"
-            log.warning("padded dispatcher module for %s failed; those plans run "
-                        "unpadded: %s", [h.plan.name for h in handles], pm.error)
-        finally:
-            pm.ready.set()
 
     def _device_args(self, t: _Task) -> int:
         """Device address of the task's packed structs: uploaded at ``new_task`` once
@@ -572,13 +469,9 @@ class CudaDevice(Device):
             if bt is None:
                 raise ValueError(f"padding part {tuple(p)}: unknown task {p[0]}")
             bes.append((bt, bt.model.src.specs[int(p[1])], p))
-        key = (id(t.model), *(id(b[0].model) for b in bes))
-        pm = self._pad_ready.get(key)
+        pm = self._pads.ready_for(t.model, [b[0].model for b in bes])
         if pm is None:
-            pm = self._pad_module([t.model] + [b[0].model for b in bes])
-            if not pm.ready.is_set() or pm.padded is None:
-                return False
-            self._pad_ready[key] = pm
+            return False
         flag = self._flag_addr(stream)  # parts belong to this launch: its stream's flag
         rows = [(bspec, flag, self._device_args(bt) + bt.offs[int(p[1])], int(p[2]), int(p[3]),
                  int(p[4])) for bt, bspec, p in bes]
@@ -586,76 +479,30 @@ class CudaDevice(Device):
         geom = struct.pack("<7I", *launch.grid, *launch.block, launch.smem)
         self._disp.set_padded(task, kernel, pm.funcs[launch.func], geom, launch.args)
         if parts:
-            self._padded[(task, kernel)] = tuple(parts)  # type: ignore[arg-type]
+            with self._books:
+                self._padded[(task, kernel)] = tuple(parts)  # type: ignore[arg-type]
         return True
 
     def _forget_padding(self, task: int, first: int = 0) -> None:
+        """Drop the recorded parts of ``task``'s padded launches from ``first`` on
+        (caller holds ``_books``)."""
         for key in [k for k in self._padded if k[0] == task and k[1] >= first]:
             del self._padded[key]
 
-    # -- profiling (av_infer.profiler.KernelTimer) -----------------------------------------
-    def _driver(self) -> Any:
-        """The driver library through ctypes (the context is the one CuPy made current)."""
-        lib = getattr(self, "_cu", None)
-        if lib is None:
-            lib = ctypes.CDLL(self._driver_path)
-            self._cu = lib
-        return lib
-
-    def _cu_check(self, rc: int, what: str) -> None:
-        if rc != 0:
-            raise DeviceFaultError(f"{what} failed: {self._errstr(rc)} (CUresult {rc})")
-
+    # -- profiling (av_infer.profiler.KernelTimer; devices/cuda_profiling.py) -------------
     def occupancy(self, handle: Any, k: int) -> int:
         """Resident blocks per SM of kernel ``k`` (cuOccupancyMaxActiveBlocksPerMultiprocessor)."""
         spec = handle.src.specs[k]
-        n = ctypes.c_int(0)
-        self._cu_check(self._driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            ctypes.byref(n), ctypes.c_void_p(handle.funcs[k]), ctypes.c_int(spec.block[0]),
-            ctypes.c_size_t(spec.smem)), "cuOccupancyMaxActiveBlocksPerMultiprocessor")
-        return int(n.value)
+        return self._timing.occupancy(handle.funcs[k], spec.block[0], spec.smem)
 
     def time_kernel(self, handle: Any, k: int, repeats: int) -> float:
         """Median µs of ``repeats`` CUDA-event-timed launches of kernel ``k`` alone (after
         one warm-up launch), on a zeroed scratch arena and a private stream with a clear
         flag word; never goes through the dispatcher."""
-        cu, mem = self._driver(), self._mem
         spec = handle.src.specs[k]
-        arena = mem.alloc(handle.plan.arena_bytes, zero=True)
-        flag = mem.alloc(32, zero=True)
-        blob = ctypes.create_string_buffer(spec.pack(self._resolver(handle, arena)))
-        fptr = ctypes.c_void_p(mem.ptr(flag))
-        params = (ctypes.c_void_p * 2)(ctypes.addressof(fptr), ctypes.addressof(blob))
-        sp = ctypes.c_void_p()
-        self._cu_check(cu.cuStreamCreate(ctypes.byref(sp), 1), "cuStreamCreate")  # non-blocking
-        start, end = ctypes.c_void_p(), ctypes.c_void_p()
-        self._cu_check(cu.cuEventCreate(ctypes.byref(start), 0), "cuEventCreate")
-        self._cu_check(cu.cuEventCreate(ctypes.byref(end), 0), "cuEventCreate")
-
-        def launch() -> None:
-            self._cu_check(cu.cuLaunchKernel(
-                ctypes.c_void_p(handle.funcs[k]), *(ctypes.c_uint(g) for g in spec.grid),
-                *(ctypes.c_uint(b) for b in spec.block), ctypes.c_uint(spec.smem), sp,
-                params, None), "cuLaunchKernel")
-
-        times = []
-        try:
-            launch()
-            for _ in range(max(1, int(repeats))):
-                self._cu_check(cu.cuEventRecord(start, sp), "cuEventRecord")
-                launch()
-                self._cu_check(cu.cuEventRecord(end, sp), "cuEventRecord")
-                self._cu_check(cu.cuEventSynchronize(end), "cuEventSynchronize")
-                ms = ctypes.c_float(0.0)
-                self._cu_check(cu.cuEventElapsedTime(ctypes.byref(ms), start, end),
-                               "cuEventElapsedTime")
-                times.append(ms.value * 1000.0)
-        finally:
-            cu.cuStreamSynchronize(sp)
-            cu.cuEventDestroy_v2(start)
-            cu.cuEventDestroy_v2(end)
-            cu.cuStreamDestroy_v2(sp)
-        return float(statistics.median(times))
+        return self._timing.time_kernel(
+            handle.funcs[k], spec, lambda arena: spec.pack(self._resolver(handle, arena)),
+            handle.plan.arena_bytes, repeats)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self, on_complete: CompletionCallback) -> None:
@@ -669,21 +516,70 @@ class CudaDevice(Device):
                 th.start()
                 self._threads.append(th)
 
-    def _drain(self) -> None:
-        """Forward the dispatcher's completions to on_complete (Python thread)."""
-        while not self._closed:
-            for s, task, k, status, t0, t1 in self._disp.poll(4096, 0.05):
-                rec = self._tasks.get(task)
-                if status != 0 and rec is not None and rec.error is None:
+    def _drain(self, backlog: Sequence[tuple] = ()) -> None:
+        """Forward the dispatcher's completions to on_complete (Python thread).
+
+        If this thread's body dies (a bug, or the ``"lane"`` fault), the completion it held
+        counts as a failed launch (its task's ``read_outputs`` raises DeviceFaultError) and
+        a new thread takes over it and the rest of the batch (``drain_restarts``)."""
+        pending = deque(backlog)
+        held = None
+        try:
+            while not self._closed:
+                if not pending:
+                    pending.extend(self._disp.poll(4096, 0.05))
+                while pending:
+                    held = pending.popleft()
+                    faults = self.faults
+                    if faults is not None:  # outside any handler: this thread dies
+                        rec = self._tasks.get(held[1])
+                        if rec is not None:
+                            faults.check("lane", rec.model.plan.name, held[2])
+                    done = self._completed(*held, faults)
+                    held = None
+                    cb = self._on_complete
+                    if cb is not None and not self._closed:
+                        cb(done)
+        except BaseException as e:  # noqa: BLE001 - the thread dies; a new one takes over
+            if self._closed:
+                return
+            log.error("cuda completion thread died (%s: %s); a new one takes over",
+                      type(e).__name__, e)
+            if held is not None:  # not yet booked: book it as failed, then deliver it
+                with self._books:
+                    rec = self._tasks.get(held[1])
+                    if rec is not None and rec.error is None:
+                        rec.error = f"the completion thread died while it held it ({e})"
+                        rec.error_kernel = held[2]
+                pending.appendleft(held)
+            with self._lock:
+                self.drain_restarts += 1
+                th = threading.Thread(target=self._drain, args=(tuple(pending),),
+                                      name="av_infer-cuda-completions", daemon=True)
+                self._threads.append(th)
+            th.start()
+
+    def _completed(self, s: int, task: int, k: int, status: int, t0: float, t1: float,
+                   faults: Any = None) -> Completion:
+        """The books of one completion (drain thread): a failed launch becomes its task's
+        error, a padded launch takes its parts, a released task's last launch frees it.
+        ``faults``: the device's injector (None in production)."""
+        with self._books:
+            rec = self._tasks.get(task)
+            if rec is not None and rec.error is None:
+                if status != 0:
                     why = "unknown task/kernel" if status < 0 else self._errstr(status)
                     rec.error, rec.error_kernel = f"{why} (CUresult {status})", k
-                parts = self._padded.pop((task, k), ()) if self._padded else ()
-                if task in self._zombies and self._disp.unregister_task(task):
-                    self._zombies.discard(task)
-                    self._tasks.pop(task, None)
-                cb = self._on_complete
-                if cb is not None and not self._closed:
-                    cb(Completion(s, task, k, None, t0, t1, parts))
+                elif faults is not None:
+                    try:
+                        faults.check("kernel", rec.model.plan.name, k)
+                    except InjectedFault as e:
+                        rec.error, rec.error_kernel = str(e), k
+            parts = self._padded.pop((task, k), ()) if self._padded else ()
+            if task in self._zombies and self._disp.unregister_task(task):
+                self._zombies.discard(task)
+                self._tasks.pop(task, None)
+        return Completion(s, task, k, None, t0, t1, parts)
 
     def close(self) -> None:
         with self._lock:
@@ -697,13 +593,11 @@ class CudaDevice(Device):
                 th.join(timeout=5)
         for s in range(len(self._vhqs)):
             self._disp.sync_stream(s)
-        for pm in [*self._pad_modules.values(), *self._retired]:
-            pm.ready.wait()
-            if pm.module:
-                self._disp.unload_module(pm.module)
-        self._pad_modules.clear()
-        self._retired.clear()
-        self._tasks.clear()
+        self._pads.unload_all()
+        with self._books:
+            self._tasks.clear()
+            self._zombies.clear()
+            self._padded.clear()
 
     def telemetry(self) -> dict[str, Any]:
         from av_infer.telemetry import gpu_telemetry
@@ -718,14 +612,12 @@ class CudaDevice(Device):
             for i, v in enumerate(self._vhqs)
         ]
         out["tasks"] = len(self._tasks)
+        out["drain_restarts"] = self.drain_restarts
+        out["task_table"] = self._disp.table_stats()
         out["cuda_priority_range"] = self._disp.priority_range
         out["compile_cache"] = {"dir": str(self._cache.dir), "hits": self._cache.hits,
                                 "misses": self._cache.misses}
-        with self._lock:
-            mods = list(self._pad_modules.values())
-        out["padding"] = {"modules": sum(1 for m in mods if m.padded is not None),
-                          "compiling": sum(1 for m in mods if not m.ready.is_set()),
-                          "errors": [m.error for m in mods if m.error]}
+        out["padding"] = self._pads.stats()
         return out
 
 

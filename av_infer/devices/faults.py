@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from av_infer.errors import InvalidParameterError
+from av_infer.errors import InvalidParameterError, ModelLoadError, ModelTooLargeError
 
 __all__ = ["FAULT_POINTS", "FaultInjector", "InjectedFault"]
 
@@ -83,6 +83,20 @@ class FaultInjector:
                         f"injected {where} fault"
                         + (f" in {model}" if model is not None else "")
                         + (f" kernel {kernel}" if kernel is not None else ""))
+
+    def check_load(self, model: str, device: str) -> None:
+        """The ``"load"``/``"oom"`` hook points of ``load_plan``, raised typed
+        (ModelLoadError / ModelTooLargeError), as every device reports them."""
+        try:
+            self.check("load", model)
+        except InjectedFault as e:
+            raise ModelLoadError(
+                f"model {model!r} failed to load on the {device} device: {e}") from e
+        try:
+            self.check("oom", model)
+        except InjectedFault as e:
+            raise ModelTooLargeError(
+                f"model {model!r} does not fit the {device} device's memory: {e}") from e
 
     def fired(self) -> dict[str, int]:
         """How many times each hook point fired so far."""

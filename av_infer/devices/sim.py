@@ -40,6 +40,11 @@ The model, per launch (a ``(task, kernel)`` of a stream):
 Everything happens inside :meth:`SimDevice.run` (the event loop); callbacks scheduled with
 :meth:`SimDevice.call_at` (request arrivals, the runtime's handlers) run inline, so a run
 with the same inputs and seed gives the same timeline.
+
+Fault hook points (``devices.faults``): ``"kernel"`` when a launch starts on its stream (it
+still takes its modelled time; its task's ``read_outputs`` raises DeviceFaultError),
+``"load"``/``"oom"`` in ``load_plan`` (ModelLoadError / ModelTooLargeError). ``"lane"``
+does not apply: the simulator has no host threads to die.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ import numpy as np
 
 from av_infer._cy.vhq import VHQ
 from av_infer.devices.base import Completion, CompletionCallback, Device, ResetInfo
+from av_infer.devices.faults import InjectedFault
+from av_infer.errors import DeviceFaultError
 from av_infer.model.plan import Plan
 from av_infer.profiles import (
     GpuSpec,
@@ -169,7 +176,9 @@ class SimDevice(Device):
         self._events: list[tuple[float, int, Callable[[Any], None], Any]] = []
         self._streams: list[_Stream] = []
         self._tasks: dict[int, SimPlan] = {}
+        self._failed: dict[int, str] = {}  # task -> why a launch of it failed (faults)
         self._ready: list[_KRun] = []  # kernels with blocks still to place
+        self.sms = self.gpu.sms  # Device.sms: DKP slots
         self._free = [_U] * self.gpu.sms
         self._free_total = _U * self.gpu.sms
         self._press = [0.0] * self.gpu.sms  # pressure of the blocks resident on each SM
@@ -218,6 +227,8 @@ class SimDevice(Device):
 
     # -- models and tasks ----------------------------------------------------------------
     def load_plan(self, plan: Plan) -> SimPlan:
+        if self.faults is not None:
+            self.faults.check_load(plan.name, self.name)
         prof = self.profiles.get(plan.name) or derive_profile(plan, self.gpu)
         if len(prof.kernels) != len(plan.kernels):
             raise ValueError(
@@ -246,9 +257,11 @@ class SimDevice(Device):
 
     def new_task(self, handle: Any, task: int) -> None:
         self._tasks[task] = handle
+        self._failed.pop(task, None)
 
     def release_task(self, task: int) -> None:
         self._tasks.pop(task, None)
+        self._failed.pop(task, None)
 
     def write_inputs(self, task: int, inputs: dict[str, np.ndarray]) -> None:
         """Nothing to copy: the simulator models time, not values."""
@@ -256,6 +269,9 @@ class SimDevice(Device):
     def read_outputs(self, task: int) -> dict[str, np.ndarray]:
         """Zero arrays of the output shapes: the simulator never produces numeric results."""
         plan = self._tasks[task].plan
+        why = self._failed.get(task)
+        if why is not None:
+            raise DeviceFaultError(f"{why} ({plan.name} on the sim device)")
         return {n: np.zeros(shape, dtype=dt) for n, (shape, dt) in plan.output_spec().items()}
 
     # -- streams, vHQs, preemption -------------------------------------------------------
@@ -350,7 +366,13 @@ class SimDevice(Device):
     def _start_head(self, s: _Stream) -> None:
         task, kernel = s.devq.popleft()
         self._seq += 1
-        k = _KRun(s, task, kernel, self._seq, self._t, self._tasks[task].consts[kernel])
+        h = self._tasks[task]
+        if self.faults is not None:
+            try:
+                self.faults.check("kernel", h.plan.name, kernel)
+            except InjectedFault as e:
+                self._failed.setdefault(task, f"kernel {kernel} failed: {e}")
+        k = _KRun(s, task, kernel, self._seq, self._t, h.consts[kernel])
         s.cur = k
         self._ready.append(k)
         if self._padding:

@@ -221,6 +221,19 @@ _REDUCERS: dict[str, Callable[..., Any]] = {
 }
 
 
+def _reduce_identity(op: str, dtype: np.dtype) -> Any:
+    """What ONNX's max/min reductions give over an empty set (numpy raises instead)."""
+    dtype = np.dtype(dtype)
+    if op not in ("max", "min"):
+        return None
+    if dtype == np.bool_:
+        return op == "min"
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return info.min if op == "max" else info.max
+    return -np.inf if op == "max" else np.inf
+
+
 def _reduce(k: Kernel, ctx: PlanContext) -> Prepared:
     op = k.args.get("op", "mean")
     xs = ctx.shape(k.inputs[0])
@@ -232,12 +245,16 @@ def _reduce(k: Kernel, ctx: PlanContext) -> Prepared:
     else:
         axes = tuple(sorted(_norm_axis(int(a), len(xs)) for a in axes_arg))
     keep = tuple(1 if i in axes else s for i, s in enumerate(xs))
+    empty = bool(axes) and any(xs[a] == 0 for a in axes)
+    identity = _reduce_identity(op, ctx.dtype(k.outputs[0])) if empty else None
 
     def bind(view: ViewFn, scratch: np.ndarray) -> KernelFn:
         x = view(k.inputs[0])
         y = view(k.outputs[0]).reshape(keep)
         if not axes:
             return lambda: np.copyto(y, x)
+        if identity is not None:  # ONNX: reducing an empty set gives the op's identity
+            return lambda: y.fill(identity)
         if op in _REDUCERS:
             f = _REDUCERS[op]
             return lambda: f(x, axis=axes, keepdims=True, out=y)

@@ -15,6 +15,8 @@ import numpy as np
 
 from av_infer.model.plan import ACTIVATIONS
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
 #: ``fn(x, out, params)``: reads ``x``, writes ``out`` (``out`` may be ``x``).
 ElementwiseFn = Callable[[np.ndarray, np.ndarray, dict[str, Any]], None]
 
@@ -112,18 +114,49 @@ def _tanh(x: np.ndarray, out: np.ndarray, p: dict[str, Any]) -> None:
     np.tanh(x, out=out)
 
 
+def clip_bound(value: Any, dtype: np.dtype, lower: bool) -> np.ndarray | None:
+    """A Clip bound as a scalar of ``dtype`` (None: no bound), never overflowing.
+
+    Bounds arrive as Python floats and the lowering writes +-FLT_MAX for an absent bound
+    (and for any bound beyond it), which ONNX defines as the dtype's lowest/largest value:
+    so a bound at or beyond +-FLT_MAX becomes the dtype's own limit (float64 values beyond
+    FLT_MAX stay unclipped). An integer tensor gets the other bounds rounded inwards (ceil
+    for the lower, floor for the upper) and saturated to its range.
+    """
+    if value is None:
+        return None
+    v = float(value)
+    if np.isnan(v):
+        return None
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "iuf":
+        return np.asarray(v).astype(dtype)
+    info = np.iinfo(dtype) if dtype.kind in "iu" else np.finfo(dtype)
+    if v <= -_F32_MAX or v >= _F32_MAX:
+        return np.asarray(info.min if v < 0 else info.max, dtype=dtype)
+    if dtype.kind in "iu":
+        iv = int(np.ceil(v)) if lower else int(np.floor(v))
+        return np.asarray(min(max(iv, int(info.min)), int(info.max)), dtype=dtype)
+    return np.asarray(min(max(v, float(info.min)), float(info.max))).astype(dtype)
+
+
 def _clip(x: np.ndarray, out: np.ndarray, p: dict[str, Any]) -> None:
-    lo, hi = p.get("min"), p.get("max")
+    key = f"_bounds_{out.dtype.str}"  # p is the kernel's own dict (act_params): cache there
+    bounds = p.get(key)
+    if bounds is None:
+        bounds = p[key] = (clip_bound(p.get("min"), out.dtype, lower=True),
+                           clip_bound(p.get("max"), out.dtype, lower=False))
+    lo, hi = bounds
     if lo is None and hi is None:
         if out is not x:
             np.copyto(out, x)
         return
     if lo is None:
-        np.minimum(x, np.asarray(hi, dtype=out.dtype), out=out)
+        np.minimum(x, hi, out=out)
     elif hi is None:
-        np.maximum(x, np.asarray(lo, dtype=out.dtype), out=out)
+        np.maximum(x, lo, out=out)
     else:
-        np.clip(x, np.asarray(lo, dtype=out.dtype), np.asarray(hi, dtype=out.dtype), out=out)
+        np.clip(x, lo, hi, out=out)
 
 
 def _hard_sigmoid(x: np.ndarray, out: np.ndarray, p: dict[str, Any]) -> None:
@@ -297,7 +330,8 @@ def _pow(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
 
 
 def _mod(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    np.mod(a, b, out=out, casting="unsafe")
+    with np.errstate(invalid="ignore", divide="ignore"):  # x mod 0, inf mod y: NaN, as ONNX
+        np.mod(a, b, out=out, casting="unsafe")
 
 
 def _binary_ufunc(f: np.ufunc) -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:

@@ -15,7 +15,8 @@ import onnx
 
 from av_infer.errors import InvalidParameterError
 from av_infer.model import passes
-from av_infer.model.lower import Lowerer, build_plan, eliminate_dead
+from av_infer.model.assemble import build_plan, eliminate_dead
+from av_infer.model.lower import Lowerer
 from av_infer.model.onnx_import import import_model, load_model
 from av_infer.model.plan import Plan
 

@@ -186,7 +186,11 @@ def bind_inputs(
     for i in real:
         tt = i.type.tensor_type
         if not i.type.HasField("tensor_type"):
-            raise ModelLoadError(f"input {i.name!r} is not a tensor")
+            kind = i.type.WhichOneof("value") or "untyped"
+            raise UnsupportedModelError(
+                {f"{kind} input": [i.name]},
+                f"input {i.name!r} is not a tensor; av_infer runs tensor inputs only",
+            )
         dtype = _np_dtype(tt.elem_type)
         has_shape = tt.HasField("shape")
         dims = list(tt.shape.dim) if has_shape else None
@@ -201,7 +205,7 @@ def bind_inputs(
                         f"the model declares rank {len(dims)}"
                     )
                 for ax, (d, v) in enumerate(zip(dims, shp)):
-                    if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != v:
+                    if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != v:
                         raise InputShapeError(
                             f"input {i.name!r}: given shape {shp} contradicts static dim "
                             f"{ax} = {d.dim_value} of the model"
@@ -214,7 +218,7 @@ def bind_inputs(
             )
         shp = []
         for ax, d in enumerate(dims):
-            if d.HasField("dim_value") and d.dim_value > 0:
+            if d.HasField("dim_value") and d.dim_value >= 0:  # 0 is a real (empty) dim
                 shp.append(int(d.dim_value))
             elif d.HasField("dim_param") and d.dim_param in params:
                 shp.append(params[d.dim_param])
@@ -371,6 +375,11 @@ def import_model(
             {f"opset{opset}": [g.name or "graph"]}, "av_infer imports ONNX opsets 7-18+"
         )
     values: dict[str, Value] = bind_inputs(model, input_shapes)
+    strings = [n for n, v in values.items() if np.dtype(v.dtype).kind in "OSU"]
+    if strings:
+        raise UnsupportedModelError(
+            {"string tensor": strings}, "av_infer runs numeric tensors only (no STRING inputs)"
+        )
     consts: dict[str, np.ndarray] = {}
     for init in g.initializer:
         if init.name in values:  # an input that overrides its initializer default
@@ -451,7 +460,14 @@ def import_model(
             unknown.update(o for o in outs if o)
             continue
         values.update(types)  # type: ignore[arg-type]
-        nodes.append(Node(op, nname, list(np_node.input), outs, decode_attrs(np_node), dom))
+        attrs = decode_attrs(np_node)
+        why = refusal(op, list(np_node.input), attrs, values, consts, opset)
+        if why:
+            unsupported.setdefault(op, []).append(nname)
+            details.append(f"{nname}: {why}")
+            unknown.update(o for o in outs if o)
+            continue
+        nodes.append(Node(op, nname, list(np_node.input), outs, attrs, dom))
 
     if unsupported:
         raise UnsupportedModelError(unsupported, "; ".join(details))
@@ -469,6 +485,86 @@ def import_model(
     )
     graph.stats.update(nodes=len(g.node), const_folded=folded)
     return graph
+
+
+# -- semantic refusals -----------------------------------------------------------------------
+#: Cast targets whose ONNX semantics numpy's cast does not give: float8 with ``saturate=1``
+#: clamps to the largest finite value (numpy overflows to inf/NaN); E8M0 rounds up.
+_FLOAT8 = {
+    onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ,
+    onnx.TensorProto.FLOAT8E5M2, onnx.TensorProto.FLOAT8E5M2FNUZ,
+}
+_E8M0 = getattr(onnx.TensorProto, "FLOAT8E8M0", None)
+
+
+def _const_input(inputs: Sequence[str], idx: int,
+                 consts: Mapping[str, np.ndarray]) -> tuple[bool, np.ndarray | None]:
+    """(present, value) of optional input ``idx``; value None when present but not constant."""
+    if idx >= len(inputs) or not inputs[idx]:
+        return False, None
+    return True, consts.get(inputs[idx])
+
+
+def refusal(
+    op: str, inputs: Sequence[str], attrs: Mapping[str, Any],
+    values: Mapping[str, Value], consts: Mapping[str, np.ndarray], opset: int,
+) -> str | None:
+    """Why av_infer cannot compute this (lowerable) node as ONNX defines it, or None.
+
+    These are uses of supported operators whose meaning av_infer's kernels do not
+    implement; refusing them here (a typed UnsupportedModelError) is what keeps the
+    compiler from ever running them with different semantics.
+    """
+    if op == "Dropout" and opset >= 12:
+        present, training = _const_input(inputs, 2, consts)
+        if present and training is None:
+            return "training_mode is a runtime input; only inference (False) is supported"
+        if present and bool(np.asarray(training).reshape(-1)[0]):
+            has_ratio, ratio = _const_input(inputs, 1, consts)
+            if not has_ratio:
+                ratio = np.array(0.5)
+            if ratio is None or float(np.asarray(ratio).reshape(-1)[0]) != 0.0:
+                return ("training_mode=True drops random elements (training); av_infer "
+                        "runs inference only")
+    if op == "Mod" and int(attrs.get("fmod", 0)):
+        return "fmod=1 (C fmod, result takes the dividend's sign) is not implemented"
+    if op == "Cast":
+        to = int(attrs.get("to", 0))
+        if to in _FLOAT8 and int(attrs.get("saturate", 1)):
+            return "Cast to float8 with saturate=1 is not implemented"
+        if _E8M0 is not None and to == _E8M0:
+            return "Cast to FLOAT8E8M0 is not implemented"
+    if op == "Resize" and opset >= 11:
+        return _resize_refusal(inputs, attrs, values, consts)
+    return None
+
+
+def _resize_refusal(inputs: Sequence[str], attrs: Mapping[str, Any],
+                    values: Mapping[str, Value], consts: Mapping[str, np.ndarray]) -> str | None:
+    """Resize given ``scales`` whose output length ``in * scale`` is fractional, in a mode
+    whose coordinates depend on that length: ONNX's reference maps with the fractional
+    length (onnx/onnx#2462), ONNX Runtime and PyTorch with the integer one. Both readings
+    are in use, so the model's meaning is ambiguous: refuse rather than pick one."""
+    ctm = attrs.get("coordinate_transformation_mode", "half_pixel")
+    if ctm not in ("align_corners", "pytorch_half_pixel"):
+        return None
+    _, scales = _const_input(inputs, 2, consts)
+    has_sizes, _ = _const_input(inputs, 3, consts)
+    if scales is None or scales.size == 0 or has_sizes or not inputs or inputs[0] not in values:
+        return None
+    xs = values[inputs[0]].shape
+    axes = attrs.get("axes") or list(range(len(xs)))
+    for a, sc in zip(axes, np.asarray(scales, np.float32).reshape(-1)):
+        n_in = xs[int(a) % len(xs)]
+        length = float(np.float32(n_in) * sc)  # float32, as the scales are
+        n_out = int(np.floor(length))
+        if length == n_out:
+            continue
+        if ctm == "align_corners" or n_out == 1:
+            return (f"{ctm} with scales: the output length {n_in} * {float(sc):g} = "
+                    f"{length:g} is fractional and ONNX's reference and ONNX Runtime "
+                    f"disagree on it; give sizes instead of scales")
+    return None
 
 
 _SAME_SHAPE = {

@@ -65,7 +65,7 @@ class PlanBuilder:
         return name
 
     def kernel(self, kind: str, inputs: list[str], outputs: list[str], **args: Any) -> None:
-        from av_infer.model.lower import geometry_for
+        from av_infer.model.geometry import geometry_for
 
         ins = [self.tensors[t].shape for t in inputs if t]
         outs = [self.tensors[t].shape for t in outputs]

@@ -18,12 +18,17 @@ Guarantees:
 * no event is lost: a thread leaving re-checks the queue after releasing the lock;
 * futures' done-callbacks run on one callback thread per runtime (``callbacks="thread"``),
   never inside the scheduler or on a lane, so user code (a ROS publish) cannot delay a
-  decision or a launch; the simulator delivers them inline (``"inline"``), in virtual time.
+  decision or a launch; the simulator delivers them inline (``"inline"``), in virtual time;
+* time-driven decisions happen on time, not at the next unrelated event: after handling,
+  the driver asks ``sched.next_timer()`` (device time of the next one, inf if none) and
+  arms one timer for it, a thread waiting on a condition (wall clock) or an event of the
+  virtual device (``Device.call_at``); when it fires it posts ``("timer",)``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -83,9 +88,16 @@ class Driver:
 
     def __init__(self, sched: Any, callbacks: str = "thread",
                  on_stop: Callable[[], None] | None = None) -> None:
+        """``callbacks="inline"``: the virtual-clock driver (callbacks and timers run in the
+        device's event loop); ``"thread"``: wall clock (a callback thread, a timer
+        thread)."""
         if callbacks not in ("thread", "inline"):
             raise ValueError(f"callbacks must be 'thread' or 'inline', got {callbacks!r}")
         self.sched = sched
+        self.device = sched.device
+        self._armed = math.inf  # device time the armed timer fires at (inf: none)
+        self._tcv = threading.Condition(threading.Lock())
+        self._t_thread: threading.Thread | None = None
         self.inline_callbacks = callbacks == "inline"
         self.on_stop = on_stop
         self.stopped = threading.Event()
@@ -112,16 +124,53 @@ class Driver:
             try:
                 while pending:
                     sched.post(pending.popleft())
+                due = sched.next_timer()
+                if due < self._armed and not sched.stopped:
+                    self._arm(due)
             finally:
                 self._holder = 0
                 lock.release()
             if sched.stopped and not self.stopped.is_set():
                 self.stopped.set()
+                with self._tcv:
+                    self._tcv.notify()
                 if self.on_stop is not None:
                     try:
                         self.on_stop()
                     except Exception:
                         log.exception("driver: on_stop failed")
+
+    # -- the timer --------------------------------------------------------------------------
+    def _arm(self, due: float) -> None:
+        """Fire ``("timer",)`` just after device time ``due`` (called inside the
+        scheduler): decisions due "after t" (a deadline passed) are due then."""
+        due = math.nextafter(due, math.inf)
+        self._armed = due
+        if self.inline_callbacks:
+            self.device.call_at(due, self._fire)
+            return
+        with self._tcv:
+            if self._t_thread is None:
+                self._t_thread = threading.Thread(target=self._timer_loop,
+                                                  name="av_infer-timer", daemon=True)
+                self._t_thread.start()
+            self._tcv.notify()
+
+    def _fire(self) -> None:
+        self._armed = math.inf
+        self.post(("timer",))
+
+    def _timer_loop(self) -> None:
+        now = self.device.now
+        while not self.stopped.is_set():
+            with self._tcv:
+                due = self._armed
+                wait = due - now()
+                if wait > 0:
+                    self._tcv.wait(None if math.isinf(wait) else min(wait, 3600.0))
+                    continue
+            if not math.isinf(due):
+                self._fire()
 
     def holds(self) -> bool:
         """True on the thread that is inside the scheduler now."""
@@ -138,10 +187,19 @@ class Driver:
             return fut.result()
         if not wait:
             return None
-        if self.holds():
-            fut.add_done_callback(_log_failure)
+        if self.holds():  # applied after this event; a failure is logged and counted
+            fut.add_done_callback(self._control_failed)
             return None
         return fut.result()
+
+    def _control_failed(self, fut: Future) -> None:
+        exc = fut.exception()
+        if exc is None:
+            return
+        log.error("control call made inside the scheduler failed", exc_info=exc)
+        stats = self.sched.stats
+        with stats.lock:
+            stats.handler_errors["control"] = stats.handler_errors.get("control", 0) + 1
 
     # -- callbacks ------------------------------------------------------------------------
     def deliver(self, fn: Callable[[Future], Any], fut: Future) -> None:
@@ -189,8 +247,3 @@ def _run_callback(driver: Driver, fn: Callable[[Future], Any], fut: Future) -> N
     except Exception:
         driver.callback_errors += 1
         log.exception("future callback %r failed", fn)
-
-
-def _log_failure(fut: Future) -> None:
-    if fut.exception() is not None:
-        log.error("control call inside the scheduler failed: %s", fut.exception())

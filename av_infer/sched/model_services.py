@@ -1,16 +1,23 @@
 """Glue between the scheduler and the model cache / adaptive batcher.
 
-Why a separate module: the scheduler core stays about preemption and EDF; it calls a few
-hooks here (``Scheduler.ext``) at five points: an arrival, the start of a task (acquire
-the model), the release of a task, the answer/failure of a task, and a model unload.
-Everything here runs on the scheduler's thread (or inline in the simulator), never blocks,
-and never waits for a load: a task whose model is not resident is *parked* (kept in
-``sched.tasks`` so the scheduler is not idle) and re-queued when the cache's future
-resolves, through ``wake`` (the Runtime's control channel).
+Why a separate module: the scheduler core stays about preemption and EDF; it asks this one
+(``Scheduler.ext``) for *decisions* and acts on them itself. The interface is narrow and
+one-way: ModelServices never touches the scheduler's queues, tasks or methods.
 
-Batching (BE only): when a BE task of a batchable model starts, the model's
-:class:`AdaptiveBatcher` says how many queued requests of that model to take; they are
-stacked into one task on the plan compiled for that batch size and answered individually.
+* ``acquire(task)``: the device handle (model retained), or None: the task is *parked*
+  here (``parked()`` keeps the scheduler from counting itself idle) until the cache's load
+  resolves; then, inside the driver (``wake``), ``ready(tasks, error)`` hands the parked
+  tasks back and the scheduler queues or fails them (``Scheduler.resume_parked``).
+* ``release(task)`` / ``unload(entry)``: the model may be evicted / forgotten.
+* ``on_arrival(task, now)``, ``maybe_batch(task, now, queued_of, take_of)``: batching is a
+  request transform ahead of dispatch (BE only): the model's :class:`AdaptiveBatcher` says
+  how many queued requests of that model to take (through the two views of the BE queue
+  the scheduler passes), and they become one task on the plan compiled for that batch
+  size, with ``members`` set; ``split_result`` turns its result back into one answer per
+  member, which the scheduler delivers.
+
+Everything here runs inside the scheduler's driver, never blocks and never waits for a
+load.
 """
 
 from __future__ import annotations
@@ -20,12 +27,11 @@ import logging
 import math
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 from av_infer.batching import AdaptiveBatcher, split_outputs, stack_inputs
 from av_infer.cache import ModelCache
-from av_infer.errors import AvInferError, DeviceFaultError, InvalidParameterError
+from av_infer.errors import AvInferError, InvalidParameterError
 from av_infer.sched.request import Priority, Request, Result, Timings
 from av_infer.sched.scheduler import ModelEntry, Task
 
@@ -40,20 +46,18 @@ def batch_name(model: str, b: int) -> str:
     return f"{model}#b{b}"
 
 
-@dataclass(eq=False)
-class BatchTask(Task):
-    """A task running several BE requests of one model as one batched plan instance."""
-
-    members: list[Task] = field(default_factory=list)
-
-
 class ModelServices:
     """Cache and batching hooks of one scheduler; see the module docstring."""
 
     def __init__(self, cache: ModelCache, wake: Callable[[Callable[[], None]], None],
+                 ready: Callable[[list[Task], BaseException | None], None],
                  batching: bool = False, quantum: float = 0.005) -> None:
+        """``wake(fn)``: run ``fn`` inside the scheduler's driver soon (from any thread);
+        ``ready(tasks, error)``: give parked tasks back to the scheduler (called inside
+        the driver)."""
         self.cache = cache
         self.wake = wake
+        self.ready = ready
         self.batching = bool(batching)
         self.quantum = float(quantum)
         self.batch_entries: dict[str, dict[int, ModelEntry]] = {}  # model -> b -> entry
@@ -94,13 +98,13 @@ class ModelServices:
         self.batching = bool(enabled)
 
     # -- hooks ----------------------------------------------------------------------------
-    def on_arrival(self, sched: Any, task: Task) -> None:
+    def on_arrival(self, task: Task, now: float) -> None:
         if self.batching and not task.rt:
             b = self.batchers.get(task.req.model)
             if b is not None:
-                b.observe_arrival(sched.device.now())
+                b.observe_arrival(now)
 
-    def acquire(self, sched: Any, t: Task) -> Any | None:
+    def acquire(self, t: Task) -> Any | None:
         """The device handle for ``t`` (its model retained), or None: ``t`` is parked."""
         name = t.entry.name
         retry = t.tid in self._counted  # a parked task's second look is not a new hit
@@ -116,27 +120,25 @@ class ModelServices:
         waiting = name in self._parked
         self._counted.add(t.tid)
         self._parked.setdefault(name, []).append(t)
-        sched.tasks[t.tid] = t  # the scheduler is not idle while tasks are parked
         if not waiting:
-            fut.add_done_callback(lambda f, n=name: self.wake(
-                lambda: self._unpark(sched, n, f)))
+            fut.add_done_callback(lambda f, n=name: self._loaded(n, f))
         return None
 
-    def _unpark(self, sched: Any, name: str, fut: Future) -> None:
-        tasks = self._parked.pop(name, [])
+    def _loaded(self, name: str, fut: Future) -> None:
+        """The load ``name``'s parked tasks wait for resolved (any thread)."""
         err = fut.exception()
-        for t in tasks:
-            sched.tasks.pop(t.tid, None)
-            if t.answered:
-                continue  # failed meanwhile (shutdown)
-            if err is not None:
-                e = err if isinstance(err, AvInferError) else DeviceFaultError(
-                    f"model {name!r} could not be loaded: {err}")
-                sched._fail(t, e)
-            elif t.rt:
-                sched.rt_queue.push(t.req.deadline, t)
-            else:
-                sched.be_queues.push_front(t.req.client, t)
+        self.wake(lambda: self._hand_back(name, err))
+
+    def _hand_back(self, name: str, err: BaseException | None) -> None:
+        tasks = self._parked.pop(name, [])
+        if tasks:
+            self.ready(tasks, err)
+
+    def take_parked(self) -> list[Task]:
+        """Every parked task, removed (shutdown fails them)."""
+        out = [t for ts in self._parked.values() for t in ts]
+        self._parked.clear()
+        return out
 
     def release(self, t: Task) -> None:
         name = self._retained.pop(t.tid, None)
@@ -163,17 +165,19 @@ class ModelServices:
             self._unload_later.discard(name)
 
     # -- batching at dispatch -------------------------------------------------------------
-    def maybe_batch(self, sched: Any, t: Task) -> Task:
-        """``t`` alone, or a BatchTask of ``t`` and more queued requests of its model."""
-        if not self.batching or t.rt or t.allocated or isinstance(t, BatchTask):
+    def maybe_batch(self, t: Task, now: float, queued_of: Callable[[str], int],
+                    take_of: Callable[[str, int], list[Task]]) -> Task:
+        """``t`` alone, or a batch task of ``t`` and more queued requests of its model
+        (``queued_of(model)`` counts them, ``take_of(model, n)`` removes up to n)."""
+        if not self.batching or t.rt or t.allocated or t.members is not None:
             return t
         model = t.req.model
         ents = self.batch_entries.get(model)
         bat = self.batchers.get(model)
         if not ents or bat is None:
             return t
-        qlen = 1 + sum(1 for x in sched.be_queues if x.req.model == model)
-        n = bat.take(qlen, sched.device.now())
+        qlen = 1 + queued_of(model)
+        n = bat.take(qlen, now)
         # the largest batch plan <= n that is resident; ask for the wanted one meanwhile
         sizes = sorted((s for s in ents if s <= n), reverse=True)
         b = next((s for s in sizes if self.cache.handle(ents[s].name) is not None), 1)
@@ -181,16 +185,7 @@ class ModelServices:
             self.cache.ensure_resident(ents[sizes[0]].name, count=False)
         if b <= 1:
             return t
-        left = [b - 1]
-
-        def pick(x: Task) -> bool:
-            if left[0] > 0 and x.req.model == model and not x.allocated:
-                left[0] -= 1
-                return True
-            return False
-
-        others = sched.be_queues.remove_if(pick)
-        members = [t, *others]
+        members = [t, *take_of(model, b - 1)]
         entry = ents[b]
         inputs = stack_inputs([m.req.inputs for m in members], b)
         for m in members:
@@ -199,39 +194,26 @@ class ModelServices:
                       math.inf, False, Timings(min(m.req.timings.arrival for m in members)))
         self.batch_tasks += 1
         self.batched_requests += len(members)
-        return BatchTask(req, entry, entry.n_kernels, members=members)
+        return Task(req, entry, entry.n_kernels, members=members)
 
-    def intercept_answer(self, sched: Any, t: Task, result: Result) -> bool:
-        """Answer each member of a batch task with its rows of the outputs."""
-        if not isinstance(t, BatchTask):
-            return False
-        if t.answered:
-            return True
-        t.answered = True
+    def split_result(self, t: Task, result: Result) -> list[tuple[Task, Result | AvInferError]]:
+        """One answer per member of batch task ``t``: its rows of the outputs (with the
+        batch's timings), or the error splitting raised."""
+        members = t.members or []
         try:
-            outs = split_outputs(result.outputs, len(t.members))
+            outs = split_outputs(result.outputs, len(members))
         except AvInferError as e:
-            for m in t.members:
-                sched._fail(m, e)
-            return True
+            return [(m, e) for m in members]
         bt = t.req.timings
-        for m, out in zip(t.members, outs):
+        out: list[tuple[Task, Result | AvInferError]] = []
+        for m, rows in zip(members, outs):
             tm = m.req.timings
             tm.start, tm.first_kernel_start, tm.end = bt.start, bt.first_kernel_start, bt.end
             tm.preempted, tm.kernels_reexecuted = bt.preempted, bt.kernels_reexecuted
             tm.kernels_padded = bt.kernels_padded
-            sched._answer(m, Result(m.req.id, m.req.model, m.req.client, m.req.priority,
-                                    out, tm, m.req.deadline))
-        return True
-
-    def intercept_fail(self, sched: Any, t: Task, err: AvInferError) -> bool:
-        if not isinstance(t, BatchTask):
-            return False
-        if not t.answered:
-            t.answered = True
-            for m in t.members:
-                sched._fail(m, err)
-        return True
+            out.append((m, Result(m.req.id, m.req.model, m.req.client, m.req.priority,
+                                  rows, tm, m.req.deadline)))
+        return out
 
     # -- diagnostics ----------------------------------------------------------------------
     def batching_stats(self) -> dict[str, Any]:

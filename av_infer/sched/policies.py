@@ -8,7 +8,7 @@ boundaries, ``edf_preempt``); they differ in how BE work shares the device with 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from av_infer.errors import InvalidParameterError
 
@@ -22,12 +22,6 @@ from av_infer.errors import InvalidParameterError
 #: high-priority stream, or — with the scheduler's ``preempt_drain`` — after those <= c
 #: launches drained (REEF-N's literal order; what makes Fig. 15a grow with c).
 PreemptKind = Literal["none", "wait", "reset"]
-
-#: vHQ capacity used on BE streams under ``wait``: "everything launched" (REEF's baseline
-#: has a whole model in the GPU queues), bounded by the vHQ's in-flight ring
-#: (``VHQ_MAX_C`` = 4096 launches per stream, more than any zoo model has kernels).
-WAIT_BE_CAPACITY = 4096
-
 
 @dataclass(frozen=True, slots=True)
 class Policy:
@@ -76,12 +70,12 @@ POLICIES: dict[str, Policy] = {
 }
 
 
-def device_refuses(pol: Policy, device: object) -> str | None:
+def device_refuses(pol: Policy, device: Any) -> str | None:
     """Why ``device`` cannot run ``pol`` (None if it can): padding needs padded launches."""
-    if pol.padding and not getattr(device, "supports_padding", False):
-        why = getattr(device, "padding_reason", "") or "no padded launches"
+    if pol.padding and not device.supports_padding:
+        why = device.padding_reason or "no padded launches"
         return (f"policy {pol.name!r} needs dynamic kernel padding, which device "
-                f"{getattr(device, 'name', '?')!r} cannot do: {why}; use 'reef'")
+                f"{device.name!r} cannot do: {why}; use 'reef'")
     return None
 
 

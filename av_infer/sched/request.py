@@ -25,6 +25,8 @@ class Priority(enum.IntEnum):
                 return cls[value.strip().upper()]
             except KeyError:
                 raise ValueError(f"priority must be 'RT' or 'BE', got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"priority must be 'RT', 'BE', 0 or 1, got {value!r}")
         return cls(int(value))
 
 

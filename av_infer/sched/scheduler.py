@@ -23,6 +23,7 @@ RT arrival does to running BE work is the policy's ``preempt`` kind (see policie
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import threading
@@ -31,6 +32,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from av_infer._cy.dkp_select import Selector
 from av_infer._cy.vhq import restore_point
@@ -46,7 +49,7 @@ from av_infer.errors import (
 )
 from av_infer.model.plan import Plan
 from av_infer.profiles import round_times_us
-from av_infer.sched.policies import WAIT_BE_CAPACITY, Policy, device_refuses, get_policy
+from av_infer.sched.policies import Policy, device_refuses, get_policy
 from av_infer.sched.queues import BeQueues, RtQueue
 from av_infer.sched.request import Priority, Request, Result
 from av_infer.sched.stats import Stats
@@ -54,6 +57,10 @@ from av_infer.sched.stats import Stats
 log = logging.getLogger(__name__)
 
 Listener = Callable[[str, dict], None]
+
+#: BE starvation window (device seconds): BE work waiting this long without a BE launch
+#: completing, while RT holds the device, gets a grant (``Scheduler.be_min_share``).
+BE_SHARE_WINDOW = 0.05
 
 # Task states.
 QUEUED, RUNNING, PAUSED, PREEMPTED, ABORTING, DONE = range(6)
@@ -117,6 +124,10 @@ class Task:
     pad_b: int = 0
     pad_blocks: dict[int, int] = field(default_factory=dict)
     pad_full: set[int] = field(default_factory=set)
+    #: handle of the task's RT queue entry (removal when it expires while queued)
+    qh: int = 0
+    #: a batch task (model_services.maybe_batch): the requests it answers; None otherwise
+    members: list[Task] | None = None
     # fixed at creation (read on every event: plain attributes, not properties)
     tid: int = field(init=False)
     rt: bool = field(init=False)
@@ -157,7 +168,7 @@ class Scheduler:
         why = device_refuses(self.policy, device)
         if why:
             raise InvalidParameterError(why)
-        self.c = int(c)
+        self.c = check_capacity(c, device)
         self.edf_preempt = bool(edf_preempt)
         self.preempt_drain = bool(preempt_drain)
         self.stats = Stats()
@@ -169,6 +180,22 @@ class Scheduler:
         self.rt_fed: Task | None = None  # the RT task whose kernels are being fed
         self.closing = False  # no more arrivals; stop once idle
         self.stopped = False
+        #: queued requests per priority class beyond which arrivals are rejected (None: no
+        #: bound); checked on arrival, so queues stay bounded under overload
+        self.max_queue_depth: int | None = None
+        #: (deadline, id, task) of queued drop_late requests: the driver's timer fails them
+        #: at their deadline, not at the next unrelated event (lazily pruned)
+        self._late: list[tuple[float, int, Task]] = []
+        #: BE's minimum share under RT overload (0: none, pure REEF priority): when BE work
+        #: has waited BE_SHARE_WINDOW without progress while RT was over capacity (RT
+        #: requests queued the whole time), BE runs and new RT waits for
+        #: ``share / (1 - share) * BE_SHARE_WINDOW`` (a *grant*), so BE gets at least about
+        #: ``share`` of the device while RT is over capacity and nothing when RT leaves
+        #: gaps (BE progresses in them and never starves)
+        self.be_min_share = 0.1
+        self._be_wait = False  # BE work is held back by RT (as of the last decision)
+        self._be_seen = 0.0  # device time BE last progressed or started waiting
+        self._grant_until = -math.inf
         self._pending: deque[tuple] = deque()
         self._answers: list[tuple[Future, Any, bool]] = []
         self._busy = False
@@ -182,11 +209,11 @@ class Scheduler:
         self.streams: dict[int, StreamState] = {
             s.id: s for s in (self.rt_hi, self.rt_plain, *self.be_streams)
         }
-        self._apply_capacity()
+        self._apply_capacity(self.c, self.policy)
         # DKP: candidate slots (one per BE stream) and padding of RT launches in flight.
         self.sms = _device_sms(device)
         self._dkp: Selector | None = None
-        if getattr(device, "supports_padding", False) and self.sms:
+        if device.supports_padding and self.sms:
             self._dkp = Selector(self.sms, max(16, len(self.be_streams)))
         self._pad_pending: dict[tuple[int, int], list[tuple[int, int, int, int, int]]] = {}
 
@@ -203,8 +230,8 @@ class Scheduler:
                     ev = self._pending.popleft()
                     try:
                         self._handle(ev)
-                    except Exception:  # the scheduler must survive anything
-                        log.exception("scheduler: error handling %s", ev[0])
+                    except Exception as e:  # the scheduler survives; the requests do not
+                        self._handler_failed(ev, e)
                     if self.closing and not self.stopped and self.idle():
                         self.stopped = True
                 self._flush_answers()
@@ -217,6 +244,9 @@ class Scheduler:
             self.on_complete(ev[1])
         elif kind == "arrival":
             self.on_arrival(ev[1], ev[2])
+        elif kind == "timer":
+            self._expire_late()
+            self._schedule()
         elif kind == "control":
             fn, fut = ev[1], ev[2]
             try:
@@ -232,8 +262,173 @@ class Scheduler:
             raise ValueError(f"unknown event {kind!r}")
 
     def idle(self) -> bool:
-        """Nothing queued, nothing on the device."""
-        return not self.rt_queue and not self.be_queues and not self.tasks
+        """Nothing queued, nothing on the device, nothing waiting for a model load."""
+        return (not self.rt_queue and not self.be_queues and not self.tasks
+                and (self.ext is None or not self.ext.parked()))
+
+    # -- failures inside a handler ------------------------------------------------------------
+    def _handler_failed(self, ev: tuple, exc: Exception) -> None:
+        """A handler raised: the requests of its event fail with the cause (typed) or a
+        DeviceFaultError, leave every queue and table, and the scheduler keeps serving.
+        Logged and counted (``stats()["handler_errors"]``), never swallowed."""
+        kind = ev[0]
+        log.error("scheduler: %s handler failed", kind, exc_info=exc)
+        with self.stats.lock:
+            self.stats.handler_errors[kind] = self.stats.handler_errors.get(kind, 0) + 1
+        err = exc if isinstance(exc, AvInferError) else DeviceFaultError(
+            f"scheduler: handling {kind} failed: {type(exc).__name__}: {exc}")
+        if kind == "arrival":
+            req = ev[1]
+            t = self.tasks.get(req.id) or self._queued_task(req.id)
+            if t is not None:
+                self._evict(t, err)
+            elif not req.future.done():  # failed before it was queued
+                self._answers.append((req.future, err, True))
+        elif kind == "complete":
+            t = self.tasks.get(ev[1].task)
+            if t is not None:
+                self._evict(t, err)
+        try:
+            self._schedule()
+        except Exception:  # noqa: BLE001 - the next event tries again
+            log.exception("scheduler: scheduling after a failed %s handler failed", kind)
+
+    def _queued_task(self, tid: int) -> Task | None:
+        for t in self.rt_queue.items():
+            if t.tid == tid:
+                return t
+        for t in self.be_queues:
+            if t.tid == tid:
+                return t
+        return None
+
+    def _unqueue(self, t: Task) -> None:
+        if t.rt:
+            self.rt_queue.remove(t.qh)
+        else:
+            self.be_queues.remove_if(lambda x: x is t)
+
+    def _evict(self, t: Task, err: AvInferError) -> None:
+        """Answer ``t`` with ``err`` and drop it from every structure, whatever state it is
+        in; if the device refuses the clean way (abort), forget it by force."""
+        self._unqueue(t)
+        try:
+            if t.allocated and t.state != DONE:
+                self._abort(t, err)
+            else:
+                self._fail(t, err)
+                self._detach(t)
+                self.tasks.pop(t.tid, None)
+        except Exception:  # noqa: BLE001 - the device is in trouble: forget the task
+            log.exception("scheduler: evicting request %d failed", t.tid)
+            if not t.answered:
+                t.answered = True
+                self._answers.append((t.req.future, err, True))
+            t.state = DONE
+            self._detach(t)
+            self.tasks.pop(t.tid, None)
+
+    # -- timers (the driver arms one for next_timer()) ------------------------------------------
+    def next_timer(self) -> float:
+        """Device time of the next timed decision (a queued drop_late request's deadline,
+        the end of a BE grant, the moment waiting BE work starves); inf if none."""
+        due = math.inf
+        late = self._late
+        while late:
+            t = late[0][2]
+            if t.answered or t.allocated:
+                heapq.heappop(late)
+                continue
+            due = late[0][0]
+            break
+        if self.be_min_share > 0 and self.policy.preempt != "none":
+            if self._grant_until > -math.inf:
+                due = min(due, self._grant_until)
+            elif self._be_wait:
+                due = min(due, self._be_seen + BE_SHARE_WINDOW)
+        return due
+
+    # -- BE's minimum share under RT overload --------------------------------------------------
+    def _be_waiting(self) -> bool:
+        """RT is over capacity (RT requests queued behind the one running) and BE work is
+        held back by it (queued, or preempted/paused on its stream). A single long RT
+        request, or RT waiting for BE launches to drain (``wait``), is not overload."""
+        if not self.rt_queue:
+            return False
+        if any(s.flagged and s.outstanding > 0 for s in self.be_streams):
+            return False  # RT waits for BE launches to leave: BE is not the one starved
+        if self.be_queues:
+            return True
+        return any(s.owner is not None and s.owner.state in (PREEMPTED, PAUSED)
+                   for s in self.be_streams)
+
+    def _be_granted(self) -> bool:
+        """Is BE in a grant now (see ``be_min_share``); starts one when BE starved."""
+        if self.be_min_share <= 0 or self.policy.preempt == "none" \
+                or not self.policy.accepts_be:
+            return False
+        now = self.device.now()
+        if now < self._grant_until:
+            return True
+        if self._grant_until > -math.inf:  # a grant ended: starvation counts from here
+            self._grant_until = -math.inf
+            self._be_seen = now
+        if not self._be_waiting():
+            self._be_wait = False
+            return False
+        if not self._be_wait:  # BE starts waiting now
+            self._be_wait, self._be_seen = True, now
+            return False
+        if now - self._be_seen < BE_SHARE_WINDOW:
+            return False
+        share = self.be_min_share
+        self._grant_until = now + BE_SHARE_WINDOW * share / (1.0 - share)
+        with self.stats.lock:
+            self.stats.be_grants += 1
+        if self.listeners:
+            self._emit("be_grant", {"until": self._grant_until, "t": now})
+        return True
+
+    def _expire_late(self) -> None:
+        """Fail queued, never-started drop_late requests whose deadline has passed."""
+        now = self.device.now()
+        late = self._late
+        while late and late[0][0] < now:
+            _, _, t = heapq.heappop(late)
+            if t.answered or t.allocated:
+                continue
+            self._unqueue(t)
+            self._miss(t, now)
+
+    def _miss(self, t: Task, now: float) -> None:
+        req = t.req
+        with self.stats.lock:
+            self.stats.client(req.client, req.priority.name).deadline_misses += 1
+        self._fail(t, DeadlineMissedError(
+            f"request {req.id} ({req.model}) missed its deadline by "
+            f"{(now - req.deadline) * 1e3:.3f} ms before it could start"))
+
+    def _queue(self, t: Task, front: bool = False) -> None:
+        """Put ``t`` in its ready queue (RT: EDF; BE: its client's FIFO)."""
+        if t.rt:
+            t.qh = self.rt_queue.push(t.req.deadline, t)
+        elif front:
+            self.be_queues.push_front(t.req.client, t)
+        else:
+            self.be_queues.push(t.req.client, t)
+
+    def resume_parked(self, tasks: list[Task], err: BaseException | None) -> None:
+        """The model the ``tasks`` waited for is loaded (``err`` None) or failed to load:
+        queue them again (BE at the head of their FIFO) or fail them."""
+        for t in tasks:
+            if t.answered:
+                continue
+            if err is not None:
+                self._fail(t, err if isinstance(err, AvInferError) else DeviceFaultError(
+                    f"model {t.entry.name!r} could not be loaded: {err}"))
+            else:
+                self._queue(t, front=True)
+        self._schedule()
 
     # -- listeners --------------------------------------------------------------------------
     def _emit(self, kind: str, payload: dict) -> None:
@@ -261,16 +456,23 @@ class Scheduler:
         if self.closing:
             self._fail(task, RuntimeClosedError("runtime is closing"))
             return
-        if task.rt:
-            self.rt_queue.push(req.deadline, task)
-        elif not self.policy.accepts_be:
+        if not task.rt and not self.policy.accepts_be:
             self._fail(task, RejectedError(
                 f"BE request rejected: policy {self.policy.name!r} serves RT only"))
             return
-        else:
-            self.be_queues.push(req.client, task)
-            if self.ext is not None:  # cache/batching hook
-                self.ext.on_arrival(self, task)
+        depth = self.max_queue_depth
+        if depth is not None:
+            queued = len(self.rt_queue) if task.rt else len(self.be_queues)
+            if queued >= depth:
+                self._fail(task, RejectedError(
+                    f"{req.priority.name} request rejected: {queued} {req.priority.name} "
+                    f"requests already queued (max_queue_depth={depth})"))
+                return
+        self._queue(task)
+        if req.drop_late and req.deadline < math.inf:
+            heapq.heappush(self._late, (req.deadline, task.tid, task))
+        if not task.rt and self.ext is not None:  # batching observes BE arrivals
+            self.ext.on_arrival(task, self.device.now())
         self._schedule()
 
     def on_complete(self, comp: Completion) -> None:
@@ -278,6 +480,8 @@ class Scheduler:
         s = self.streams.get(comp.stream)
         if s is not None:
             s.outstanding -= 1
+            if s.kind == "be" and comp.executed is not False:
+                self._be_seen = comp.t_end  # BE progressed
             if s.stop_from is not None:  # preemption latency (DESIGN.md, Metrics)
                 stop = comp.t_stop if comp.t_stop == comp.t_stop else comp.t_end
                 with self.stats.lock:
@@ -315,11 +519,14 @@ class Scheduler:
 
     # -- control (called through post(("control", fn, fut))) ----------------------------------
     def set_policy(self, name: str) -> None:
+        """Validate, apply to the device, then publish: a refusal changes nothing."""
         pol = get_policy(name)
         why = device_refuses(pol, self.device)
         if why:
             raise InvalidParameterError(why)
-        old, self.policy = self.policy, pol
+        if self.policy.be_unbounded != pol.be_unbounded:
+            self._apply_capacity(self.c, pol)
+        self.policy = pol
         if not pol.accepts_be:
             err = RejectedError(f"BE request rejected: policy switched to {pol.name!r}")
             for t in self.be_queues.clear():
@@ -327,12 +534,11 @@ class Scheduler:
             for s in self.be_streams:
                 if s.owner is not None and not s.owner.answered:
                     self._abort(s.owner, err)
-        if old.be_unbounded != pol.be_unbounded:
-            self._apply_capacity()
 
     def set_c(self, c: int) -> None:
+        """Validate, apply to the device, then publish: a refusal changes nothing."""
+        self._apply_capacity(check_capacity(c, self.device), self.policy)
         self.c = int(c)
-        self._apply_capacity()
 
     def set_edf_preempt(self, flag: bool) -> None:
         self.edf_preempt = bool(flag)
@@ -347,7 +553,8 @@ class Scheduler:
             return
         try:
             err = RuntimeClosedError("runtime closed before the request completed")
-            for t in self.rt_queue.clear() + self.be_queues.clear():
+            parked = self.ext.take_parked() if self.ext is not None else []
+            for t in self.rt_queue.clear() + self.be_queues.clear() + parked:
                 self._fail(t, err)
             for t in list(self.tasks.values()):
                 if not t.answered:
@@ -365,24 +572,42 @@ class Scheduler:
                 "running": len(self.tasks)}
 
     # -- capacity ---------------------------------------------------------------------------
-    def _apply_capacity(self) -> None:
-        self.device.set_capacity(self.c)
-        if self.policy.be_unbounded:
-            setter = getattr(self.device, "set_stream_capacity", None)
-            for s in self.be_streams:
-                try:
-                    setter(s.id, WAIT_BE_CAPACITY)
-                except (NotImplementedError, TypeError):
-                    log.warning("device %s has no per-stream capacity: 'wait' runs its BE "
-                                "streams with c=%d", self.device.name, self.c)
-                    break
+    def _apply_capacity(self, c: int, policy: Policy) -> None:
+        """Give the device capacity ``c`` (the ``wait`` policy's BE streams: the device's
+        largest). A device that refuses raises a typed error; what it had applied is put
+        back, so a refusal changes nothing."""
+        dev = self.device
+        try:
+            dev.set_capacity(c)
+            if policy.be_unbounded:
+                for s in self.be_streams:
+                    try:
+                        dev.set_stream_capacity(s.id, dev.max_capacity)
+                    except NotImplementedError:
+                        log.warning("device %s has no per-stream capacity: 'wait' runs its "
+                                    "BE streams with c=%d", dev.name, c)
+                        break
+        except Exception as e:
+            try:  # put the published setting back on the device
+                dev.set_capacity(self.c)
+                if self.policy.be_unbounded:
+                    for s in self.be_streams:
+                        dev.set_stream_capacity(s.id, dev.max_capacity)
+            except Exception:  # noqa: BLE001
+                log.exception("device %s: restoring capacity %d failed", dev.name, self.c)
+            if isinstance(e, AvInferError):
+                raise
+            raise DeviceFaultError(
+                f"device {dev.name!r} refused capacity {c}: {type(e).__name__}: {e}") from e
 
     # -- the decision routine ---------------------------------------------------------------
     def _schedule(self) -> None:
         if self.stopped:
             return
-        self._schedule_rt()
-        self._schedule_be()
+        granted = self._be_granted() if self.be_min_share > 0 else False
+        if not granted:
+            self._schedule_rt()
+        self._schedule_be(granted)
 
     def _rt_stream_for(self, task: Task) -> StreamState:
         if task.outstanding > 0 and task.stream in self.streams:
@@ -430,7 +655,7 @@ class Scheduler:
         cur.resume_from = resume
         cur.state = PAUSED
         self.rt_active.discard(cur)
-        self.rt_queue.push(cur.req.deadline, cur)
+        self._queue(cur)
         cur.req.timings.preempted += 1
         with self.stats.lock:
             self.stats.rt_switches += 1
@@ -478,9 +703,9 @@ class Scheduler:
                                        "last_sent": info.last_sent, "done": info.done,
                                        "dropped": info.dropped, "t": self.device.now()})
 
-    def _schedule_be(self) -> None:
+    def _schedule_be(self, granted: bool = False) -> None:
         pol = self.policy
-        rt_mode = bool(self.rt_queue) or bool(self.rt_active)
+        rt_mode = (bool(self.rt_queue) or bool(self.rt_active)) and not granted
         # Idle flagged streams (aborted or finished tasks) get their flag back down.
         for s in self.be_streams:
             if s.flagged and s.owner is None and s.outstanding <= 0:
@@ -500,6 +725,8 @@ class Scheduler:
             if t.state == PREEMPTED:
                 if s.outstanding > 0:
                     continue  # wait until every launch of the reset stream completed
+                if self._pad_pending and self._padded_in_flight(t.tid):
+                    continue  # its blocks still run inside RT launches (a BE grant)
                 self._restore(t, s)
             else:
                 self._enqueue(t, s, t.resume_from)
@@ -518,8 +745,9 @@ class Scheduler:
                 return
             while self.be_queues:
                 t = self.be_queues.pop()
-                if self.ext is not None:  # cache/batching hook: maybe a batch task
-                    t = self.ext.maybe_batch(self, t)
+                if self.ext is not None:  # batching: a request transform ahead of dispatch
+                    t = self.ext.maybe_batch(t, self.device.now(), self._be_queued_of,
+                                             self._be_take_of)
                 if self._start(t, s):
                     break
 
@@ -550,23 +778,35 @@ class Scheduler:
             self._emit("restore", {"request_id": t.tid, "stream": s.id, "from": rp,
                                    "reexecuted": reexec, "t": self.device.now()})
 
+    # -- the BE queue as batching sees it (model_services.maybe_batch) -------------------------
+    def _be_queued_of(self, model: str) -> int:
+        return sum(1 for x in self.be_queues if x.req.model == model and not x.allocated)
+
+    def _be_take_of(self, model: str, n: int) -> list[Task]:
+        """Remove and return up to ``n`` queued, never-started BE requests of ``model``."""
+        left = [n]
+
+        def pick(x: Task) -> bool:
+            if left[0] > 0 and x.req.model == model and not x.allocated:
+                left[0] -= 1
+                return True
+            return False
+
+        return self.be_queues.remove_if(pick)
+
     # -- task lifecycle ---------------------------------------------------------------------
     def _start(self, t: Task, s: StreamState) -> bool:
         """Give ``t`` a stream; False if it was answered instead (late, fault)."""
         req = t.req
         now = self.device.now()
         if req.drop_late and not t.allocated and now > req.deadline:  # never-started only
-            with self.stats.lock:
-                self.stats.client(req.client, req.priority.name).deadline_misses += 1
-            self._fail(t, DeadlineMissedError(
-                f"request {req.id} ({req.model}) missed its deadline by "
-                f"{(now - req.deadline) * 1e3:.3f} ms before it could start"))
+            self._miss(t, now)
             return False
         if not t.allocated:
             handle = t.entry.handle
             if self.ext is not None:  # cache hook: retain the model, or park t until loaded
-                handle = self.ext.acquire(self, t)
-                if handle is None:
+                handle = self.ext.acquire(t)
+                if handle is None:  # parked: resume_parked queues it again once loaded
                     return False
             try:
                 self.device.new_task(handle, t.tid)
@@ -594,8 +834,11 @@ class Scheduler:
             self._emit("dispatch", {"request_id": t.tid, "stream": s.id, "first": first,
                                     "priority": req.priority.name, "t": now})
         # no wake-up only where the waiting caller itself is handling this (it helps next)
-        self._enqueue(t, s, first,
-                      wake=req.caller_runs != threading.get_ident())
+        try:
+            self._enqueue(t, s, first, wake=req.caller_runs != threading.get_ident())
+        except Exception as e:  # noqa: BLE001 - the device refused the launches
+            self._evict(t, e if isinstance(e, AvInferError) else DeviceFaultError(
+                f"could not launch request {req.id} ({req.model}): {type(e).__name__}: {e}"))
         return True
 
     def _enqueue(self, t: Task, s: StreamState, first: int, wake: bool = True) -> None:
@@ -700,6 +943,10 @@ class Scheduler:
             if bt.done >= bt.n:
                 self._finish(bt, comp.t_end)
 
+    def _padded_in_flight(self, tid: int) -> bool:
+        """Blocks of BE task ``tid`` are in padded RT launches not yet completed."""
+        return any(p[0] == tid for parts in self._pad_pending.values() for p in parts)
+
     def _dkp_forget(self, rt_tid: int, last_sent: int) -> None:
         """RT launches after ``last_sent`` were dropped by a reset: their BE blocks never
         ran, so each BE task's cursor goes back to its first dropped part."""
@@ -782,9 +1029,15 @@ class Scheduler:
 
     # -- answering (deferred until the handler is done, so callbacks never re-enter) -------
     def _answer(self, t: Task, result: Result) -> None:
-        if self.ext is not None and self.ext.intercept_answer(self, t, result):
-            return  # a batch task: its members were answered
         if t.answered:
+            return
+        if t.members is not None:  # a batch task: each member gets its rows (or an error)
+            t.answered = True
+            for m, res in self.ext.split_result(t, result):
+                if isinstance(res, AvInferError):
+                    self._fail(m, res)
+                else:
+                    self._answer(m, res)
             return
         t.answered = True
         req = t.req
@@ -809,9 +1062,12 @@ class Scheduler:
                                     "deadline_met": tm.end <= req.deadline, "t": tm.end})
 
     def _fail(self, t: Task, err: AvInferError) -> None:
-        if self.ext is not None and self.ext.intercept_fail(self, t, err):
-            return  # a batch task: its members were failed
         if t.answered:
+            return
+        if t.members is not None:  # a batch task: every member fails
+            t.answered = True
+            for m in t.members:
+                self._fail(m, err)
             return
         t.answered = True
         req = t.req
@@ -819,7 +1075,7 @@ class Scheduler:
         with self.stats.lock:
             cs = self.stats.client(req.client, req.priority.name)
             cs.failed += 1
-            code = getattr(err, "code", "error")
+            code = err.code
             cs.errors[code] = cs.errors.get(code, 0) + 1
             self.stats.model(req.model)["failed"] += 1
         self._unref(t.entry)
@@ -827,7 +1083,7 @@ class Scheduler:
         if self.listeners:
             self._emit("fail", {"request_id": req.id, "model": req.model, "client": req.client,
                                 "priority": req.priority.name,
-                                "error": getattr(err, "code", "error"), "message": str(err),
+                                "error": err.code, "message": str(err),
                                 "t": self.device.now()})
 
     def _unref(self, entry: ModelEntry) -> None:
@@ -868,7 +1124,16 @@ class Scheduler:
 
 
 def _device_sms(device: Device) -> int:
-    """SM count of the device (0 if it does not say): DKP counts slots per SM."""
-    gpu = getattr(device, "gpu", None)
-    sms = getattr(gpu, "sms", None) or getattr(device, "sms", None)
+    """SM count of the device (0 if it is not a GPU): DKP counts slots per SM."""
+    sms = device.sms
     return int(sms) if isinstance(sms, int) and sms > 0 else 0
+
+
+def check_capacity(c: object, device: Device) -> int:
+    """``c`` as a device queue capacity: an int in ``1..device.max_capacity`` (the one range
+    every layer checks), else InvalidParameterError."""
+    hi = int(device.max_capacity)
+    if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 1 <= int(c) <= hi:
+        raise InvalidParameterError(
+            f"c must be an int in 1..{hi} (device {device.name!r}), got {c!r}")
+    return int(c)

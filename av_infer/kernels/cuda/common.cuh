@@ -12,9 +12,23 @@ typedef unsigned char u8;
 #define AVI_MAXR 8
 #define AVI_INF __int_as_float(0x7f800000)
 
-// REEF lazy eviction: every kernel entry starts with this; one flag word per stream.
+// REEF lazy eviction: every kernel entry (plain wrappers and the padded dispatcher) starts
+// with AVI_PREEMPT_CHECK; one flag word per stream. The decision is block-uniform: thread 0
+// reads the volatile word once into shared memory, a barrier publishes it, and the whole
+// block returns or runs together. A per-thread read could see the flag flip between warps
+// of one block, and the warps that returned would be missing at the body's __syncthreads
+// or full-mask shuffles (undefined behaviour, a possible hang). The barrier also publishes
+// whatever thread 0 wrote to shared memory before the check (the padded dispatcher's
+// per-block thread count).
+__device__ __forceinline__ bool avi_block_preempted(const unsigned int* flag) {
+    __shared__ unsigned int avi_preempted;
+    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0)
+        avi_preempted = *(volatile const unsigned int*)flag;
+    __syncthreads();
+    return avi_preempted != 0u;
+}
 #define AVI_PREEMPT_CHECK(flag) \
-    if (*(volatile const unsigned int*)(flag)) return;
+    if (avi_block_preempted(flag)) return;
 
 // Linear block id of a 1-D or 2-D launch (bodies take it as an argument so the padding
 // kernel can call them with block ids of its own).
@@ -46,9 +60,11 @@ template <class T> __device__ __forceinline__ T act_leaky_relu(T x, double a) { 
 template <class T> __device__ __forceinline__ T act_sigmoid(T x) { return avi_tanh<T>(x * T(0.5)) * T(0.5) + T(0.5); }
 template <class T> __device__ __forceinline__ T act_tanh(T x) { return avi_tanh<T>(x); }
 template <class T> __device__ __forceinline__ T act_clip(T x, double lo, double hi) {
-    // NaN bounds mean "no bound" (the packer writes NaN for None)
-    if (lo == lo && x < T(lo)) x = T(lo);
-    if (hi == hi && x > T(hi)) x = T(hi);
+    // NaN bounds mean "no bound" (the packer writes NaN for None). Compare in double: T(lo)
+    // of a bound outside T's range (-FLT_MAX, the lowering's "no min", for int8) is
+    // undefined and in practice 0; x is converted only once it is past an in-range bound.
+    if (lo == lo && (double)x < lo) x = T(lo);
+    if (hi == hi && (double)x > hi) x = T(hi);
     return x;
 }
 template <class T> __device__ __forceinline__ T act_hard_sigmoid(T x, double a, double b) {

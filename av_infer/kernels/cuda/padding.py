@@ -23,8 +23,9 @@ How (this module only generates source; nothing here touches CUDA):
   pointer to that kernel's packed argument struct (``LaunchSpec.pack`` bytes uploaded to
   the device), the body id, the body's thread count, the part's first grid block and its
   first logical block. Part 0 is the RT kernel (``first_block`` 0).
-* Lazy eviction: a block reads *its part's* flag word (thread 0, shared with the block
-  through shared memory, so the decision is block-uniform) and returns if set.
+* Lazy eviction: a block checks *its part's* flag word with the same block-uniform
+  ``AVI_PREEMPT_CHECK`` every plain kernel starts with (common.cuh: thread 0 reads it into
+  shared memory, a barrier, the whole block returns or runs).
 * Threads: the launch uses ``max`` of the parts' thread counts; threads at or beyond a
   body's count return before the body (whole warps for every body with barriers: row
   kinds use multiples of 32, conv/gemm 256). Bodies loop over ``blockDim.x``; in this
@@ -262,13 +263,9 @@ def build_padded_module(sources: Sequence[PlanSource],
         "    while (i + 1 < a.nparts && g >= a.part[i + 1].start) ++i;  // parts in grid order\n"
         "    const AviPadPart& p = a.part[i];\n"
         "    const i64 blk = p.first + (g - p.start);\n"
-        "    __shared__ unsigned int avi_pad_run;\n"
-        "    if (threadIdx.x == 0) {  // this part's stream flag, read once per block\n"
-        "        avi_pad_run = *(volatile const unsigned int*)p.flag ? 0u : 1u;\n"
-        "        avi_pad_nthreads = (unsigned int)p.threads;\n"
-        "    }\n"
-        "    __syncthreads();\n"
-        "    if (!avi_pad_run || threadIdx.x >= avi_pad_nthreads) return;\n"
+        "    if (threadIdx.x == 0) avi_pad_nthreads = (unsigned int)p.threads;\n"
+        "    AVI_PREEMPT_CHECK(p.flag)  // this part's stream flag, block-uniform (common.cuh)\n"
+        "    if (threadIdx.x >= avi_pad_nthreads) return;\n"
         "    switch (p.body) {\n" + switch + "\n    default: break;\n    }\n"
         "}\n"
     )

@@ -9,7 +9,7 @@ grows with the number of *distinct* kernels, not with the plan's length.
 Every wrapper has the same shape (REEF §4.1 lazy eviction, §5.1 bodies for padding)::
 
     extern "C" __global__ void NAME(const unsigned int* flag, STRUCT a) {
-        AVI_PREEMPT_CHECK(flag)                      // one flag word per stream
+        AVI_PREEMPT_CHECK(flag)          // one flag word per stream, block-uniform exit
         for (i64 b = avi_block_id(); b < a.nblk; b += avi_grid_blocks()) BODY(a, b);
     }
 
@@ -17,11 +17,14 @@ Arguments: a flag pointer and one struct passed by value whose fields are all 8 
 (``long long``, ``double``, pointers), so the C layout has no padding and the Python
 packer (``LaunchSpec.pack``) and the C declaration come from the same table (``LAYOUTS``).
 
-Launch geometry is decided here and only here (:func:`_geometry`):
+Launch geometry is the plan's: :func:`av_infer.model.geometry.geometry_for` decides it when
+the plan is built, and the wrappers only apply it through
+:func:`av_infer.model.geometry.cuda_launch` (see there), from the kind of work the body
+does (``_Gen.work``: ``elem``, ``row`` or ``mm``) and how much (``_Gen.count``):
 * elementwise-style kinds (unary, binary, where, cast, copy, batchnorm, transpose, slice,
-  concat, split, pad, gather, resize, pool, depthwise conv) take the plan's geometry as it
-  is (blocks x threads); logical block b handles elements [b*per, (b+1)*per) with
-  per = ceil(n / blocks), so any block count is correct;
+  concat, split, pad, gather, resize, pool, depthwise conv) take the plan's blocks x threads,
+  at most one block per ``threads`` elements; logical block b handles elements
+  [b*per, (b+1)*per) with per = ceil(n / blocks), so any block count is correct;
 * row kinds (reduce, global_pool, softmax, layernorm) use one logical block per row and
   the plan's thread count when it is a multiple of 32 (else 256);
 * conv / conv_transpose / gemm use 64x64 tiles, 256 threads, one logical block per
@@ -45,6 +48,7 @@ from av_infer.errors import UnsupportedModelError
 from av_infer.kernels.cpu import slice_index
 from av_infer.kernels.cpu_ops import act_params
 from av_infer.kernels.cpu_spatial import _as_2d_args, _to4d, resize_taps
+from av_infer.model.geometry import GEMM_THREADS, TILE, cuda_launch
 from av_infer.model.plan import ENGINE_KINDS, KERNEL_KINDS, Kernel, Plan
 
 __all__ = [
@@ -66,9 +70,6 @@ MAXR = 8
 MAXPARTS = 128
 MAXBATCH = 6
 NPARAM = 16
-GRID_MAX = 2**31 - 1
-MM_TILE = 64
-MM_THREADS = 256
 
 #: Family sources, in include order (common helpers first).
 FAMILY_FILES = ("common.cuh", "elementwise.cu", "movement.cu", "reduce.cu", "gemm.cu")
@@ -841,10 +842,10 @@ def gen_conv(k: Kernel, ctx: _Ctx, tf32: bool = False, transposed: bool = False)
         code = epi + _wrapper("MmArgs", "dwconv_body<FNAME>")
         return _elem(code, "MmArgs", f, n * cout * ho * wo)  # _elem sets the n field
     f.update(M=coutg, N=ho * wo, K=cg * kh * kw)
-    f.update(tiles_m=_cdiv(f["M"], MM_TILE), tiles_n=_cdiv(f["N"], MM_TILE))
+    f.update(tiles_m=_cdiv(f["M"], TILE), tiles_n=_cdiv(f["N"], TILE))
     mode = "MM_CONVT" if transposed else "MM_CONV"
     body = f"mm_body<FNAME, {mode}, {'true' if tf32 else 'false'}>"
-    code = epi + _wrapper("MmArgs", body, MM_THREADS)
+    code = epi + _wrapper("MmArgs", body, GEMM_THREADS)
     return _Gen(code, "MmArgs", f, "mm", f["tiles_m"] * f["tiles_n"] * n * g)
 
 
@@ -906,9 +907,9 @@ def gen_gemm(k: Kernel, ctx: _Ctx, tf32: bool = False) -> _Gen:
         else:
             f["bias_mode"], f["bias_st"] = 2, _pad(_bstrides(bs, sy), MAXR)
     epi = _epilogue(k, ctx, sy, f)
-    f.update(tiles_m=_cdiv(M, MM_TILE), tiles_n=_cdiv(N, MM_TILE))
+    f.update(tiles_m=_cdiv(M, TILE), tiles_n=_cdiv(N, TILE))
     body = f"mm_body<FNAME, MM_GEMM, {'true' if tf32 else 'false'}>"
-    code = epi + _wrapper("MmArgs", body, MM_THREADS)
+    code = epi + _wrapper("MmArgs", body, GEMM_THREADS)
     return _Gen(code, "MmArgs", f, "mm", f["tiles_m"] * f["tiles_n"] * nbatch)
 
 
@@ -932,26 +933,6 @@ def supported_kinds() -> list[str]:
 
 def missing_kinds() -> list[str]:
     return sorted(set(KERNEL_KINDS) - set(GENERATORS) - {"trace"} - ENGINE_KINDS)
-
-
-# -- geometry: the one place ---------------------------------------------------------------
-def _geometry(k: Kernel, gen: _Gen) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
-    """(grid, block, nblk) for a generated kernel; see the module docstring."""
-    pg = k.geometry
-    if gen.work == "mm":
-        nblk = max(1, gen.count)
-        return (min(nblk, GRID_MAX), 1, 1), (MM_THREADS, 1, 1), nblk
-    if gen.work == "row":
-        t = pg.threads if pg.threads % 32 == 0 and 32 <= pg.threads <= 1024 else 256
-        nblk = max(1, gen.count)
-        return (min(nblk, GRID_MAX), 1, 1), (t, 1, 1), nblk
-    t = pg.threads if 32 <= pg.threads <= 1024 else 256
-    blocks = pg.blocks if pg.blocks >= 1 and pg.threads == t else _cdiv(gen.count, 1024)
-    blocks = min(blocks, _cdiv(gen.count, t))  # never more blocks than thread-sized chunks
-    per = _cdiv(gen.count, blocks)
-    gen.fields["per"] = per
-    nblk = _cdiv(gen.count, per)
-    return (min(nblk, GRID_MAX), 1, 1), (t, 1, 1), nblk
 
 
 def _slots(struct_name: str, fields: dict[str, Any]) -> list[Slot]:
@@ -1005,8 +986,10 @@ def build_plan_source(plan: Plan, tf32: bool = False) -> PlanSource:
             raise UnsupportedModelError({k.kind: [k.name]}, f"kernel {k.index}: no CUDA version")
         try:
             gen = gen_fn(k, ctx, tf32) if k.kind in _TF32_KINDS else gen_fn(k, ctx)
-            grid, block, nblk = _geometry(k, gen)
-            gen.fields["nblk"] = nblk
+            launch = cuda_launch(k.geometry, gen.work, gen.count)
+            if gen.work == "elem":
+                gen.fields["per"] = launch.per
+            gen.fields["nblk"] = launch.nblk
             slots = _slots(gen.struct_name, gen.fields)
         except NotImplementedError as e:  # a variant of the kind the CUDA kernels lack
             raise UnsupportedModelError(
@@ -1017,7 +1000,8 @@ def build_plan_source(plan: Plan, tf32: bool = False) -> PlanSource:
         func = f"avi_{k.kind}_{digest}"
         if func not in wrappers:
             wrappers[func] = gen.code.replace("FNAME", f"F_{func}").replace("NAME", func)
-        specs.append(LaunchSpec(k.index, func, gen.struct_name, slots, grid, block, 0))
+        specs.append(LaunchSpec(k.index, func, gen.struct_name, slots, launch.grid,
+                                launch.block, 0))
     source = prelude() + "\n// kernels of plan " + plan.name.replace("\n", " ") + "\n" + "\n".join(
         wrappers.values()
     )

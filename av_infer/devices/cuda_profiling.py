@@ -1,0 +1,90 @@
+"""Kernel profiling for the cuda device: occupancy queries and CUDA-event timing of single
+kernels, straight through the driver library (ctypes), never through the dispatcher.
+
+What ``av_infer.profiler.profile_loaded`` measures on a loaded plan (padding selection needs
+each kernel's duration and blocks per SM). The context is the one the device made current
+(CuPy on a GPU; the emulator's driver on the CPU).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from av_infer.errors import DeviceFaultError
+
+__all__ = ["DriverTiming"]
+
+
+class DriverTiming:
+    """``driver_path``: the driver library; ``mem``: the device's memory
+    (``cuda_memory``); ``errstr``: CUresult -> text."""
+
+    def __init__(self, driver_path: str, mem: Any, errstr: Callable[[int], str]) -> None:
+        self._driver_path = driver_path
+        self._mem = mem
+        self._errstr = errstr
+        self._cu: Any = None
+
+    def _driver(self) -> Any:
+        """The driver library through ctypes, opened on first use."""
+        if self._cu is None:
+            self._cu = ctypes.CDLL(self._driver_path)
+        return self._cu
+
+    def _check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            raise DeviceFaultError(f"{what} failed: {self._errstr(rc)} (CUresult {rc})")
+
+    def occupancy(self, func: int, threads: int, smem: int) -> int:
+        """Resident blocks per SM of ``func`` (cuOccupancyMaxActiveBlocksPerMultiprocessor)."""
+        n = ctypes.c_int(0)
+        self._check(self._driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(n), ctypes.c_void_p(func), ctypes.c_int(threads),
+            ctypes.c_size_t(smem)), "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        return int(n.value)
+
+    def time_kernel(self, func: int, spec: Any, pack: Callable[[Any], bytes], arena_bytes: int,
+                    repeats: int) -> float:
+        """Median µs of ``repeats`` CUDA-event-timed launches of ``func`` with ``spec``'s
+        geometry (after one warm-up launch), on a zeroed scratch arena of ``arena_bytes``
+        (``pack(arena)``: the kernel's argument struct for it) and a private stream with a
+        clear flag word."""
+        cu, mem = self._driver(), self._mem
+        arena = mem.alloc(arena_bytes, zero=True)
+        flag = mem.alloc(32, zero=True)
+        blob = ctypes.create_string_buffer(pack(arena))
+        fptr = ctypes.c_void_p(mem.ptr(flag))
+        params = (ctypes.c_void_p * 2)(ctypes.addressof(fptr), ctypes.addressof(blob))
+        sp = ctypes.c_void_p()
+        self._check(cu.cuStreamCreate(ctypes.byref(sp), 1), "cuStreamCreate")  # non-blocking
+        start, end = ctypes.c_void_p(), ctypes.c_void_p()
+        self._check(cu.cuEventCreate(ctypes.byref(start), 0), "cuEventCreate")
+        self._check(cu.cuEventCreate(ctypes.byref(end), 0), "cuEventCreate")
+
+        def launch() -> None:
+            self._check(cu.cuLaunchKernel(
+                ctypes.c_void_p(func), *(ctypes.c_uint(g) for g in spec.grid),
+                *(ctypes.c_uint(b) for b in spec.block), ctypes.c_uint(spec.smem), sp,
+                params, None), "cuLaunchKernel")
+
+        times = []
+        try:
+            launch()
+            for _ in range(max(1, int(repeats))):
+                self._check(cu.cuEventRecord(start, sp), "cuEventRecord")
+                launch()
+                self._check(cu.cuEventRecord(end, sp), "cuEventRecord")
+                self._check(cu.cuEventSynchronize(end), "cuEventSynchronize")
+                ms = ctypes.c_float(0.0)
+                self._check(cu.cuEventElapsedTime(ctypes.byref(ms), start, end),
+                            "cuEventElapsedTime")
+                times.append(ms.value * 1000.0)
+        finally:
+            cu.cuStreamSynchronize(sp)
+            cu.cuEventDestroy_v2(start)
+            cu.cuEventDestroy_v2(end)
+            cu.cuStreamDestroy_v2(sp)
+        return float(statistics.median(times))

@@ -1,0 +1,331 @@
+"""Issue 16's core defects, one test each: every piece of state has one owner, setters
+validate-apply-publish, handler failures answer their requests, parked tasks and batching
+go through a narrow interface, timers fire on time, queues are bounded.
+
+The simulator (virtual time) drives the timing-dependent ones, so nothing here asserts on
+wall-clock time."""
+
+from __future__ import annotations
+
+import ast
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from av_infer import Priority, Runtime
+from av_infer.cache import ModelCache
+from av_infer.devices.cpu import CpuDevice
+from av_infer.devices.sim import SimDevice
+from av_infer.errors import (
+    DeadlineMissedError,
+    DeviceFaultError,
+    InvalidParameterError,
+    RejectedError,
+    UnknownModelError,
+)
+from av_infer.model import zoo
+from av_infer.model.compiler import compile_model
+from av_infer.model.plan import Geometry, Kernel, Plan
+from av_infer.profiles import KernelProfile, ModelProfile
+
+ROOT = Path(__file__).resolve().parents[1]
+US = 1e-6
+
+
+def long_plan(name: str, n: int, dur_us: float = 100.0) -> tuple[Plan, ModelProfile]:
+    """``n`` kernels of ``dur_us`` filling the simulated GPU (as test_sim_scheduler)."""
+    g = Geometry((240, 1, 1), (256, 1, 1))
+    plan = Plan(name, [Kernel(i, "trace", f"k{i}", (), (), {}, g) for i in range(n)],
+                {}, {}, [], [], reuse_guard=n + 1)
+    prof = ModelProfile(name, "mi50", 60, [
+        KernelProfile(i, f"k{i}", dur_us, 240, 256, blocks_per_sm=4) for i in range(n)])
+    return plan, prof
+
+
+def sim_runtime(dev: SimDevice | None = None, **kw) -> tuple[Runtime, SimDevice]:
+    a, pa = long_plan("a", 10)
+    b, pb = long_plan("b", 500)
+    dev = dev or SimDevice("mi50", {"a": pa, "b": pb})
+    dev.profiles.update({"a": pa, "b": pb})
+    rt = Runtime(device=dev, **kw)
+    rt.load_model("a", a)
+    rt.load_model("b", b)
+    return rt, dev
+
+
+# -- defect 1: one capacity range, setters validate, apply, then publish ----------------------
+def test_cuda_emu_wait_policy_uses_the_devices_own_capacity_range() -> None:
+    """Was: ``Runtime("cuda-emu", policy="wait")`` raised an untyped ValueError (the
+    scheduler asked for 4096 launches, the dispatcher ring holds 64) and ``set_policy``
+    left the policy set to ``wait`` after raising."""
+    pytest.importorskip("av_infer._cy.cuda_dispatch")
+    with Runtime(device="cuda-emu", policy="wait") as rt:
+        assert rt.policy == "wait"
+        assert rt.c_range == (1, rt.device.max_capacity)
+        rt.set_policy("reef")
+        rt.set_policy("wait")
+        assert rt.policy == "wait"
+
+
+def test_set_c_out_of_the_device_range_is_refused_and_changes_nothing() -> None:
+    """Was: ``set_c(100)`` on cuda-emu raised ValueError while ``rt.c`` reported 100 and
+    the device kept 4."""
+    pytest.importorskip("av_infer._cy.cuda_dispatch")
+    with Runtime(device="cuda-emu", c=4) as rt:
+        hi = rt.device.max_capacity
+        with pytest.raises(InvalidParameterError, match=f"1..{hi}"):
+            rt.set_c(hi + 1)
+        assert rt.c == 4
+        streams = rt.device.telemetry()["streams"]
+        assert {s["capacity"] for s in streams} == {4}
+    with pytest.raises(InvalidParameterError):
+        Runtime(device="cuda-emu", c=hi + 1)
+
+
+class _RefusingSim(SimDevice):
+    """A device that refuses one capacity value after the runtime's checks passed."""
+
+    refuse = 7
+
+    def set_capacity(self, c: int) -> None:
+        if c == self.refuse:
+            raise RuntimeError("no")
+        super().set_capacity(c)
+
+
+def test_a_device_refusing_a_setting_leaves_the_published_one() -> None:
+    rt, dev = sim_runtime(_RefusingSim("mi50"), c=4)
+    with pytest.raises(DeviceFaultError, match="refused capacity 7"):
+        rt.set_c(7)
+    assert rt.c == 4
+    assert all(s.vhq.c == 4 for s in dev._streams)
+    f = rt.submit("a", {}, priority=Priority.BE)
+    dev.run()
+    assert f.result().outputs == {}
+    rt.close()
+
+
+# -- defect 4: a handler that raises answers its requests -----------------------------------
+class _EnqueueFails(SimDevice):
+    """Refuses the launches of one task (a device error inside the scheduler's handler)."""
+
+    fail_task = -1
+
+    def enqueue(self, stream, task, first, last, wake=True):  # noqa: ANN001
+        if task == self.fail_task:
+            raise RuntimeError("launch refused")
+        return super().enqueue(stream, task, first, last, wake)
+
+
+def test_a_launch_the_device_refuses_fails_its_request_and_nothing_else() -> None:
+    """Was: the exception was logged and swallowed; the request stayed RUNNING with
+    launches that never existed, so it was never answered and ``close()`` hung."""
+    rt, dev = sim_runtime(_EnqueueFails("mi50"))
+    dev.fail_task = 2  # request ids count from 1
+    f1 = rt.submit("a", {}, priority=Priority.BE)
+    f2 = rt.submit("a", {}, priority=Priority.RT)
+    f3 = rt.submit("a", {}, priority=Priority.BE)
+    dev.run()
+    assert f1.result().outputs == {} and f3.result().outputs == {}
+    with pytest.raises(DeviceFaultError, match="launch refused"):
+        f2.result()
+    rt.close()
+    assert rt.stats()["clients"]["default"]["errors"] == {"device_fault": 1}
+
+
+def test_a_handler_that_raises_fails_its_request_typed_and_is_counted() -> None:
+    """Was: ``Scheduler.post`` logged every handler exception and went on, leaving the
+    event's request unanswered."""
+    rt, dev = sim_runtime()
+    sched = rt._sched
+    real = sched._schedule_rt
+    calls = []
+
+    def boom() -> None:
+        if not calls:
+            calls.append(1)
+            raise KeyError("half-applied")
+        real()
+
+    sched._schedule_rt = boom
+    f = rt.submit("a", {}, priority=Priority.RT)
+    g = rt.submit("a", {}, priority=Priority.RT)
+    dev.run()
+    with pytest.raises(DeviceFaultError, match="half-applied"):
+        f.result()
+    assert g.result().outputs == {}
+    assert rt.stats()["handler_errors"] == {"arrival": 1}
+    rt.close()
+
+
+# -- defect 6: cache and batching through a narrow interface ----------------------------------
+def test_model_services_never_reaches_into_the_scheduler() -> None:
+    """Was: ModelServices wrote ``sched.tasks`` and the queues and called ``_fail`` and
+    ``_answer`` (which called back into it)."""
+    src = (ROOT / "av_infer/sched/model_services.py").read_text()
+    tree = ast.parse(src)
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert "sched" not in names
+    assert not attrs & {"tasks", "rt_queue", "be_queues", "_fail", "_answer", "device"}
+    sched_src = (ROOT / "av_infer/sched/scheduler.py").read_text()
+    assert "intercept_" not in sched_src
+
+
+class _SlowLoad(CpuDevice):
+    """load_plan blocks until released: a cold compile in the cache's loader thread."""
+
+    def __init__(self) -> None:
+        super().__init__(engine="numpy")
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.unloaded: list[object] = []
+
+    def load_plan(self, plan):  # noqa: ANN001
+        self.started.set()
+        self.release.wait(120)
+        return super().load_plan(plan)
+
+    def unload_plan(self, handle) -> None:  # noqa: ANN001
+        self.unloaded.append(handle)
+        super().unload_plan(handle)
+
+
+def test_unregister_does_not_wait_for_a_running_load() -> None:
+    """Was: ``ModelCache.unregister`` waited on the cache's condition until the load
+    ended, on the scheduler's thread: a cold compile stalled scheduling."""
+    a = compile_model(zoo.path("tiny_cnn"), name="a")
+    dev = _SlowLoad()
+    cache = ModelCache(dev, mode="thread")
+    try:
+        cache.register("a", a)
+        fut = cache.ensure_resident("a")
+        assert dev.started.wait(120), "the loader never started"
+        done = threading.Event()
+
+        def unregister() -> None:
+            cache.unregister("a")
+            done.set()
+
+        th = threading.Thread(target=unregister, daemon=True)
+        th.start()
+        # the load is still blocked; unregister must return anyway
+        finished = done.wait(60)
+        dev.release.set()
+        assert finished, "unregister waited for the running load"
+        with pytest.raises(UnknownModelError):
+            fut.result(120)
+        for _ in range(600):  # the loader undoes what it loaded (condition, hang guard)
+            if dev.unloaded:
+                break
+            threading.Event().wait(0.1)
+        assert len(dev.unloaded) == 1
+        assert "a" not in cache.stats()["models"]
+    finally:
+        dev.release.set()
+        cache.close()
+        dev.close()
+
+
+# -- defect 7: capabilities declared, timers -------------------------------------------------
+def test_runtime_and_scheduler_never_probe_the_device_with_getattr() -> None:
+    for rel in ("av_infer/runtime.py", "av_infer/sched/scheduler.py",
+                "av_infer/sched/policies.py"):
+        tree = ast.parse((ROOT / rel).read_text())
+        probes = [n.lineno for n in ast.walk(tree)
+                  if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "getattr"]
+        assert not probes, (rel, probes)
+        assert "_virtual" not in (ROOT / rel).read_text()
+
+
+def test_drop_late_fails_a_queued_request_at_its_deadline() -> None:
+    """Was: a queued drop_late request was failed only when some other event arrived (here
+    the end of the 50 ms task ahead of it), not at its deadline."""
+    rt, dev = sim_runtime(max_be_streams=1)
+    fails: list[tuple[int, float]] = []
+    rt.add_listener(lambda k, p: fails.append((p["request_id"], p["t"])) if k == "fail"
+                    else None)
+    long = rt.submit("b", {}, priority=Priority.BE)  # 500 x 100 us
+    late = rt.submit("a", {}, priority=Priority.BE, deadline=1e-3, drop_late=True)
+    dev.run()
+    assert long.result().outputs == {}
+    with pytest.raises(DeadlineMissedError):
+        late.result()
+    (rid, t), = fails
+    end = long.result().timings.end
+    assert 1e-3 <= t < 1.1e-3 < end, (t, end)
+    rt.close()
+
+
+def test_drop_late_timer_on_a_wall_clock_device() -> None:
+    """The same on the cpu device: the driver's timer thread fails the queued request
+    (no other event comes: the task ahead blocks until the test releases it)."""
+    a = compile_model(zoo.path("tiny_cnn"), name="a")
+    x = zoo.sample_inputs("tiny_cnn")
+    gate = threading.Event()
+
+    class Gated(CpuDevice):
+        """The first launch of request 1 blocks its lane until the test opens the gate."""
+
+        def write_inputs(self, task, inputs):  # noqa: ANN001
+            super().write_inputs(task, inputs)
+            if task == 1:
+                fns = self._tasks[task].bound.fns
+                first = fns[0]
+
+                def gated(*a):  # noqa: ANN002
+                    fns[0] = first
+                    gate.wait(120)
+                    return first(*a)
+                fns[0] = gated
+
+    rt = Runtime(device=Gated(engine="numpy"), max_be_streams=1)
+    try:
+        rt.load_model("a", a)
+        first = rt.submit("a", x, priority=Priority.BE)  # holds the only BE stream
+        late = rt.submit("a", x, priority=Priority.BE, deadline=rt.now() + 0.01,
+                         drop_late=True)
+        with pytest.raises(DeadlineMissedError):
+            late.result(120)
+        assert not first.done()
+        gate.set()
+        assert first.result(120).outputs
+    finally:
+        gate.set()
+        rt.close()
+
+
+# -- overload: bounded queues ---------------------------------------------------------------
+def test_max_queue_depth_rejects_arrivals_beyond_it_per_priority_class() -> None:
+    rt, dev = sim_runtime(max_be_streams=1, max_queue_depth=2)
+    be = [rt.submit("a", {}, priority=Priority.BE) for _ in range(5)]
+    rtf = [rt.submit("a", {}, priority=Priority.RT) for _ in range(3)]
+    dev.run()
+    ok = [f for f in be if f.exception() is None]
+    rejected = [f for f in be if isinstance(f.exception(), RejectedError)]
+    assert len(ok) == 3 and len(rejected) == 2  # one started at once, two queued
+    assert all(f.exception() is None for f in rtf)  # RT has its own bound
+    with pytest.raises(InvalidParameterError):
+        rt.set_max_queue_depth(0)
+    assert rt.max_queue_depth == 2
+    rt.set_max_queue_depth(None)
+    more = [rt.submit("a", {}, priority=Priority.BE) for _ in range(5)]
+    dev.run()
+    assert all(f.exception() is None for f in more)
+    rt.close()
+
+
+def test_every_future_is_answered_once() -> None:
+    """Futures resolve once even when a batch and a failure race (shutdown, no drain)."""
+    rt, dev = sim_runtime()
+    futs: list[Future] = [rt.submit("b", {}, priority=Priority.BE) for _ in range(4)]
+    futs += [rt.submit("a", {}, priority=Priority.RT) for _ in range(4)]
+    dev.run(until=2e-3)
+    rt.close(drain=False)
+    assert all(f.done() for f in futs)
+    answered = sum(1 for f in futs if f.exception() is None)
+    assert answered + sum(1 for f in futs if f.exception() is not None) == len(futs)
+    assert np.isfinite(answered)

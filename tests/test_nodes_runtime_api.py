@@ -1,0 +1,160 @@
+"""The ROS layer's runtime glue, without a ROS context (rclpy is imported, never
+initialised): a request's priority, deadline and drop_late go with that request and never
+change the client's configuration in the runtime; ``device=auto`` falls back to cpu only
+when no GPU is usable, says why (log and /diagnostics), and never hides a configuration
+error (issue 16, defect 9).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+pytest.importorskip("rclpy")
+
+from av_infer_nodes.common import submit_to_runtime  # noqa: E402
+from av_infer_nodes.runtime_node import diagnostic_statuses, make_runtime  # noqa: E402
+from diagnostic_msgs.msg import DiagnosticStatus  # noqa: E402
+
+import av_infer.runtime  # noqa: E402
+from av_infer import (  # noqa: E402
+    DeadlineMissedError,
+    DeviceUnavailableError,
+    InvalidParameterError,
+    Priority,
+    Runtime,
+)
+from av_infer import tensor_codec as codec  # noqa: E402
+from av_infer.model import zoo  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+#: a hang guard only: nothing here is timed
+WAIT_S = 120.0
+#: a node clock reading far after every stamp used below, so stamped deadlines are past
+NODE_NOW = 10_000.0
+
+
+@pytest.fixture(scope="module")
+def rt():
+    with Runtime(device="cpu") as runtime:
+        runtime.load_model("tiny_cnn", zoo.path("tiny_cnn"))
+        yield runtime
+
+
+@pytest.fixture(scope="module")
+def x():
+    return zoo.sample_inputs("tiny_cnn")
+
+
+def _request(x, client: str, priority: str, drop_late: bool, late: bool = False,
+             deadline_s: float | None = None) -> codec.TensorRequest:
+    """``late``: stamped long before NODE_NOW with a 1 ms deadline, so already missed."""
+    if late:
+        deadline_s = 1e-3
+    return codec.TensorRequest(id=str(uuid.uuid4()), model="tiny_cnn", priority=priority,
+                               inputs=dict(x), deadline_s=deadline_s, client=client,
+                               stamp=(1, 0) if late else (0, 0), drop_late=drop_late)
+
+
+def test_requests_never_change_the_client_configuration(rt, x):
+    rt.configure_client("cam", priority="RT", relative_deadline=0.5, drop_late=True)
+    for priority, drop_late in (("BE", False), ("RT", False), ("BE", True)):
+        resp = submit_to_runtime(rt, _request(x, "cam", priority, drop_late),
+                                 NODE_NOW).result(WAIT_S)
+        assert resp.ok, (resp.code, resp.message)
+    # the client's defaults are what configure_client set: RT, 0.5 s, drop late work
+    res = rt.submit("tiny_cnn", x, client="cam").result(WAIT_S)
+    assert res.priority == Priority.RT
+    assert res.deadline == pytest.approx(res.timings.arrival + 0.5)
+    late = rt.submit("tiny_cnn", x, client="cam", deadline=rt.now() - 1.0)
+    with pytest.raises(DeadlineMissedError):
+        late.result(WAIT_S)
+
+
+def test_priority_and_drop_late_go_with_each_request(rt, x):
+    # an unconfigured client: BE, no deadline, late work runs late
+    ran = submit_to_runtime(rt, _request(x, "mixed", "RT", False, late=True),
+                            NODE_NOW).result(WAIT_S)
+    assert ran.ok and ran.timings["deadline_met"] is False  # ran, late
+    be = submit_to_runtime(rt, _request(x, "mixed", "BE", False, deadline_s=WAIT_S),
+                           NODE_NOW).result(WAIT_S)
+    assert be.ok and be.timings["deadline_met"] is True
+    dropped = submit_to_runtime(rt, _request(x, "mixed", "RT", True, late=True),
+                                NODE_NOW).result(WAIT_S)
+    assert not dropped.ok and dropped.code == "deadline_missed"
+    # the last request's RT and drop_late=True did not become the client's defaults
+    res = rt.submit("tiny_cnn", x, client="mixed", deadline=rt.now() - 1.0).result(WAIT_S)
+    assert res.priority == Priority.BE and not res.deadline_met
+
+
+def test_auto_falls_back_to_cpu_only_without_a_usable_gpu():
+    runtime, device, why = make_runtime("auto", c=3)
+    try:
+        if device == "cuda":  # a machine with a GPU
+            assert "usable" in why
+            return
+        assert device == "cpu" and runtime.device.name == "cpu" and runtime.c == 3
+        assert "no usable GPU" in why and "fell back to cpu" in why
+        assert "unavailable" in why  # DeviceUnavailableError's own words follow
+    finally:
+        runtime.close()
+
+
+class _Spy:
+    """Stands in for av_infer.runtime.Runtime: records the devices tried; cuda raises
+    ``cuda_error`` (when set) after the real constructor accepted the configuration."""
+
+    def __init__(self, cuda_error: Exception | None = None):
+        self.tried: list[str] = []
+        self.cuda_error = cuda_error
+        self.real = av_infer.runtime.Runtime
+
+    def __call__(self, device: str = "cpu", **kwargs):
+        self.tried.append(device)
+        if device == "cuda" and self.cuda_error is not None:
+            self.real(device="cpu", **kwargs).close()  # the configuration itself is fine
+            raise self.cuda_error
+        return self.real(device=device, **kwargs)
+
+
+def test_auto_never_hides_a_configuration_error(monkeypatch):
+    spy = _Spy()
+    monkeypatch.setattr(av_infer.runtime, "Runtime", spy)
+    with pytest.raises(InvalidParameterError, match="nonsense"):
+        make_runtime("auto", policy="nonsense")
+    assert spy.tried == ["cuda"]  # no second try on the cpu
+    for error in (InvalidParameterError("c=9 is too large for this GPU"),
+                  RuntimeError("driver exploded")):
+        spy = _Spy(cuda_error=error)
+        monkeypatch.setattr(av_infer.runtime, "Runtime", spy)
+        with pytest.raises(type(error), match=str(error)):
+            make_runtime("auto")
+        assert spy.tried == ["cuda"]
+
+
+def test_auto_falls_back_on_device_unavailable(monkeypatch):
+    spy = _Spy(cuda_error=DeviceUnavailableError("cuda device unavailable: no GPU here"))
+    monkeypatch.setattr(av_infer.runtime, "Runtime", spy)
+    runtime, device, why = make_runtime("auto", policy="seq")
+    try:
+        assert spy.tried == ["cuda", "cpu"] and device == "cpu" and runtime.policy == "seq"
+        assert "no GPU here" in why and "fell back to cpu" in why
+    finally:
+        runtime.close()
+
+
+def test_diagnostics_name_the_device_and_the_fallback(rt):
+    why = "auto: no usable GPU (cuda device unavailable: no GPU here); fell back to cpu"
+    stats = rt.stats()
+    head = diagnostic_statuses(stats, "cpu", rt, {}, device_reason=why,
+                               device_fallback=True)[0]
+    values = {kv.key: kv.value for kv in head.values}
+    assert head.name == "av_infer: runtime" and head.level == DiagnosticStatus.WARN
+    assert values["device"] == "cpu" and values["device_reason"] == why
+    assert values["device_fallback"] == "True" and why in head.message
+    ok = diagnostic_statuses(stats, "cpu", rt, {}, device_reason="requested")[0]
+    assert ok.level == DiagnosticStatus.OK
+    assert {kv.key: kv.value for kv in ok.values}["device_reason"] == "requested"
+
