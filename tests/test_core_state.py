@@ -329,3 +329,58 @@ def test_every_future_is_answered_once() -> None:
     answered = sum(1 for f in futs if f.exception() is None)
     assert answered + sum(1 for f in futs if f.exception() is not None) == len(futs)
     assert np.isfinite(answered)
+
+
+# -- launches the device refused part-way ------------------------------------------------------
+class _PadRefused(SimDevice):
+    """Refuses every padded launch (its BE parts do not match what it would launch)."""
+
+    def enqueue_padded(self, stream, task, kernel, parts):  # noqa: ANN001
+        raise ValueError("padding part: blocks beyond the kernel's")
+
+
+class _SecondRangeRefused(SimDevice):
+    """Takes the first launch range of a task and refuses the next one."""
+
+    seen: set[int]
+
+    def enqueue(self, stream, task, first, last, wake=True):  # noqa: ANN001
+        if task in self.seen:
+            raise RuntimeError("vHQ full")
+        self.seen.add(task)
+        return super().enqueue(stream, task, first, last, wake)
+
+
+def _rt_during_be(dev: SimDevice) -> tuple[Runtime, Future, list[Future]]:
+    rt, dev = sim_runtime(dev, policy="reef_dkp")
+    be = rt.submit("b", {}, priority=Priority.BE)
+    futs: list[Future] = []
+    dev.call_at(250 * US, lambda: futs.append(rt.submit("a", {}, priority=Priority.RT)))
+    return rt, be, futs
+
+
+def test_a_refused_padded_launch_runs_the_rt_kernel_unpadded() -> None:
+    """Was: the device's refusal of the BE parts failed the RT request."""
+    rt, be, futs = _rt_during_be(_PadRefused("mi50"))
+    rt.device.run()
+    assert futs[0].result().outputs == {} and be.result().outputs == {}
+    assert rt.stats()["padding"]["launches"] == 0
+    rt.close()
+
+
+def test_launches_are_counted_only_once_the_device_took_them() -> None:
+    """Was: a task's launches were counted before the device took them, so a refusal
+    part-way left completions that never come: the task never left and close() hung."""
+    dev = _SecondRangeRefused("mi50")
+    dev.seen = set()
+    rt, dev = sim_runtime(dev, max_be_streams=1)
+    rt.set_policy("reef")
+    be = rt.submit("b", {}, priority=Priority.BE)
+    futs: list[Future] = []
+    dev.call_at(250 * US, lambda: futs.append(rt.submit("a", {}, priority=Priority.RT)))
+    dev.run()  # the RT arrival preempts b; its restore is refused
+    assert futs[0].result().outputs == {}
+    with pytest.raises(DeviceFaultError, match="vHQ full"):
+        be.result()
+    rt.close()  # returns: nothing is left waiting for a completion
+    assert rt._sched.idle()

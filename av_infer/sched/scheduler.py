@@ -216,6 +216,9 @@ class Scheduler:
         if device.supports_padding and self.sms:
             self._dkp = Selector(self.sms, max(16, len(self.be_streams)))
         self._pad_pending: dict[tuple[int, int], list[tuple[int, int, int, int, int]]] = {}
+        #: BE models whose padding the device refused (their profile does not match what
+        #: it launches): never offered as padding again
+        self._dkp_off: set[str] = set()
 
     # -- driver entry point ---------------------------------------------------------------
     def post(self, event: tuple) -> None:
@@ -834,26 +837,39 @@ class Scheduler:
             self._emit("dispatch", {"request_id": t.tid, "stream": s.id, "first": first,
                                     "priority": req.priority.name, "t": now})
         # no wake-up only where the waiting caller itself is handling this (it helps next)
-        try:
-            self._enqueue(t, s, first, wake=req.caller_runs != threading.get_ident())
-        except Exception as e:  # noqa: BLE001 - the device refused the launches
-            self._evict(t, e if isinstance(e, AvInferError) else DeviceFaultError(
-                f"could not launch request {req.id} ({req.model}): {type(e).__name__}: {e}"))
+        self._enqueue(t, s, first, wake=req.caller_runs != threading.get_ident())
         return True
 
     def _enqueue(self, t: Task, s: StreamState, first: int, wake: bool = True) -> None:
+        """Launch ``t`` from kernel ``first`` on ``s``. A device refusing the launches
+        fails ``t`` (typed) and nothing else: what it took completes or is reset."""
+        try:
+            self._enqueue_from(t, s, first, wake)
+        except Exception as e:  # noqa: BLE001 - the device refused the launches
+            req = t.req
+            self._evict(t, e if isinstance(e, AvInferError) else DeviceFaultError(
+                f"could not launch request {req.id} ({req.model}): {type(e).__name__}: {e}"))
+
+    def _enqueue_from(self, t: Task, s: StreamState, first: int, wake: bool) -> None:
         t.state = RUNNING
         t.stream = t.req.stream = s.id
         if first >= t.n:
             return
         t.enq_from = first
-        n = t.n - first
-        t.outstanding += n
-        s.outstanding += n
         if t.rt and self.policy.padding and self._dkp is not None:
             self._enqueue_padded(t, s, first)
         else:
-            self.device.enqueue(s.id, t.tid, first, t.n - 1, wake)
+            self._launch(t, s, first, t.n - 1, wake)
+
+    def _launch(self, t: Task, s: StreamState, first: int, last: int,
+                wake: bool = True) -> None:
+        """Enqueue kernels ``first..last`` of ``t``; counted as outstanding only once the
+        device took them (a refusal leaves the counts matching what is on the device; the
+        completions of what it took are handled after this handler, never during it)."""
+        self.device.enqueue(s.id, t.tid, first, last, wake)
+        n = last - first + 1
+        t.outstanding += n
+        s.outstanding += n
 
     # -- dynamic kernel padding (REEF §5) -----------------------------------------------------
     def _enqueue_padded(self, t: Task, s: StreamState, first: int) -> None:
@@ -863,7 +879,7 @@ class Scheduler:
         rt_nums = t.entry.dkp_numbers(self.sms)
         cands = self._dkp_refresh() if rt_nums is not None else {}
         if not cands:
-            self.device.enqueue(s.id, t.tid, first, t.n - 1)
+            self._launch(t, s, first, t.n - 1)
             return
         dev = self.device
         run_from = first
@@ -873,9 +889,21 @@ class Scheduler:
             if not parts:
                 continue
             if run_from < k:
-                dev.enqueue(s.id, t.tid, run_from, k - 1)
+                self._launch(t, s, run_from, k - 1)
             run_from = k + 1
-            if not dev.enqueue_padded(s.id, t.tid, k, parts):
+            try:
+                padded = dev.enqueue_padded(s.id, t.tid, k, parts)
+            except Exception:  # noqa: BLE001 - the BE parts are wrong, not the RT kernel
+                log.warning("padded launch of %s kernel %d refused; padding with %s is off",
+                            t.entry.name, k, sorted({cands[p[0]][0].entry.name
+                                                     for p in parts}), exc_info=True)
+                for p in parts:
+                    self._dkp_off.add(cands[p[0]][0].entry.name)
+                self._launch(t, s, k, k)
+                continue
+            t.outstanding += 1
+            s.outstanding += 1
+            if not padded:
                 continue  # queued unpadded (e.g. the padded module still compiles)
             self._pad_pending[(t.tid, k)] = parts
             with self.stats.lock:
@@ -891,7 +919,7 @@ class Scheduler:
                     bt.pad_k, bt.pad_b = kern, b0 + nb
                 self._dkp_offer(bt, slot, nums)
         if run_from < t.n:
-            dev.enqueue(s.id, t.tid, run_from, t.n - 1)
+            self._launch(t, s, run_from, t.n - 1)
 
     def _dkp_refresh(self) -> dict[int, tuple[Task, int]]:
         """Offer the next kernel of every preempted BE task (one selector slot per BE
@@ -901,7 +929,8 @@ class Scheduler:
         for slot, bs in enumerate(self.be_streams):
             t = bs.owner
             nums = t.entry.dkp_numbers(self.sms) if t is not None else None
-            if t is None or t.state != PREEMPTED or t.answered or nums is None:
+            if t is None or t.state != PREEMPTED or t.answered or nums is None \
+                    or t.entry.name in self._dkp_off:
                 sel.clear(slot)
                 continue
             if t.pad_k < 0:
