@@ -231,7 +231,8 @@ class RuntimeNode(Node):
             "padding": declare(self, "padding", False,
                                "Dynamic kernel padding (REEF DKP) on top of policy reef."),
             "c": declare(self, "c", 4, "Device-queue capacity: kernels in flight per stream.",
-                         int_range=(1, 16)),
+                         constraints="in the runtime's c_range: 1..the device's max_capacity "
+                         "(cpu/sim 4096, cuda 64), below every plan's reuse guard"),
             "edf_preempt": declare(self, "edf_preempt", False,
                                    "Switch RT tasks at kernel boundaries when a more urgent "
                                    "one arrives (limited-preemptive EDF)."),
@@ -294,9 +295,11 @@ class RuntimeNode(Node):
                     return "padding needs policy reef"
                 return check_policy("reef_dkp", self.runtime)
             return None
-        if name == "c":
-            ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 16
-            return None if ok else f"c must be an integer in 1..16, got {value!r}"
+        if name == "c":  # the runtime's one range (Runtime.c_range), not a copy of it
+            rt = getattr(self, "runtime", None)  # None while the node is being built
+            lo, hi = rt.c_range if rt is not None else (1, 1 << 30)
+            ok = isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+            return None if ok else f"c must be an integer in {lo}..{hi}, got {value!r}"
         if name == "edf_preempt":
             return None if isinstance(value, bool) else "edf_preempt must be a bool"
         if name == "diagnostics_period_s":

@@ -173,7 +173,7 @@ def test_parameters_from_another_process(procs):
     # invalid values are rejected with a reason and change nothing
     res = wait_future(client.set_parameters([Parameter("policy", value="bogus")]), what="set")
     assert not res.results[0].successful and "bogus" in res.results[0].reason
-    res = wait_future(client.set_parameters([Parameter("c", value=99)]), what="set")
+    res = wait_future(client.set_parameters([Parameter("c", value=10**6)]), what="set")
     assert not res.results[0].successful and res.results[0].reason
     res = wait_future(client.set_parameters([Parameter("device", value="sim")]), what="set")
     assert not res.results[0].successful and "read-only" in res.results[0].reason.lower()

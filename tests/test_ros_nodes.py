@@ -290,7 +290,7 @@ def test_live_parameters_validated_as_a_batch(graph):
                                           Parameter("policy", value="fastest")])
     assert not res.successful and "fastest" in res.reason
     assert rt.c == 2 and rt.policy == "seq" and host.get_parameter("c").value == 2
-    for bad in (Parameter("c", value=17), Parameter("c", value="four"),
+    for bad in (Parameter("c", value=rt.c_range[1] + 1), Parameter("c", value="four"),
                 Parameter("device", value="sim"), Parameter("models", value=["vgg19"])):
         res = host.set_parameters([bad])[0]
         assert not res.successful and res.reason, bad.name

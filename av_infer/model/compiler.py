@@ -3,7 +3,8 @@
 Pipeline: load + check -> bind input shapes -> static shape inference and constant
 folding (``onnx_import``) -> lowering to kernel nodes (``lower``) -> fusion passes
 (``passes``, skipped when ``optimize=False``) -> dead-code elimination -> output
-materialisation, geometry and memory planning (``lower.build_plan``/``memplan``).
+materialisation, geometry and memory planning (``assemble.build_plan``, ``geometry``,
+``memplan``).
 """
 
 from __future__ import annotations
