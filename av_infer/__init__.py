@@ -25,7 +25,8 @@ from av_infer.errors import (  # noqa: F401
 
 __version__ = "0.1.0"
 
-_LAZY = {
+#: public name -> module (same name there) or (module, name there)
+_LAZY: dict[str, str | tuple[str, str]] = {
     "Runtime": "av_infer.runtime",
     "Priority": "av_infer.sched.request",
     "Result": "av_infer.sched.request",
@@ -35,6 +36,8 @@ _LAZY = {
     "DEVICE_NAMES": "av_infer.devices",
     "POLICIES": "av_infer.sched.policies",
     "get_policy": "av_infer.sched.policies",
+    "zoo_names": ("av_infer.model.zoo", "names"),
+    "zoo_path": ("av_infer.model.zoo", "path"),
 }
 
 if TYPE_CHECKING:
@@ -48,5 +51,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        where = _LAZY[name]
+        module, attr = where if isinstance(where, tuple) else (where, name)
+        return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'av_infer' has no attribute {name!r}")

@@ -92,12 +92,12 @@ def model_source(entry: str, variant: str) -> tuple[str, Any]:
     p = Path(entry).expanduser()
     if entry.endswith(".onnx") or p.suffix == ".onnx" or p.exists():
         return p.stem, str(p)
-    from av_infer.model import zoo
+    from av_infer import zoo_names, zoo_path
 
-    if entry not in zoo.names():
+    if entry not in zoo_names():
         raise ValueError(f"{entry!r} is neither an ONNX file nor a zoo model "
-                         f"({', '.join(zoo.names())})")
-    return entry, zoo.path(entry, variant)
+                         f"({', '.join(zoo_names())})")
+    return entry, zoo_path(entry, variant)
 
 
 def readable_id(label: Any) -> str:

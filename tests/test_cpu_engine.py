@@ -113,7 +113,9 @@ def test_ort_refusing_a_model_is_a_typed_load_error():
 
 # -- the device: kill, flag, faults -------------------------------------------------------------
 def test_raising_the_flag_kills_the_running_segment_and_reports_when_it_stopped():
-    dev = CpuDevice(c=1, be_nice=0)
+    # kill_below_ms=0: always kill (the "almost done" estimate uses wall time, which a busy
+    # machine stretches: the segment would be left to finish)
+    dev = CpuDevice(c=1, be_nice=0, kill_below_ms=0.0)
     plan = compile_segments(_chain_model(), segment_ms=None)
     h = dev.load_plan(plan)
     done = threading.Event()

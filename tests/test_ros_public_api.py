@@ -24,8 +24,6 @@ NODES = Path(__file__).resolve().parents[1] / "nodes"
 ALLOWED = {
     "av_infer.tensor_codec": "the wire format of /av_infer/request|response and the image "
                              "nodes' ~/output messages: the ROS messages are this codec",
-    "av_infer.model.zoo": "zoo model names -> ONNX paths for the `models`/`model` "
-                          "parameters; av_infer has no top-level zoo lookup",
 }
 
 

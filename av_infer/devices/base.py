@@ -52,7 +52,10 @@ class Completion:
     t_start: float
     t_end: float
     #: padded launch (``Device.enqueue_padded``): the BE parts that ran with it, each
-    #: ``(task, kernel, first_block, n_blocks, blocks_per_sm)``; () for a plain launch
+    #: ``(task, kernel, first_block, n_blocks, blocks_per_sm)``; () for a plain launch.
+    #: The device owns the parts as part of its launch record from ``enqueue_padded`` on;
+    #: they leave it here (the launch completed) or in ``ResetInfo.dropped_parts`` (a reset
+    #: dropped the launch), exactly once
     parts: tuple[tuple[int, int, int, int, int], ...] = ()
     #: a launch that was running when its stream's flag went up (cpu): when it gave its core
     #: back, i.e. the flag time plus the CPU time it used after it (its thread's CPU clock),
@@ -84,6 +87,11 @@ class ResetInfo:
     #: a launch of the stream is executing now (None: the device cannot tell): preemption
     #: latency is measured only where BE was running (DESIGN.md, Metrics)
     running: bool | None = None
+    #: padded launches the reset dropped, in queue order, each ``(task, kernel, parts)``
+    #: with the BE ``parts`` as in ``Completion.parts``: those blocks never ran, and the
+    #: device has forgotten them (the scheduler rewinds the BE cursors from this; it keeps
+    #: no copy of which BE parts ride in which launch)
+    dropped_parts: tuple[tuple[int, int, tuple[tuple[int, int, int, int, int], ...]], ...] = ()
 
 
 CompletionCallback = Callable[[Completion], None]

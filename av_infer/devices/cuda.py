@@ -194,7 +194,12 @@ class CudaDevice(Device):
         self._timing = DriverTiming(self._driver_path, self._mem, self._errstr)
         #: one owner of _tasks / _zombies / _padded (module docstring, "Threads")
         self._books = threading.Lock()
-        #: BE parts of the padded launches queued, by (RT task, kernel); taken by the drain
+        #: BE parts of the padded launches queued or in flight, by (RT task, kernel): the
+        #: owner of a padded launch's parts from ``pad_kernel`` until its completion takes
+        #: them (``Completion.parts``) or a reset drops them (``ResetInfo.dropped_parts``,
+        #: ``_drop_padding``). The dispatcher's padded entry (``set_padded``: function,
+        #: geometry, argument struct built from these parts) is only how the launch is made;
+        #: it is consumed at transmission and cleared with these by ``_drop_padding``.
         self._padded: dict[tuple[int, int], tuple[tuple[int, int, int, int, int], ...]] = {}
         self._c = int(c)
         self._vhqs: list[Any] = []
@@ -394,12 +399,9 @@ class CudaDevice(Device):
         r = vhq.reset()
         if r is None:
             return None
-        info = ResetInfo(*r, restore_c=vhq.restore_c)
-        if self._padded:  # dropped launches take their padding with them
-            self._disp.clear_padded(info.task, info.last_sent + 1)
-            with self._books:
-                self._forget_padding(info.task, info.last_sent + 1)
-        return info
+        # dropped launches take their padding with them (and report it)
+        dropped = self._drop_padding(r[0], r[1] + 1) if self._padded else ()
+        return ResetInfo(*r, restore_c=vhq.restore_c, dropped_parts=dropped)
 
     def in_flight(self, stream: int) -> int:
         return self._vhqs[stream].in_flight
@@ -483,11 +485,20 @@ class CudaDevice(Device):
                 self._padded[(task, kernel)] = tuple(parts)  # type: ignore[arg-type]
         return True
 
-    def _forget_padding(self, task: int, first: int = 0) -> None:
-        """Drop the recorded parts of ``task``'s padded launches from ``first`` on
-        (caller holds ``_books``)."""
-        for key in [k for k in self._padded if k[0] == task and k[1] >= first]:
-            del self._padded[key]
+    def _drop_padding(self, task: int, first: int = 0) -> tuple[tuple[int, int, Any], ...]:
+        """The one place the padding of queued launches is forgotten (``reset``): the
+        dispatcher's padded launch entries of kernels ``first..`` of ``task`` (not yet
+        transmitted: they launch plain if ever sent again) and their recorded parts, both
+        here. Returns the dropped ``(task, kernel, parts)`` in kernel order."""
+        self._disp.clear_padded(task, first)
+        with self._books:
+            return self._forget_padding(task, first)
+
+    def _forget_padding(self, task: int, first: int = 0) -> tuple[tuple[int, int, Any], ...]:
+        """Remove and return the recorded parts of ``task``'s padded launches from
+        ``first`` on, in kernel order (caller holds ``_books``)."""
+        keys = sorted(k for k in self._padded if k[0] == task and k[1] >= first)
+        return tuple((t, k, self._padded.pop((t, k))) for t, k in keys)
 
     # -- profiling (av_infer.profiler.KernelTimer; devices/cuda_profiling.py) -------------
     def occupancy(self, handle: Any, k: int) -> int:

@@ -81,6 +81,8 @@ _U = 1 << 20
 #: seconds, pressure of one block on its SM, packing curve relative to one block per SM,
 #: curve value at the density the kernel has alone).
 KConsts = tuple[int, int, float, float, tuple[float, ...], float]
+#: the BE parts of a padded launch, each ``(task, kernel, first_block, n_blocks, occupancy)``
+Parts = tuple[tuple[int, int, int, int, int], ...]
 
 #: One timeline entry: (stream, task, kernel, t_start, t_end, executed, blocks started).
 TimelineEntry = tuple[int, int, int, float, float, bool, int]
@@ -98,16 +100,21 @@ class SimPlan:
 
 
 class _Stream:
-    __slots__ = ("id", "priority", "vhq", "devq", "cur", "flag", "used")
+    __slots__ = ("id", "priority", "vhq", "devq", "cur", "flag", "used", "pads")
 
     def __init__(self, sid: int, priority: int, c: int) -> None:
         self.id = sid
         self.priority = priority
         self.vhq = VHQ(c)
-        self.devq: deque[tuple[int, int]] = deque()  # arrived, not yet started launches
+        #: arrived, not yet started launches: (task, kernel, padding parts)
+        self.devq: deque[tuple[int, int, Parts]] = deque()
         self.cur: _KRun | None = None  # the launch the stream is executing (in order)
         self.flag = False  # preemption flag as the SMs see it
         self.used = 0  # resource units held by this stream's running blocks
+        #: the padding of launches still queued in the vHQ, (task, kernel) -> BE parts, in
+        #: queue order: the one place a padded launch's parts live until it is transmitted
+        #: (then they travel with the launch: arrival, ``devq``, ``_KRun.done_parts``)
+        self.pads: dict[tuple[int, int], Parts] = {}
 
 
 class _KRun:
@@ -136,7 +143,7 @@ class _KRun:
         self.parts: list[_KRun] = []  # padding parts still running (padded RT launch)
         self.parent: _KRun | None = None  # padding part: the padded launch it belongs to
         self.first_block = 0
-        self.done_parts: tuple[tuple[int, int, int, int, int], ...] = ()
+        self.done_parts: Parts = ()
 
 
 class SimDevice(Device):
@@ -189,8 +196,6 @@ class SimDevice(Device):
         self.timeline: list[TimelineEntry] | None = [] if record else None
         self.stats = {"events": 0, "batches": 0, "kernels": 0, "evicted": 0, "busy_s": 0.0,
                       "padded_launches": 0, "padded_blocks": 0, "pad_tail_s": 0.0}
-        #: padding of launches not yet started: (task, kernel) -> BE parts
-        self._padding: dict[tuple[int, int], tuple[tuple[int, int, int, int, int], ...]] = {}
 
     # -- clock and event loop ------------------------------------------------------------
     def now(self) -> float:
@@ -296,20 +301,20 @@ class SimDevice(Device):
             if p[3] < 1 or p[2] < 0 or p[2] + p[3] > blocks or p[4] < 1:
                 raise ValueError(f"padding part {p}: kernel has {blocks} blocks")
         if parts:
-            self._padding[(task, kernel)] = tuple(tuple(p) for p in parts)  # type: ignore[misc]
+            self._streams[stream].pads[(task, kernel)] = tuple(
+                tuple(p) for p in parts)  # type: ignore[misc]
         self.enqueue(stream, task, kernel, kernel)
         return True
 
     def reset(self, stream: int) -> ResetInfo | None:
-        vhq = self._streams[stream].vhq
-        r = vhq.reset()
+        s = self._streams[stream]
+        r = s.vhq.reset()
+        # every queued launch is dropped, and with it its padding (the stream's one table)
+        dropped = tuple((t, k, parts) for (t, k), parts in s.pads.items())
+        s.pads.clear()
         if r is None:
             return None
-        info = ResetInfo(*r, restore_c=vhq.restore_c)
-        if self._padding:  # dropped launches take their padding with them
-            for key in [k for k in self._padding if k[0] == info.task and k[1] > info.last_sent]:
-                del self._padding[key]
-        return info
+        return ResetInfo(*r, restore_c=s.vhq.restore_c, dropped_parts=dropped)
 
     def in_flight(self, stream: int) -> int:
         return self._streams[stream].vhq.in_flight
@@ -351,20 +356,22 @@ class SimDevice(Device):
         if self._closed:
             return
         t = self._t + self.launch_s
+        pads = s.pads
         while (x := s.vhq.transmit()) is not None:
-            self._at(t, self._on_arrive, (s, x[0], x[1]))
+            parts = pads.pop(x, ()) if pads else ()
+            self._at(t, self._on_arrive, (s, x[0], x[1], parts))
 
     def _on_flag(self, arg: tuple[_Stream, bool]) -> None:
         arg[0].flag = arg[1]
 
-    def _on_arrive(self, arg: tuple[_Stream, int, int]) -> None:
-        s, task, kernel = arg
-        s.devq.append((task, kernel))
+    def _on_arrive(self, arg: tuple[_Stream, int, int, Parts]) -> None:
+        s, task, kernel, parts = arg
+        s.devq.append((task, kernel, parts))
         if s.cur is None:
             self._start_head(s)
 
     def _start_head(self, s: _Stream) -> None:
-        task, kernel = s.devq.popleft()
+        task, kernel, parts = s.devq.popleft()
         self._seq += 1
         h = self._tasks[task]
         if self.faults is not None:
@@ -375,12 +382,10 @@ class SimDevice(Device):
         k = _KRun(s, task, kernel, self._seq, self._t, h.consts[kernel])
         s.cur = k
         self._ready.append(k)
-        if self._padding:
-            parts = self._padding.pop((task, kernel), None)
-            if parts:
-                self._start_padding(k, parts)
+        if parts:
+            self._start_padding(k, parts)
 
-    def _start_padding(self, k: _KRun, parts: tuple[tuple[int, int, int, int, int], ...]) -> None:
+    def _start_padding(self, k: _KRun, parts: Parts) -> None:
         """A padded launch: the RT kernel pays the dispatcher's overhead and its BE parts
         become block groups of the same launch, placed from the last SM down."""
         k.block_s *= 1.0 + self.gpu.pad_overhead

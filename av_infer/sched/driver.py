@@ -122,9 +122,7 @@ class Driver:
                 return  # the thread inside handles it before it leaves (re-check below)
             self._holder = threading.get_ident()
             try:
-                while pending:
-                    sched.post(pending.popleft())
-                due = sched.next_timer()
+                due = self.step()
                 if due < self._armed and not sched.stopped:
                     self._arm(due)
             finally:
@@ -171,6 +169,15 @@ class Driver:
                     continue
             if not math.isinf(due):
                 self._fire()
+
+    def step(self) -> float:
+        """Do what is due: handle every queued event (the scheduler's non-blocking
+        handlers); return the device time of the next timed decision (inf if none), which
+        the caller arms a timer for. Only the thread holding the driver's lock calls it."""
+        pending, sched = self._pending, self.sched
+        while pending:
+            sched.post(pending.popleft())
+        return sched.next_timer()
 
     def holds(self) -> bool:
         """True on the thread that is inside the scheduler now."""

@@ -28,7 +28,7 @@ import logging
 import math
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +37,7 @@ import numpy as np
 
 from av_infer._cy.dkp_select import Selector
 from av_infer._cy.vhq import restore_point
-from av_infer.devices.base import Completion, Device
+from av_infer.devices.base import Completion, Device, ResetInfo
 from av_infer.errors import (
     AvInferError,
     DeadlineMissedError,
@@ -119,11 +119,14 @@ class Task:
     enq_from: int = 0  # first kernel of the latest enqueue
     preempt_info: tuple[int, int, int] | None = None  # (last_sent, done, c) at reset
     # DKP (BE tasks): next kernel/block to pad (-1: not padding), completed padded blocks
-    # per kernel, kernels completed by padding.
+    # per kernel, kernels completed by padding, and parts of this task in padded launches
+    # the device took and has not yet reported (completed, or dropped by a reset): which
+    # parts ride in which launch is the device's record, not the scheduler's.
     pad_k: int = -1
     pad_b: int = 0
     pad_blocks: dict[int, int] = field(default_factory=dict)
     pad_full: set[int] = field(default_factory=set)
+    pad_in_flight: int = 0
     #: handle of the task's RT queue entry (removal when it expires while queued)
     qh: int = 0
     #: a batch task (model_services.maybe_batch): the requests it answers; None otherwise
@@ -210,12 +213,12 @@ class Scheduler:
             s.id: s for s in (self.rt_hi, self.rt_plain, *self.be_streams)
         }
         self._apply_capacity(self.c, self.policy)
-        # DKP: candidate slots (one per BE stream) and padding of RT launches in flight.
+        # DKP: candidate slots (one per BE stream). Which BE parts ride in which RT launch
+        # is the device's launch record (Completion.parts, ResetInfo.dropped_parts).
         self.sms = _device_sms(device)
         self._dkp: Selector | None = None
         if device.supports_padding and self.sms:
             self._dkp = Selector(self.sms, max(16, len(self.be_streams)))
-        self._pad_pending: dict[tuple[int, int], list[tuple[int, int, int, int, int]]] = {}
         #: BE models whose padding the device refused (their profile does not match what
         #: it launches): never offered as padding again
         self._dkp_off: set[str] = set()
@@ -495,7 +498,7 @@ class Scheduler:
             self._emit("kernel", {"stream": comp.stream, "task": comp.task,
                                   "kernel": comp.kernel, "executed": comp.executed,
                                   "t_start": comp.t_start, "t_end": comp.t_end})
-        if comp.parts or self._pad_pending:
+        if comp.parts:
             self._dkp_credit(comp)
         task = self.tasks.get(comp.task)
         if task is None:
@@ -649,9 +652,7 @@ class Scheduler:
         self.rt_fed = None
         if info is None:
             return  # fully transmitted: it drains and completes on its own
-        self._account_dropped(cur, s, info.dropped)
-        if self._pad_pending and info.task == cur.tid:
-            self._dkp_forget(cur.tid, info.last_sent)
+        self._account_dropped(cur, s, info)
         resume = max(info.last_sent + 1, info.done) if info.task == cur.tid else cur.enq_from
         if resume >= cur.n:
             return  # nothing was dropped: it completes on its own
@@ -667,9 +668,13 @@ class Scheduler:
                                    "last_sent": info.last_sent, "done": info.done,
                                    "t": self.device.now()})
 
-    def _account_dropped(self, task: Task, s: StreamState, dropped: int) -> None:
-        task.outstanding -= dropped
-        s.outstanding -= dropped
+    def _account_dropped(self, task: Task, s: StreamState, info: ResetInfo) -> None:
+        """What a reset dropped: the launches, and the BE parts of padded ones (the one
+        place a reset's padding is handled)."""
+        task.outstanding -= info.dropped
+        s.outstanding -= info.dropped
+        if info.dropped_parts:
+            self._dkp_forget(info.dropped_parts)
 
     def _preempt_be(self) -> None:
         """Reset every BE stream that is feeding a task, then raise its flag: launches still
@@ -688,7 +693,7 @@ class Scheduler:
             info = self.device.reset(s.id)  # before the flag: ``done`` counts executed only
             if info is None:
                 continue  # nothing queued or in flight: its completions are on the way
-            self._account_dropped(t, s, info.dropped)
+            self._account_dropped(t, s, info)
             mine = info.task == t.tid
             self.device.set_preempt(s.id, True)
             s.flagged = True
@@ -728,7 +733,7 @@ class Scheduler:
             if t.state == PREEMPTED:
                 if s.outstanding > 0:
                     continue  # wait until every launch of the reset stream completed
-                if self._pad_pending and self._padded_in_flight(t.tid):
+                if t.pad_in_flight > 0:
                     continue  # its blocks still run inside RT launches (a BE grant)
                 self._restore(t, s)
             else:
@@ -905,12 +910,12 @@ class Scheduler:
             s.outstanding += 1
             if not padded:
                 continue  # queued unpadded (e.g. the padded module still compiles)
-            self._pad_pending[(t.tid, k)] = parts
             with self.stats.lock:
                 self.stats.padded_launches += 1
                 self.stats.padded_blocks += sum(p[3] for p in parts)
             for tid, kern, b0, nb, _occ in parts:  # move the cursors past what was issued
                 bt, slot = cands[tid]
+                bt.pad_in_flight += 1  # until the device reports the launch's end
                 nums = bt.entry.dkp_numbers(self.sms)
                 kb = nums[kern][1]
                 if b0 + nb >= kb:
@@ -951,12 +956,12 @@ class Scheduler:
     def _dkp_credit(self, comp: Completion) -> None:
         """A padded launch completed: its BE blocks ran; kernels whose every block ran count
         as executed (in order, so ``done`` stays a prefix)."""
-        parts = self._pad_pending.pop((comp.task, comp.kernel), None)
-        if parts is None:
-            return
-        for tid, kern, _b0, nb, _occ in parts:
+        for tid, kern, _b0, nb, _occ in comp.parts:
             bt = self.tasks.get(tid)
-            if bt is None or bt.answered:
+            if bt is None:
+                continue
+            bt.pad_in_flight -= 1
+            if bt.answered:
                 continue
             nums = bt.entry.dkp_numbers(self.sms)
             got = bt.pad_blocks.get(kern, 0) + nb
@@ -972,16 +977,16 @@ class Scheduler:
             if bt.done >= bt.n:
                 self._finish(bt, comp.t_end)
 
-    def _padded_in_flight(self, tid: int) -> bool:
-        """Blocks of BE task ``tid`` are in padded RT launches not yet completed."""
-        return any(p[0] == tid for parts in self._pad_pending.values() for p in parts)
-
-    def _dkp_forget(self, rt_tid: int, last_sent: int) -> None:
-        """RT launches after ``last_sent`` were dropped by a reset: their BE blocks never
-        ran, so each BE task's cursor goes back to its first dropped part."""
+    def _dkp_forget(self, dropped: Sequence[tuple[int, int, Sequence[tuple]]]) -> None:
+        """A reset dropped these padded launches (``ResetInfo.dropped_parts``, in queue
+        order): their BE blocks never ran, so each BE task's cursor goes back to its first
+        dropped part, and those parts are no longer in flight."""
         back: dict[int, tuple[int, int]] = {}
-        for key in sorted(k for k in self._pad_pending if k[0] == rt_tid and k[1] > last_sent):
-            for tid, kern, b0, _nb, _occ in self._pad_pending.pop(key):
+        for _rt_tid, _rt_kernel, parts in dropped:
+            for tid, kern, b0, _nb, _occ in parts:
+                bt = self.tasks.get(tid)
+                if bt is not None:
+                    bt.pad_in_flight -= 1
                 if tid not in back:
                     back[tid] = (kern, b0)
         for tid, (kern, b0) in back.items():
@@ -1045,7 +1050,7 @@ class Scheduler:
         if t.outstanding > 0 and s is not None:
             info = self.device.reset(s.id)
             if info is not None:
-                self._account_dropped(t, s, info.dropped)
+                self._account_dropped(t, s, info)
             if t.outstanding > 0 and s.kind == "be":
                 self.device.set_preempt(s.id, True)
                 s.flagged = True
