@@ -19,3 +19,12 @@ def nvcc() -> str:
     """nvcc's path. CUDA sources must compile in CI (CI=true): a missing nvcc fails there;
     on a machine without the toolkit the compile tests skip with the reason."""
     return require(find_nvcc(), "nvcc not found (set AV_INFER_NVCC or install the CUDA toolkit)")
+
+
+@pytest.fixture
+def scheduler_never_errs(caplog):
+    """A scheduler handler that raised is a bug where no test injects one: fail loudly
+    (``pytestmark = pytest.mark.usefixtures("scheduler_never_errs")``)."""
+    yield
+    bad = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scheduler:")]
+    assert not bad, bad

@@ -37,12 +37,7 @@ def _dev(point: str) -> list:
     return out
 
 
-@pytest.fixture(autouse=True)
-def _scheduler_never_errs(caplog):
-    """A handler that raised leaves the scheduler half-way through a decision: fail loudly."""
-    yield
-    bad = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scheduler:")]
-    assert not bad, bad
+pytestmark = pytest.mark.usefixtures("scheduler_never_errs")
 
 
 @pytest.fixture(scope="module")

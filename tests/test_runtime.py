@@ -25,13 +25,7 @@ from av_infer.model.check import CPU_TOLERANCE, max_rel_err
 from av_infer.model.compiler import compile_model
 from av_infer.runtime import ModelInfo
 
-
-@pytest.fixture(autouse=True)
-def _scheduler_never_errs(caplog):
-    """A handler that raised leaves the scheduler half-way through a decision: fail loudly."""
-    yield
-    bad = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scheduler:")]
-    assert not bad, bad
+pytestmark = pytest.mark.usefixtures("scheduler_never_errs")
 
 
 

@@ -28,12 +28,7 @@ from tests.test_golden_preemption import GateDevice
 # The cpu device refuses padding policies with a reason (tests/test_dkp.py checks that).
 ALL_POLICIES = [p for p, spec in POLICIES.items() if spec.available and not spec.padding]
 
-@pytest.fixture(autouse=True)
-def _scheduler_never_errs(caplog):
-    """A handler that raised leaves the scheduler half-way through a decision: fail loudly."""
-    yield
-    bad = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scheduler:")]
-    assert not bad, bad
+pytestmark = pytest.mark.usefixtures("scheduler_never_errs")
 
 
 
