@@ -236,6 +236,15 @@ class RuntimeNode(Node):
             "edf_preempt": declare(self, "edf_preempt", False,
                                    "Switch RT tasks at kernel boundaries when a more urgent "
                                    "one arrives (limited-preemptive EDF)."),
+            "max_queue_depth": declare(self, "max_queue_depth", 0,
+                                       "Queued requests per priority class beyond which "
+                                       "arrivals are rejected (RejectedError; 0: unbounded).",
+                                       int_range=(0, 1_000_000)),
+            "be_min_share": declare(self, "be_min_share", 0.1,
+                                    "BE's share of the device while RT is over capacity (0: "
+                                    "strict RT priority): BE starved 50 ms by queued RT runs "
+                                    "for share/(1-share) of that while new RT waits.",
+                                    float_range=(0.0, 0.9)),
             "cache_budget_mb": declare(self, "cache_budget_mb", 0,
                                        "Device memory budget of the model cache in MiB "
                                        "(0: unlimited).", int_range=(0, 1_048_576)),
@@ -276,6 +285,8 @@ class RuntimeNode(Node):
                 self.runtime.set_policy("reef_dkp")
             except Exception as exc:
                 self.get_logger().warning(f"padding=true ignored: {exc}")
+        self.runtime.set_max_queue_depth(p["max_queue_depth"] or None)
+        self.runtime.set_be_min_share(float(p["be_min_share"]))
         if p["cache_budget_mb"]:
             self._set_cache_budget(p["cache_budget_mb"])
         if p["batch_max"] > 1 or p["batch_quantum_ms"] > 0:
@@ -302,6 +313,12 @@ class RuntimeNode(Node):
             return None if ok else f"c must be an integer in {lo}..{hi}, got {value!r}"
         if name == "edf_preempt":
             return None if isinstance(value, bool) else "edf_preempt must be a bool"
+        if name == "max_queue_depth":
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            return None if ok else f"max_queue_depth must be an integer >= 0, got {value!r}"
+        if name == "be_min_share":
+            ok = isinstance(value, float) and 0.0 <= value < 1.0
+            return None if ok else f"be_min_share must be in [0, 1), got {value!r}"
         if name == "diagnostics_period_s":
             ok = isinstance(value, float) and 0.05 <= value <= 60.0
             return None if ok else "diagnostics_period_s must be in [0.05, 60] s"
@@ -311,8 +328,9 @@ class RuntimeNode(Node):
 
     def _on_set_parameters(self, params: list[Parameter]) -> SetParametersResult:
         merged = {n: self.get_parameter(n).value for n in
-                  ("policy", "padding", "c", "edf_preempt", "cache_budget_mb", "batch_max",
-                   "batch_quantum_ms", "diagnostics_period_s")}
+                  ("policy", "padding", "c", "edf_preempt", "max_queue_depth", "be_min_share",
+                   "cache_budget_mb", "batch_max", "batch_quantum_ms",
+                   "diagnostics_period_s")}
         changed: dict[str, Any] = {}
         for prm in params:
             merged[prm.name] = prm.value
@@ -346,6 +364,12 @@ class RuntimeNode(Node):
                 old = bool(self.get_parameter("edf_preempt").value)
                 undo.append((rt.set_edf_preempt, (old,)))
                 rt.set_edf_preempt(bool(changed["edf_preempt"]))
+            if "max_queue_depth" in changed:
+                undo.append((rt.set_max_queue_depth, (rt.max_queue_depth,)))
+                rt.set_max_queue_depth(int(changed["max_queue_depth"]) or None)
+            if "be_min_share" in changed:
+                undo.append((rt.set_be_min_share, (rt.be_min_share,)))
+                rt.set_be_min_share(float(changed["be_min_share"]))
             if "cache_budget_mb" in changed:
                 undo.append((self._set_cache_budget,
                              (self.get_parameter("cache_budget_mb").value,)))

@@ -294,6 +294,13 @@ def test_live_parameters_validated_as_a_batch(graph):
                 Parameter("device", value="sim"), Parameter("models", value=["vgg19"])):
         res = host.set_parameters([bad])[0]
         assert not res.successful and res.reason, bad.name
+    res = host.set_parameters_atomically([Parameter("max_queue_depth", value=5),
+                                          Parameter("be_min_share", value=0.0)])
+    assert res.successful and rt.max_queue_depth == 5 and rt.be_min_share == 0.0
+    res = host.set_parameters([Parameter("max_queue_depth", value=0)])[0]
+    assert res.successful and rt.max_queue_depth is None
+    res = host.set_parameters([Parameter("be_min_share", value=0.95)])[0]
+    assert not res.successful and rt.be_min_share == 0.0
     res = host.set_parameters([Parameter("cache_budget_mb", value=64)])[0]
     assert res.successful and rt.stats()["cache"]["budget_bytes"] == 64 * 2**20
     res = host.set_parameters_atomically([Parameter("batch_max", value=4),
