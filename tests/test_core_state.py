@@ -384,3 +384,23 @@ def test_launches_are_counted_only_once_the_device_took_them() -> None:
         be.result()
     rt.close()  # returns: nothing is left waiting for a completion
     assert rt._sched.idle()
+
+
+def test_a_setting_refused_inside_the_scheduler_is_counted_not_dropped() -> None:
+    """Was: a control call made on the scheduler's thread (a listener) that failed was
+    dropped silently; now it is logged and counted in ``stats()["handler_errors"]``."""
+    rt, dev = sim_runtime(_RefusingSim("mi50"), c=4)
+    calls: list[int] = []
+
+    def listener(kind: str, payload: dict) -> None:
+        if kind == "arrival" and not calls:
+            calls.append(1)
+            rt.set_c(7)  # valid range, refused by the device when applied after the event
+
+    rt.add_listener(listener)
+    f = rt.submit("a", {}, priority=Priority.BE)
+    dev.run()
+    assert f.result().outputs == {}
+    assert rt.c == 4
+    assert rt.stats()["handler_errors"] == {"control": 1}
+    rt.close()
