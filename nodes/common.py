@@ -352,6 +352,15 @@ def spin_nodes(make_nodes: Callable[[], list[Node]], args: list[str] | None = No
             executor.spin()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
+    except Exception:
+        if rclpy.ok():
+            raise
+        # Ctrl-C already shut the context down: a callback raced the teardown. Say so and
+        # stop cleanly (a stop is not a failure); anything while running still propagates.
+        import logging
+
+        logging.getLogger("av_infer_nodes").warning(
+            "exception while shutting down (after Ctrl-C)", exc_info=True)
     finally:
         if executor is not None:
             executor.shutdown(timeout_sec=2.0)
