@@ -569,10 +569,7 @@ class Runtime:
         bound); requests already queued stay. Validated first."""
         self._check_open()
         depth = _check_depth(depth)
-
-        def apply() -> None:
-            self._sched.max_queue_depth = depth
-        self._control(apply)
+        self._control(lambda: self._sched.set_max_queue_depth(depth))
 
     @property
     def be_min_share(self) -> float:
@@ -583,10 +580,7 @@ class Runtime:
         first."""
         self._check_open()
         share = _check_share(share)
-
-        def apply() -> None:
-            self._sched.be_min_share = share
-        self._control(apply)
+        self._control(lambda: self._sched.set_be_min_share(share))
 
     @property
     def edf_preempt(self) -> bool:

@@ -373,6 +373,9 @@ class Scheduler:
         if self.be_min_share <= 0 or self.policy.preempt == "none" \
                 or not self.policy.accepts_be:
             return False
+        if self._grant_until == -math.inf and not self._be_waiting():
+            self._be_wait = False  # the common case, every decision: no clock read
+            return False
         now = self.device.now()
         if now < self._grant_until:
             return True
@@ -552,6 +555,12 @@ class Scheduler:
     def set_preempt_drain(self, flag: bool) -> None:
         self.preempt_drain = bool(flag)
 
+    def set_max_queue_depth(self, depth: int | None) -> None:
+        self.max_queue_depth = depth
+
+    def set_be_min_share(self, share: float) -> None:
+        self.be_min_share = float(share)
+
     def shutdown(self, drain: bool) -> None:
         """Stop accepting arrivals; without ``drain`` fail everything queued or running."""
         self.closing = True
@@ -610,7 +619,7 @@ class Scheduler:
     def _schedule(self) -> None:
         if self.stopped:
             return
-        granted = self._be_granted() if self.be_min_share > 0 else False
+        granted = self._be_granted()
         if not granted:
             self._schedule_rt()
         self._schedule_be(granted)
