@@ -21,6 +21,7 @@ from av_infer.errors import (  # noqa: F401
     UnboundDimensionError,
     UnknownModelError,
     UnsupportedModelError,
+    error_from_code,
 )
 
 __version__ = "0.1.0"

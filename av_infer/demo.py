@@ -51,7 +51,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--overhead-n", type=int, default=100,
                     help="requests per path in the ROS-overhead phase (100)")
     ap.add_argument("--out", default="out", help="output folder (out/)")
-    ap.add_argument("--threads", type=int, default=2, help="executor threads (2)")
+    ap.add_argument("--threads", type=int, default=2, help="multi executor threads (2)")
+    ap.add_argument("--no-run-in-callback", dest="run_in_callback", action="store_false",
+                    help="RT perception nodes hand their requests to the runtime's threads "
+                    "instead of running the launches in the image callback while the lane "
+                    "is idle (parameter run_in_callback, default on)")
+    ap.add_argument("--executor", default=None,
+                    help="rclpy executor: single, multi or events (default: "
+                    "$AV_INFER_EXECUTOR or av_infer_nodes.common.DEFAULT_EXECUTOR)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--skip-check", action="store_true",
                     help="skip phase 1 (compile every zoo model, compare with ONNX Runtime)")
@@ -83,11 +90,12 @@ class Recorder:
         def record(resp: Any, image: Any, t_recv: float) -> None:
             now_ros = node.get_clock().now().nanoseconds * 1e-9
             stamp = image.header.stamp.sec + image.header.stamp.nanosec * 1e-9
+            tm = resp.timings_msg()  # av_infer_msgs/InferTimings
             row = {"t": time.monotonic() - self.t0, "ok": resp.ok, "code": resp.code,
-                   "latency_ms": (resp.timings.get("latency") or math.nan) * 1e3,
+                   "latency_ms": tm.queueing_ms + tm.compute_ms,
                    "e2e_ms": (now_ros - stamp) * 1e3,
-                   "deadline_met": resp.timings.get("deadline_met"),
-                   "preempted": int(resp.timings.get("preempted") or 0)}
+                   "deadline_met": tm.deadline_met if tm.has_deadline else None,
+                   "preempted": int(tm.preempted)}
             with self.lock:
                 if self.on:
                     self.rows.setdefault(client, []).append(row)
@@ -96,8 +104,11 @@ class Recorder:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    import os
+
     import rclpy
-    from av_infer_nodes.common import from_msg
+    from av_infer_msgs.msg import TensorList
+    from av_infer_nodes.common import DEFAULT_EXECUTOR, EXECUTORS
     from av_infer_nodes.image_node import IMAGE_QOS
     from av_infer_nodes.monitoring_node import MonitoringNode
     from av_infer_nodes.perception_node import PerceptionNode
@@ -106,8 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     from av_infer_nodes.testing import RosHarness, make_image, wait_for
     from rclpy.parameter import Parameter
     from sensor_msgs.msg import Image
-    from std_msgs.msg import UInt8MultiArray
 
+    args.executor = (args.executor or os.environ.get("AV_INFER_EXECUTOR")
+                     or DEFAULT_EXECUTOR).strip().lower()
+    if args.executor not in EXECUTORS:
+        print(f"[demo] --executor must be one of {', '.join(EXECUTORS)}", flush=True)
+        return 2
     width, height = (int(v) for v in args.image_size.lower().split("x"))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -132,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         if m not in alone:
             alone[m] = _standalone_p50_ms(rt, m, args.variant)
 
-    h = RosHarness(num_threads=args.threads)
+    # EventsExecutor (rclpy 7.1.6) blocks entity creation while it spins: start at the end
+    h = RosHarness(num_threads=args.threads, executor=args.executor, start=False)
     try:
         h.add(RuntimeNode(context=h.context, runtime=rt, parameter_overrides=[
             Parameter("device", value=device),
@@ -147,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
                 cli_args=["--ros-args", "-r", f"image:=/{cam}/image_raw"],
                 parameter_overrides=[Parameter("model", value=models[cam]),
                                      Parameter("relative_deadline_ms", value=args.deadline_ms),
-                                     Parameter("model_variant", value=args.variant)]))
+                                     Parameter("model_variant", value=args.variant),
+                                     Parameter("run_in_callback",
+                                               value=args.run_in_callback)]))
         clients["cabin"] = h.add(MonitoringNode(
             "monitoring_cabin", context=h.context, runtime=rt,
             cli_args=["--ros-args", "-r", "image:=/cabin/image_raw"],
@@ -157,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         cams = h.node("demo_cameras")
         pubs = {c: cams.create_publisher(Image, f"/{c}/image_raw", IMAGE_QOS)
                 for c in ("front", "rear", "cabin")}
+        got = _Arrival()
+        out_sub = cams.create_subscription(TensorList, f"/{clients['front'].get_name()}/output",
+                                           got.on_message, 10)
         wait_for(lambda: all(p.get_subscription_count() for p in pubs.values()), 15,
                  what="camera subscriptions")
 
@@ -193,6 +214,13 @@ def main(argv: list[str] | None = None) -> int:
         clients["cabin"].add_result_listener(cabin_next)
         timers = [cams.create_timer(1.0 / args.rate, lambda c=c: publish(c))
                   for c in ("front", "rear")]
+        h.start()
+        print(f"[demo] executor: {args.executor}", flush=True)
+        time.sleep(0.5)
+        if h.spin_error is not None:
+            print(f"[demo] the {args.executor} executor cannot spin this graph: "
+                  f"{type(h.spin_error).__name__}: {h.spin_error}", flush=True)
+            return 1
         publish("cabin")
 
         while (elapsed := time.monotonic() - t0) < args.duration:
@@ -244,9 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{_fmt(row['alone_p50_ms'])} ms standalone "
                       f"({_fmt(row['p50_vs_alone'])}x)")
 
-        overhead = _ros_overhead(args, rt, h, cams, clients["front"], pubs["front"],
-                                 frames["front"][0], models["front"], image_to_tensor,
-                                 from_msg, UInt8MultiArray, wait_for)
+        overhead = _ros_overhead(args, rt, out_sub, got, pubs["front"], cams,
+                                 frames["front"][0], models["front"], image_to_tensor, wait_for)
         print(f"[demo] ROS overhead ({width}x{height} rgb8 -> {models['front']}, "
               f"n={overhead['n']}): ROS path p50 {overhead['ros_p50_ms']:.2f} / p99 "
               f"{overhead['ros_p99_ms']:.2f} ms; direct submit p50 "
@@ -350,13 +377,33 @@ def _print_table(table: list[dict[str, Any]], device: str, wall: float) -> None:
         print("  ".join(cells))
 
 
-def _ros_overhead(args, rt, h, cams, node, pub, image, model, image_to_tensor, from_msg,
-                  msg_type, wait_for) -> dict[str, Any]:
+class _Arrival:
+    """When the output reached the subscriber's callback (``perf_counter``): the ROS path
+    ends there, not when another thread wakes up to look."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self._event = threading.Event()
+
+    def on_message(self, msg: Any) -> None:
+        self.t = time.perf_counter()
+        self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    def wait(self, timeout: float) -> bool:
+        return self._event.wait(timeout)
+
+
+def _ros_overhead(args, rt, sub, got, pub, cams, image, model, image_to_tensor,
+                  wait_for) -> dict[str, Any]:
     """One request at a time, nothing else running: image -> perception node -> output
-    subscriber (ROS path) vs ``rt.submit`` of the same preprocessed tensor (direct)."""
-    got = threading.Event()
-    sub = cams.create_subscription(msg_type, f"/{node.get_name()}/output",
-                                   lambda m: got.set(), 10)
+    subscriber (ROS path) vs ``rt.submit`` of the same preprocessed tensor (direct).
+
+    Both paths include what a caller needs: the ROS path its transport both ways,
+    preprocessing, submit and the output message; the direct path the preprocessed
+    tensor's submit and result. The difference is what ROS adds."""
     wait_for(lambda: sub.get_publisher_count() > 0, 10, what="output subscription")
     spec = rt.input_spec(model)
     (name, (shape, _)), = spec.items()
@@ -374,15 +421,14 @@ def _ros_overhead(args, rt, h, cams, node, pub, image, model, image_to_tensor, f
             t = time.perf_counter()
             image.header.stamp = cams.get_clock().now().to_msg()
             pub.publish(image)
-            if got.wait(5.0):
-                ros.append((time.perf_counter() - t) * 1e3)
+            if got.wait(5.0):  # delivered: the subscriber callback's own timestamp
+                ros.append((got.t - t) * 1e3)
         else:
             t = time.perf_counter()
             fut = rt.submit(model, {name: tensor}, priority="RT", client="direct")
             fut.result(10)
             direct.append((time.perf_counter() - t) * 1e3)
         time.sleep(0.002)
-    cams.destroy_subscription(sub)
     out = {"n": min(len(ros), len(direct)), "image": f"{image.width}x{image.height} rgb8",
            "model": model, "ros_p50_ms": pct(ros, 50), "ros_p99_ms": pct(ros, 99),
            "direct_p50_ms": pct(direct, 50), "direct_p99_ms": pct(direct, 99),

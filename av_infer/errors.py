@@ -44,6 +44,25 @@ class UnboundDimensionError(ModelLoadError):
     code = "unbound_dimension"
 
 
+class ModelNotFoundError(ModelLoadError):
+    """No model file at the given path (or, through ``ModelAdmin``, under any model dir)."""
+
+    code = "model_not_found"
+
+
+class ModelPathError(ModelLoadError):
+    """The path is not allowed: outside the configured model directories (``..``, an
+    absolute path elsewhere, a symlink pointing out) or not a regular file."""
+
+    code = "path_not_allowed"
+
+
+class ModelFileTooLargeError(ModelLoadError):
+    """The model file exceeds the configured size bound; it was not read."""
+
+    code = "file_too_large"
+
+
 # -- requests ----------------------------------------------------------------------------
 class InvalidInputError(AvInferError):
     """Wrong input names, shape or dtype; rejected at submit, never queued."""
@@ -55,6 +74,18 @@ class InvalidParameterError(AvInferError):
     """A runtime setting (policy, c, deadline, ...) was rejected; nothing changed."""
 
     code = "invalid_parameter"
+
+
+class ModelNameInUseError(InvalidParameterError):
+    """A model of that name is already loaded; unload it first."""
+
+    code = "name_in_use"
+
+
+class TooManyModelsError(InvalidParameterError):
+    """Loading one more model would exceed the configured number of models."""
+
+    code = "too_many_models"
 
 
 class UnknownModelError(AvInferError):
@@ -95,3 +126,25 @@ class DeviceUnavailableError(AvInferError):
     """The named device cannot be used here (no GPU, no driver, or not built yet)."""
 
     code = "device_unavailable"
+
+
+def error_from_code(code: str, message: str) -> AvInferError:
+    """The typed error for a stable ``code`` (one that crossed a process boundary, e.g. in
+    an ``InferResponse``): the most general loaded class with that code whose constructor
+    takes a message alone, else an ``AvInferError`` carrying the code. Subclasses defined
+    elsewhere (``av_infer.pipeline.errors``) count once their module is imported."""
+    todo, seen = [AvInferError], set()
+    while todo:  # breadth first: the most general class of a code wins
+        cls = todo.pop(0)
+        if cls in seen:
+            continue
+        seen.add(cls)
+        if cls.__dict__.get("code") == code:
+            try:
+                return cls(message)
+            except Exception:  # noqa: BLE001 - needs more than a message
+                pass  # (UnsupportedModelError: its operator table); a subclass may not
+        todo.extend(cls.__subclasses__())
+    err = AvInferError(message)
+    err.code = code
+    return err

@@ -1,60 +1,101 @@
-"""Tensor request/response wire format of the ROS layer, without ROS.
+"""The ROS layer's typed tensor messages <-> numpy, without importing ROS.
 
-ROS 2 custom messages cannot be generated from the PyPI wheels, so requests and responses
-travel as a standard ``std_msgs/UInt8MultiArray``: ``layout.dim[0].label`` holds a compact
-JSON header and ``data`` the concatenated raw little-endian tensor bytes. This module turns
-headers + numpy arrays into ``(label, bytes)`` and back, and validates strictly: anything
-wrong with a request raises :class:`CodecError` (code ``malformed_request``) carrying the
-request id when one could be read (``""`` otherwise), so the caller can still answer it.
+The wire types live in the ``av_infer_msgs`` interface package (``ros/av_infer_msgs``):
+``Tensor{name, shape, data_type, strides, data}`` (Isaac ROS's layout and ``data_type``
+values), ``InferRequest``, ``InferResponse`` and ``InferTimings``. This module works on any
+object with those fields (duck typing), so ``av_infer`` stays importable, and this logic
+testable, without ROS.
 
-Request header (``v`` 1)::
+The split control/data path (SplitRPC, paper 002) is built from three steps, each with a
+guarantee:
 
-    {"v": 1, "id": "<uuid>", "model": "tiny_cnn", "priority": "RT" | "BE",
-     "deadline_s": 0.033 | null, "client": "perception", "stamp": [sec, nanosec],
-     "frame_id": "cam0", "drop_late": false,
-     "tensors": [{"name": "input", "dtype": "float32", "shape": [1, 3, 32, 32],
-                  "offset": 0, "nbytes": 12288}]}
+* :func:`read_control` reads and validates a request's *control* fields (id, model,
+  priority, deadline, ...) without touching any tensor payload;
+* :func:`check_tensors` validates every tensor's metadata (names, dtypes, shapes, strides,
+  byte counts) against :class:`Limits` *before anything is allocated*, and returns
+  read-only numpy views over the message's own bytes (no copy);
+* :func:`fill_tensor` writes one array into a ``Tensor`` message with exactly one copy.
 
-``deadline_s`` is *relative*: the request must complete by ``stamp + deadline_s`` (ROS time);
-with a zero stamp, by receipt + ``deadline_s``. Required: ``v``, ``id``, ``model``,
-``priority``, ``tensors``; the others default to null / ``"remote"`` / [0, 0] / ``""`` / false.
-
-Response header::
-
-    {"v": 1, "id": "<same id>", "ok": true | false, "code": "ok" | "<error code>",
-     "message": "...", "model": "...", "client": "...", "stamp": [sec, nanosec],
-     "frame_id": "...", "tensors": [...], "timings": {...}}
-
-Every request gets exactly one response with its id. The same response encoding carries the
-outputs of the perception and monitoring nodes (``stamp``/``frame_id`` from the input image).
+The caller copies each view once, into the runtime's task input buffers
+(``Runtime.input_buffers``). Anything wrong raises :class:`CodecError` (code
+``malformed_request``) carrying the request id when one could be read (``""`` otherwise),
+so the caller can still answer the request exactly once.
 """
 
 from __future__ import annotations
 
-import json
+import array
 import math
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-PROTOCOL_VERSION = 1
+#: Image preprocessing as one GIL-free weighted gather straight into a task's input buffer
+#: (``nodes/preprocess.py`` builds the plan once per camera -> model pair): the data path's
+#: only per-frame work on the pixels (cython_ext/gather.pyx).
+from av_infer._cy.gather import GatherPlan  # noqa: E402, F401
+
 MALFORMED = "malformed_request"
-PRIORITIES = ("RT", "BE")
-#: dtype names on the wire -> little-endian numpy dtypes.
-DTYPES: dict[str, np.dtype] = {
-    name: np.dtype(name).newbyteorder("<")
-    for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
-                 "uint8", "uint16", "uint32", "uint64", "bool")
+
+#: ``Tensor.DATA_TYPE_*`` (the values Isaac ROS uses) -> little-endian numpy dtype.
+DATA_TYPES: dict[int, np.dtype] = {
+    code: np.dtype(name).newbyteorder("<") for code, name in (
+        (1, "int8"), (2, "uint8"), (3, "int16"), (4, "uint16"), (5, "int32"), (6, "uint32"),
+        (7, "int64"), (8, "uint64"), (9, "float16"), (10, "float32"), (11, "float64"),
+        (12, "bool"))
 }
-MAX_ID_LEN = 128
-MAX_TENSORS = 64
-MAX_RANK = 8
-_INT32_MAX = 2**31 - 1
+#: numpy dtype name -> ``Tensor.DATA_TYPE_*``.
+DATA_TYPE_OF: dict[str, int] = {dt.name: code for code, dt in DATA_TYPES.items()}
+
+#: ``InferRequest.PRIORITY_*`` -> the runtime's priority names.
+PRIORITIES: dict[int, str] = {0: "RT", 1: "BE"}
+PRIORITY_OF: dict[str, int] = {v: k for k, v in PRIORITIES.items()}
+
+#: av_infer error codes (``errors.py``; ``AvInferError.code``) -> ``InferResponse.STATUS_*``.
+#: Codes not listed map to ``STATUS_INTERNAL_ERROR`` (255), the code string says which.
+STATUS: dict[str, int] = {
+    "ok": 0, MALFORMED: 1, "invalid_input": 2, "unknown_model": 3, "deadline_missed": 4,
+    "rejected": 5, "inactive": 6, "shutdown": 7, "device_fault": 8, "timeout": 9,
+    "request_too_large": 10,
+}
+STATUS_INTERNAL_ERROR = 255
+
+
+def status_of(code: str) -> int:
+    """The ``InferResponse.status`` constant for an av_infer error code."""
+    return STATUS.get(code, STATUS_INTERNAL_ERROR)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds a request must respect before the node allocates anything for it.
+
+    Anyone on the ROS graph can publish a request, so these bound what one message can make
+    the runtime host allocate: ``max_tensors`` tensors, each at most ``max_tensor_bytes``
+    and all together at most ``max_request_bytes``, of rank at most ``max_rank``.
+    """
+
+    max_tensors: int = 64
+    max_rank: int = 8
+    max_tensor_bytes: int = 256 * 2**20
+    max_request_bytes: int = 512 * 2**20
+    max_id_len: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("max_tensors", "max_rank", "max_tensor_bytes", "max_request_bytes",
+                     "max_id_len"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+
+DEFAULT_LIMITS = Limits()
 
 
 class CodecError(ValueError):
-    """A message that does not follow the wire format; ``request_id`` is ``""`` if unknown."""
+    """A message that breaks the wire contract; ``request_id`` is ``""`` if unknown."""
 
     code = MALFORMED
 
@@ -63,271 +104,232 @@ class CodecError(ValueError):
         self.request_id = request_id
 
 
-@dataclass
-class TensorRequest:
-    """One decoded inference request."""
+class TooLargeError(CodecError):
+    """A request beyond :class:`Limits` (code ``request_too_large``); nothing allocated."""
+
+    code = "request_too_large"
+
+
+@dataclass(frozen=True)
+class RequestControl:
+    """A request's control fields, validated (the payload is not part of it)."""
 
     id: str
     model: str
+    client: str
     priority: str
-    inputs: dict[str, np.ndarray]
-    deadline_s: float | None = None
-    client: str = "remote"
-    stamp: tuple[int, int] = (0, 0)
-    frame_id: str = ""
-    drop_late: bool = False
+    stamp: tuple[int, int]
+    frame_id: str
+    #: relative to ``stamp`` (receipt when the stamp is zero); None: no deadline
+    deadline_s: float | None
+    drop_late: bool
 
 
-@dataclass
-class TensorResponse:
-    """One response: outputs when ``ok``, otherwise an error ``code`` and ``message``."""
-
-    id: str
-    ok: bool
-    code: str = "ok"
-    message: str = ""
-    outputs: dict[str, np.ndarray] = field(default_factory=dict)
-    timings: dict[str, Any] = field(default_factory=dict)
-    model: str = ""
-    client: str = ""
-    stamp: tuple[int, int] = (0, 0)
-    frame_id: str = ""
+def read_id(msg: Any, limits: Limits = DEFAULT_LIMITS) -> str:
+    """The request's id if usable, else ``""`` (the answer then carries an empty id)."""
+    rid = getattr(msg, "id", None)
+    return rid if isinstance(rid, str) and 0 < len(rid) <= limits.max_id_len else ""
 
 
-# -- tensors -------------------------------------------------------------------------------
-def pack_tensors(tensors: dict[str, np.ndarray]) -> tuple[list[dict[str, Any]], bytes]:
-    """Concatenates arrays as little-endian bytes; returns their specs and the buffer."""
-    specs: list[dict[str, Any]] = []
-    chunks: list[bytes] = []
-    offset = 0
-    for name, value in tensors.items():
-        arr = np.asarray(value)
-        dname = arr.dtype.name
-        if dname not in DTYPES:
-            raise CodecError(f"tensor {name!r}: dtype {dname} is not supported on the wire")
-        raw = np.ascontiguousarray(arr, dtype=DTYPES[dname]).tobytes()
-        specs.append({"name": str(name), "dtype": dname, "shape": [int(d) for d in arr.shape],
-                      "offset": offset, "nbytes": len(raw)})
-        chunks.append(raw)
-        offset += len(raw)
-    return specs, b"".join(chunks)
+def read_control(msg: Any, limits: Limits = DEFAULT_LIMITS) -> RequestControl:
+    """An ``InferRequest``'s control fields, validated; never reads tensor data."""
+    rid = read_id(msg, limits)
+    if not rid:
+        raise CodecError(f"'id' must be a non-empty string of at most {limits.max_id_len} "
+                         "characters")
+    model = msg.model
+    if not isinstance(model, str) or not model:
+        raise CodecError("'model' must be a non-empty string", rid)
+    prio = PRIORITIES.get(int(msg.priority))
+    if prio is None:
+        raise CodecError(f"'priority' must be PRIORITY_RT (0) or PRIORITY_BE (1), got "
+                         f"{msg.priority}", rid)
+    sec, nsec = int(msg.deadline.sec), int(msg.deadline.nanosec)
+    if sec < 0 or not 0 <= nsec < 1_000_000_000:
+        raise CodecError(f"'deadline' must be a non-negative duration, got {sec} s "
+                         f"{nsec} ns", rid)
+    deadline = sec + nsec * 1e-9 or None
+    stamp = (int(msg.header.stamp.sec), int(msg.header.stamp.nanosec))
+    return RequestControl(id=rid, model=model, client=msg.client or "remote", priority=prio,
+                          stamp=stamp, frame_id=msg.header.frame_id, deadline_s=deadline,
+                          drop_late=bool(msg.drop_late))
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _payload(data: Any) -> memoryview:
+    """The bytes of a ``uint8[]`` field (rclpy hands an ``array.array('B')``): no copy."""
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-def unpack_tensors(specs: Any, data: bytes | bytearray | memoryview,
-                   request_id: str = "") -> dict[str, np.ndarray]:
-    """Validates tensor specs against ``data`` and returns native-endian, writable arrays."""
+def check_tensors(tensors: Iterable[Any], limits: Limits = DEFAULT_LIMITS,
+                  request_id: str = "") -> dict[str, np.ndarray]:
+    """Validates tensor metadata and returns read-only views over the messages' bytes.
+
+    Checks, in order and before allocating anything: the tensor count, then for each tensor
+    a unique non-empty name, a known ``data_type``, the rank, C-contiguous (or empty)
+    strides, the byte count ``prod(shape) x itemsize`` against ``len(data)`` and the per-
+    tensor and per-request byte bounds. The views alias the messages (keep them alive while
+    the views are used) and are little-endian (native on every platform av_infer runs on).
+    """
 
     def bad(msg: str) -> CodecError:
         return CodecError(msg, request_id)
 
-    if not isinstance(specs, list):
-        raise bad("'tensors' must be a list")
-    if len(specs) > MAX_TENSORS:
-        raise bad(f"too many tensors ({len(specs)} > {MAX_TENSORS})")
-    buf = memoryview(data).cast("B")
+    def big(msg: str) -> CodecError:
+        return TooLargeError(msg, request_id)
+
+    tensors = list(tensors)
+    if len(tensors) > limits.max_tensors:
+        raise big(f"too many tensors ({len(tensors)} > {limits.max_tensors})")
     out: dict[str, np.ndarray] = {}
-    for i, spec in enumerate(specs):
-        if not isinstance(spec, dict):
-            raise bad(f"tensors[{i}] must be an object")
-        missing = [k for k in ("name", "dtype", "shape", "offset", "nbytes") if k not in spec]
-        if missing:
-            raise bad(f"tensors[{i}] misses field(s) {', '.join(missing)}")
-        name, dname, shape = spec["name"], spec["dtype"], spec["shape"]
-        offset, nbytes = spec["offset"], spec["nbytes"]
+    total = 0
+    for i, t in enumerate(tensors):
+        name = t.name
         if not isinstance(name, str) or not name:
             raise bad(f"tensors[{i}].name must be a non-empty string")
         if name in out:
             raise bad(f"tensor {name!r} appears twice")
-        if not isinstance(dname, str) or dname not in DTYPES:
-            raise bad(f"tensor {name!r}: unknown dtype {dname!r} (known: {', '.join(DTYPES)})")
-        if (not isinstance(shape, list) or len(shape) > MAX_RANK
-                or not all(_is_int(d) and d >= 0 for d in shape)):
-            raise bad(f"tensor {name!r}: shape must be a list of at most {MAX_RANK} "
-                      f"non-negative integers, got {shape!r}")
-        if not (_is_int(offset) and offset >= 0 and _is_int(nbytes) and nbytes >= 0):
-            raise bad(f"tensor {name!r}: offset and nbytes must be non-negative integers")
-        dtype = DTYPES[dname]
-        if math.prod(d for d in shape if d) * dtype.itemsize >= 1 << 62:
-            raise bad(f"tensor {name!r}: shape {shape} is too large for any array")
-        expected = math.prod(shape) * dtype.itemsize
-        if expected != nbytes:
-            raise bad(f"tensor {name!r}: shape {shape} x {dname} is {expected} bytes, "
-                      f"nbytes says {nbytes}")
-        if offset + nbytes > len(buf):
-            raise bad(f"tensor {name!r}: bytes [{offset}, {offset + nbytes}) lie outside the "
-                      f"{len(buf)}-byte data")
-        arr = np.frombuffer(buf[offset:offset + nbytes], dtype=dtype).reshape(shape)
-        out[name] = arr.astype(dtype.newbyteorder("="), copy=True)
+        dtype = DATA_TYPES.get(int(t.data_type))
+        if dtype is None:
+            raise bad(f"tensor {name!r}: unknown data_type {t.data_type} (known: "
+                      + ", ".join(f"{k}={v.name}" for k, v in DATA_TYPES.items()) + ")")
+        shape = [int(d) for d in t.shape]
+        if len(shape) > limits.max_rank:
+            raise big(f"tensor {name!r}: rank {len(shape)} > {limits.max_rank}")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > limits.max_tensor_bytes:
+            raise big(f"tensor {name!r}: {nbytes} bytes > the limit of "
+                      f"{limits.max_tensor_bytes}")
+        total += nbytes
+        if total > limits.max_request_bytes:
+            raise big(f"request tensors exceed the limit of {limits.max_request_bytes} bytes")
+        strides = [int(s) for s in t.strides]
+        if strides and strides != contiguous_strides(shape, dtype.itemsize):
+            raise bad(f"tensor {name!r}: strides {strides} are not C-contiguous for shape "
+                      f"{shape} (send contiguous data, or empty strides)")
+        data = _payload(t.data)
+        if len(data) != nbytes:
+            raise bad(f"tensor {name!r}: shape {shape} x {dtype.name} is {nbytes} bytes, "
+                      f"data has {len(data)}")
+        view = np.frombuffer(data, dtype=dtype).reshape(shape)
+        view.flags.writeable = False
+        out[name] = view
     return out
 
 
-# -- header helpers ------------------------------------------------------------------------
-def _dumps(header: dict[str, Any]) -> str:
-    return json.dumps(header, separators=(",", ":"), allow_nan=False)
+def contiguous_strides(shape: list[int], itemsize: int) -> list[int]:
+    """Byte strides of a C-contiguous array of ``shape``."""
+    strides = [0] * len(shape)
+    acc = itemsize
+    for i in range(len(shape) - 1, -1, -1):
+        strides[i] = acc
+        acc *= max(int(shape[i]), 1)
+    return strides
 
 
-def _parse_header(label: Any) -> dict[str, Any]:
-    if not isinstance(label, str) or not label:
-        raise CodecError("missing JSON header (layout.dim[0].label)")
-    try:
-        header = json.loads(label)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise CodecError(f"header is not valid JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise CodecError("header must be a JSON object")
-    return header
+def fill_tensor(msg: Any, name: str, value: np.ndarray) -> Any:
+    """Sets ``msg``'s fields (a ``Tensor``) from ``value``: one copy of the bytes.
+
+    The copy is one only if ``msg``'s setter keeps the ``array.array`` it is given: make
+    the message with ``check_fields=True`` (``av_infer_nodes.common.new_tensor``); with
+    rosidl's default the setter copies it again. Raises :class:`CodecError` for a dtype the
+    wire cannot carry.
+    """
+    arr = np.asarray(value)
+    code = DATA_TYPE_OF.get(arr.dtype.name)
+    if code is None:
+        raise CodecError(f"tensor {name!r}: dtype {arr.dtype} has no Tensor data_type")
+    if arr.dtype.byteorder == ">" or not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr, dtype=DATA_TYPES[code])  # the rare extra copy
+    data = array.array("B")
+    data.frombytes(arr.reshape(-1).view(np.uint8))
+    msg.name = name
+    msg.shape = array.array("I", arr.shape)
+    msg.data_type = code
+    msg.strides = array.array("Q", contiguous_strides(list(arr.shape), arr.dtype.itemsize))
+    msg.data = data
+    return msg
 
 
-def _read_id(header: dict[str, Any]) -> str:
-    rid = header.get("id")
-    if not isinstance(rid, str) or not rid or len(rid) > MAX_ID_LEN:
-        raise CodecError(f"'id' must be a non-empty string of at most {MAX_ID_LEN} characters")
-    return rid
+def spec_tensor(msg: Any, name: str, shape: Iterable[int], dtype: Any) -> Any:
+    """Sets ``msg`` (a ``Tensor``) to describe an input/output without data."""
+    dt = np.dtype(dtype)
+    code = DATA_TYPE_OF.get(dt.name)
+    if code is None:
+        raise CodecError(f"tensor {name!r}: dtype {dt} has no Tensor data_type")
+    dims = [max(int(d), 0) if isinstance(d, int | np.integer) else 0 for d in shape]
+    msg.name = name
+    msg.shape = array.array("I", dims)
+    msg.data_type = code
+    msg.strides = array.array("Q", contiguous_strides(dims, dt.itemsize))
+    return msg
 
 
-def _stamp(value: Any, rid: str) -> tuple[int, int]:
-    if value is None:
-        return (0, 0)
-    if (not isinstance(value, list | tuple) or len(value) != 2
-            or not all(_is_int(v) for v in value)
-            or not -(2**31) <= value[0] <= _INT32_MAX or not 0 <= value[1] < 1_000_000_000):
-        raise CodecError(f"'stamp' must be [sec, nanosec] (int32, 0..999999999), got {value!r}",
-                         rid)
-    return (int(value[0]), int(value[1]))
+def tensor_array(msg: Any) -> np.ndarray:
+    """A received ``Tensor`` as a read-only numpy view (no copy); validated."""
+    return check_tensors([msg], DEFAULT_LIMITS)[msg.name]
 
 
-def _str(header: dict[str, Any], key: str, default: str, rid: str) -> str:
-    value = header.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, str):
-        raise CodecError(f"{key!r} must be a string", rid)
-    return value
+def tensors_dict(tensors: Iterable[Any]) -> dict[str, np.ndarray]:
+    """A response's or ``TensorList``'s tensors as read-only numpy views, by name."""
+    return check_tensors(tensors, Limits(max_tensors=1 << 16, max_tensor_bytes=1 << 62,
+                                         max_request_bytes=1 << 62, max_rank=64))
 
 
-def _version(header: dict[str, Any], rid: str) -> None:
-    v = header.get("v")
-    if v != PROTOCOL_VERSION:
-        raise CodecError(f"unsupported protocol version {v!r} (this runtime speaks "
-                         f"v{PROTOCOL_VERSION})", rid)
+def fill_timings(msg: Any, timings: Any, deadline: float | None,
+                 received: float | None = None, now: float | None = None) -> Any:
+    """Sets an ``InferTimings`` from a runtime ``Timings`` (runtime-clock seconds).
 
-
-def _clean_timings(timings: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in timings.items():
-        if isinstance(v, float) and not math.isfinite(v):
-            v = None
-        elif isinstance(v, np.generic):
-            v = v.item()
-        out[str(k)] = v
-    return out
-
-
-# -- requests ------------------------------------------------------------------------------
-def encode_request(req: TensorRequest) -> tuple[str, bytes]:
-    """Request -> (JSON label, data bytes)."""
-    if req.priority not in PRIORITIES:
-        raise CodecError(f"priority must be one of {PRIORITIES}, got {req.priority!r}", req.id)
-    specs, data = pack_tensors(req.inputs)
-    header = {"v": PROTOCOL_VERSION, "id": req.id, "model": req.model,
-              "priority": req.priority, "deadline_s": req.deadline_s, "client": req.client,
-              "stamp": [int(req.stamp[0]), int(req.stamp[1])], "frame_id": req.frame_id,
-              "drop_late": bool(req.drop_late), "tensors": specs}
-    return _dumps(header), data
-
-
-def decode_request(label: Any, data: bytes | bytearray | memoryview) -> TensorRequest:
-    """(label, data) -> request; raises :class:`CodecError` with the id when it was readable."""
-    header = _parse_header(label)
-    rid = _read_id(header)
-    _version(header, rid)
-    missing = [k for k in ("model", "priority", "tensors") if k not in header]
-    if missing:
-        raise CodecError(f"header misses field(s) {', '.join(missing)}", rid)
-    model = header["model"]
-    if not isinstance(model, str) or not model:
-        raise CodecError("'model' must be a non-empty string", rid)
-    priority = header["priority"]
-    if not isinstance(priority, str) or priority.upper() not in PRIORITIES:
-        raise CodecError(f"'priority' must be 'RT' or 'BE', got {priority!r}", rid)
-    deadline = header.get("deadline_s")
-    if deadline is not None:
-        try:  # an int beyond float range (10**400) is as malformed as inf
-            seconds = float(deadline) if isinstance(deadline, int | float) else math.nan
-        except OverflowError:
-            seconds = math.inf
-        if isinstance(deadline, bool) or not math.isfinite(seconds) or seconds <= 0:
-            raise CodecError(f"'deadline_s' must be null or a positive number of seconds, "
-                             f"got {str(deadline)[:40]}", rid)
-        deadline = seconds
-    drop_late = header.get("drop_late", False)
-    if not isinstance(drop_late, bool):
-        raise CodecError("'drop_late' must be true or false", rid)
-    return TensorRequest(
-        id=rid, model=model, priority=priority.upper(),
-        inputs=unpack_tensors(header["tensors"], data, rid), deadline_s=deadline,
-        client=_str(header, "client", "remote", rid) or "remote",
-        stamp=_stamp(header.get("stamp"), rid), frame_id=_str(header, "frame_id", "", rid),
-        drop_late=drop_late)
-
-
-# -- responses -----------------------------------------------------------------------------
-def encode_response(resp: TensorResponse) -> tuple[str, bytes]:
-    """Response -> (JSON label, data bytes). Error responses carry no tensors."""
-    specs, data = pack_tensors(resp.outputs) if resp.ok else ([], b"")
-    header = {"v": PROTOCOL_VERSION, "id": resp.id, "ok": bool(resp.ok),
-              "code": "ok" if resp.ok else (resp.code or "error"), "message": resp.message,
-              "model": resp.model, "client": resp.client,
-              "stamp": [int(resp.stamp[0]), int(resp.stamp[1])], "frame_id": resp.frame_id,
-              "tensors": specs, "timings": _clean_timings(resp.timings)}
-    return _dumps(header), data
-
-
-def decode_response(label: Any, data: bytes | bytearray | memoryview) -> TensorResponse:
-    """(label, data) -> response; raises :class:`CodecError` if it is malformed."""
-    header = _parse_header(label)
-    rid = header.get("id")
-    if not isinstance(rid, str):
-        raise CodecError("'id' must be a string")
-    _version(header, rid)
-    ok = header.get("ok")
-    if not isinstance(ok, bool):
-        raise CodecError("'ok' must be true or false", rid)
-    timings = header.get("timings") or {}
-    if not isinstance(timings, dict):
-        raise CodecError("'timings' must be an object", rid)
-    return TensorResponse(
-        id=rid, ok=ok, code=_str(header, "code", "ok" if ok else "error", rid),
-        message=_str(header, "message", "", rid),
-        outputs=unpack_tensors(header.get("tensors", []), data, rid), timings=timings,
-        model=_str(header, "model", "", rid), client=_str(header, "client", "", rid),
-        stamp=_stamp(header.get("stamp"), rid), frame_id=_str(header, "frame_id", "", rid))
-
-
-def error_response(request_id: str, code: str, message: str, **kw: Any) -> TensorResponse:
-    """An ``ok: false`` response (``request_id`` ``""`` when the request had no usable id)."""
-    return TensorResponse(id=request_id, ok=False, code=code, message=message, **kw)
-
-
-def timings_dict(timings: Any, deadline: float | None = None) -> dict[str, Any]:
-    """A runtime ``Timings`` as JSON-able seconds/counters (NaN -> null)."""
-    out: dict[str, Any] = {}
-    for key in ("arrival", "start", "first_kernel_start", "end", "preempted",
-                "kernels_reexecuted", "kernels_padded"):
-        if hasattr(timings, key):
-            out[key] = getattr(timings, key)
-    for key in ("latency", "queueing"):
+    ``received``/``now``: the host's receipt and publication times on the same clock (for
+    ``total_ms``); NaN where something was not measured.
+    """
+    def ms(a: Any, b: Any) -> float:
         try:
-            out[key] = float(getattr(timings, key))
-        except (AttributeError, TypeError, ValueError):
-            pass
-    if deadline is not None and math.isfinite(deadline):
-        out["deadline"] = deadline
-        end = out.get("end")
-        if isinstance(end, float) and math.isfinite(end):
-            out["deadline_met"] = end <= deadline
-    return _clean_timings(out)
+            v = (float(b) - float(a)) * 1e3
+        except (TypeError, ValueError):
+            return math.nan
+        return v if math.isfinite(v) else math.nan
+
+    if timings is not None:
+        msg.queueing_ms = ms(getattr(timings, "arrival", None), getattr(timings, "start", None))
+        msg.compute_ms = ms(getattr(timings, "start", None), getattr(timings, "end", None))
+        for key in ("preempted", "kernels_reexecuted", "kernels_padded"):
+            v = getattr(timings, key, 0)
+            setattr(msg, key, max(int(v), 0) if isinstance(v, int | np.integer) else 0)
+    else:
+        msg.queueing_ms = msg.compute_ms = math.nan
+    msg.total_ms = ms(received, now) if received is not None and now is not None else math.nan
+    has = deadline is not None and math.isfinite(deadline)
+    msg.has_deadline = bool(has)
+    end = getattr(timings, "end", None) if timings is not None else None
+    msg.deadline_met = bool(has and isinstance(end, float) and math.isfinite(end)
+                            and end <= deadline)
+    return msg
+
+
+def error_code(exc: BaseException) -> str:
+    """The stable code of an av_infer error (``internal_error`` for anything else)."""
+    return str(getattr(exc, "code", None) or "internal_error")
+
+
+def check_spec(model: str, spec: Mapping[str, tuple[Any, Any]],
+               views: Mapping[str, np.ndarray]) -> None:
+    """Names, shapes and dtypes of ``views`` against a model's input spec.
+
+    Raises ``InvalidInputError`` (code ``invalid_input``) naming what differs: the same
+    check ``Runtime.submit`` makes, done before the payload is copied anywhere.
+    """
+    from av_infer.errors import InvalidInputError
+
+    missing = sorted(set(spec) - set(views))
+    extra = sorted(set(views) - set(spec))
+    if missing or extra:
+        raise InvalidInputError(f"model {model!r}: missing {missing}, unexpected {extra}; "
+                                "expects " + ", ".join(f"{n}: {np.dtype(d).name}{list(s)}"
+                                                       for n, (s, d) in spec.items()))
+    for name, (shape, dtype) in spec.items():
+        v = views[name]
+        if tuple(v.shape) != tuple(shape) or v.dtype != np.dtype(dtype):
+            raise InvalidInputError(f"model {model!r} input {name!r}: expected "
+                                    f"{np.dtype(dtype).name}{list(shape)}, got "
+                                    f"{v.dtype.name}{list(v.shape)}")

@@ -5,5 +5,7 @@
 * ``monitoring_node``: ``av_infer_monitoring``, BE image inference;
 * ``container``: ``av_infer_container``, all of them in one process.
 
-ROS-free logic lives in ``preprocess`` and ``av_infer.tensor_codec``. See docs/ros.md.
+Messages and services: the ``av_infer_msgs`` interface package (ros/av_infer_msgs). All
+nodes are managed (``rclpy.lifecycle``) and autostart by default. ROS-free logic lives in
+``preprocess``, ``av_infer.tensor_codec`` and ``av_infer.model_admin``. See docs/ros.md.
 """

@@ -1,5 +1,6 @@
-"""Pieces every av_infer node shares: parameter descriptors, message <-> codec glue, time
-conversion and the two ways to reach a runtime (in-process or over the request topics).
+"""Pieces every av_infer node shares: parameter descriptors, ``av_infer_msgs`` message
+glue, time conversion, debug topics, the executors, and the two ways to reach a runtime
+(in-process or over the request topics).
 """
 
 from __future__ import annotations
@@ -8,11 +9,20 @@ import array
 import math
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from av_infer_msgs.msg import (
+    Float64Stamped,
+    InferRequest,
+    InferResponse,
+    InferTimings,
+    Tensor,
+)
 from builtin_interfaces.msg import Time as TimeMsg
 from rcl_interfaces.msg import (
     FloatingPointRange,
@@ -23,7 +33,7 @@ from rcl_interfaces.msg import (
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
-from std_msgs.msg import MultiArrayDimension, String, UInt8MultiArray
+from std_msgs.msg import Header, String
 
 from av_infer import AvInferError
 from av_infer import tensor_codec as codec
@@ -78,26 +88,79 @@ def declare(node: Node, name: str, default: Any, description: str, *,
 
 
 # -- messages ------------------------------------------------------------------------------
-def to_msg(label: str, data: bytes) -> UInt8MultiArray:
-    """(JSON label, bytes) -> UInt8MultiArray (label in layout.dim[0].label)."""
-    msg = UInt8MultiArray()
-    msg.layout.dim = [MultiArrayDimension(label=label, size=len(data), stride=len(data))]
-    buf = array.array("B")
-    buf.frombytes(data)
-    msg.data = buf
+def new_tensor() -> Tensor:
+    """An empty ``Tensor`` whose ``data`` setter keeps an ``array.array('B')`` as it is.
+
+    rosidl's Python setters copy a sequence (``array.array('B', value)``) unless the message
+    checks its fields (``check_fields``, default: $ROS_PYTHON_CHECK_FIELDS); with the check
+    on, an ``array.array`` of the right type code is stored without a copy. So every tensor
+    we fill is made here: the payload is copied once (``tensor_codec.fill_tensor``) or not
+    at all (``MessageBuffers``), never again by the setter."""
+    return Tensor(check_fields=True)
+
+
+@dataclass
+class Reply:
+    """The answer to one request, before it becomes a message.
+
+    Exactly one of ``outputs`` (numpy arrays from an in-process runtime) and ``tensors``
+    (``av_infer_msgs/Tensor`` messages received from a runtime host) carries the outputs
+    when ``code == "ok"``; ``tensor_msgs`` turns the former into messages (one copy each),
+    on the thread that publishes.
+    """
+
+    id: str
+    code: str = "ok"
+    message: str = ""
+    model: str = ""
+    outputs: Mapping[str, np.ndarray] | None = None
+    tensors: list[Tensor] | None = None
+    #: a runtime ``Timings`` (local) or a received ``InferTimings`` (remote)
+    timings: Any = None
+    #: absolute runtime-clock deadline (local), for ``InferTimings.deadline_met``
+    deadline: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.code == "ok"
+
+    def tensor_msgs(self) -> list[Tensor]:
+        if self.tensors is not None:
+            return self.tensors
+        return [codec.fill_tensor(new_tensor(), n, v) for n, v in (self.outputs or {}).items()]
+
+    def timings_msg(self, received: float | None = None, now: float | None = None
+                    ) -> InferTimings:
+        if isinstance(self.timings, InferTimings):
+            return self.timings
+        return codec.fill_timings(InferTimings(), self.timings, self.deadline, received, now)
+
+
+def error_reply(rid: str, exc: BaseException, model: str = "") -> Reply:
+    return Reply(id=rid, code=codec.error_code(exc), message=str(exc), model=model)
+
+
+def response_msg(reply: Reply, header: Header, received: float | None = None,
+                 now: float | None = None) -> InferResponse:
+    """``reply`` as an ``InferResponse`` with the request's ``header``; outputs only when
+    ok (one copy each, see ``Reply``)."""
+    msg = InferResponse(header=header, id=ros_text(reply.id), code=reply.code,
+                        status=codec.status_of(reply.code), message=ros_text(reply.message),
+                        model=ros_text(reply.model),
+                        timings=reply.timings_msg(received, now))
+    if reply.ok:
+        msg.tensors = reply.tensor_msgs()
     return msg
 
 
-def from_msg(msg: UInt8MultiArray) -> tuple[str, memoryview]:
-    """UInt8MultiArray -> (label, data); a message without dims has label ``""``."""
-    label = msg.layout.dim[0].label if len(msg.layout.dim) else ""
-    data = msg.data
-    view = memoryview(data) if isinstance(data, array.array) else memoryview(bytes(data))
-    return label, view
-
-
-def response_msg(resp: codec.TensorResponse) -> UInt8MultiArray:
-    return to_msg(*codec.encode_response(resp))
+def ros_text(text: str) -> str:
+    """``text`` as a ROS string can carry it: lone surrogates cannot be UTF-8 encoded and
+    would make ``publish`` raise, so they are written as backslash escapes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def stamp_tuple(stamp: TimeMsg) -> tuple[int, int]:
@@ -130,15 +193,40 @@ def describe_model(rt: Any, name: str) -> dict[str, Any]:
 
 
 def error_code(exc: BaseException) -> str:
-    return str(getattr(exc, "code", None) or "internal_error")
+    return codec.error_code(exc)
+
+
+def debug_publishers(node: Node, enabled: bool) -> tuple[Any, Any] | None:
+    """``~/debug/processing_time_ms`` and ``~/debug/pipeline_latency_ms`` (Autoware's
+    perception-node debug topics, as ``av_infer_msgs/Float64Stamped``), or None when off."""
+    if not enabled:
+        return None
+    return (node.create_publisher(Float64Stamped, "~/debug/processing_time_ms", 10),
+            node.create_publisher(Float64Stamped, "~/debug/pipeline_latency_ms", 10))
+
+
+def publish_debug(pubs: tuple[Any, Any] | None, node: Node, t_recv: float,
+                  stamp: TimeMsg) -> None:
+    """Processing time (receipt -> now, monotonic) and pipeline latency (header stamp ->
+    now, ROS time; skipped for a zero stamp)."""
+    if pubs is None:
+        return
+    now = node.get_clock().now()
+    now_msg = now.to_msg()
+    pubs[0].publish(Float64Stamped(stamp=now_msg, data=(time.monotonic() - t_recv) * 1e3))
+    if stamp.sec or stamp.nanosec:
+        lat = (now.nanoseconds - (stamp.sec * 1_000_000_000 + stamp.nanosec)) * 1e-6
+        pubs[1].publish(Float64Stamped(stamp=now_msg, data=float(lat)))
 
 
 # -- reaching a runtime --------------------------------------------------------------------
 class RuntimeClient:
-    """Submits one tensor request, returns a Future[TensorResponse] that never raises.
+    """Submits one request, returns a Future[Reply] that never raises.
 
     ``LocalRuntimeClient`` calls ``Runtime.submit`` in-process (the container);
     ``RemoteRuntimeClient`` talks to a runtime host over /av_infer/request|response.
+    ``input_buffers`` gives the arrays to preprocess into (the runtime's own task input
+    buffers in-process: the only copy of the input on the way to the device).
     """
 
     def ready(self, model: str) -> bool:  # pragma: no cover - interface
@@ -147,7 +235,14 @@ class RuntimeClient:
     def input_spec(self, model: str) -> dict[str, tuple[list[int], str]] | None:
         raise NotImplementedError  # pragma: no cover
 
-    def submit(self, req: codec.TensorRequest) -> Future:
+    def input_buffers(self, model: str) -> dict[str, np.ndarray]:
+        spec = self.input_spec(model) or {}
+        return {n: np.empty([max(int(d), 1) if isinstance(d, int) else 1 for d in s], dt)
+                for n, (s, dt) in spec.items()}
+
+    def submit(self, ctrl: codec.RequestControl, inputs: Mapping[str, np.ndarray],
+               run_here: bool = False) -> Future:
+        """``run_here``: see ``submit_to_runtime`` (in-process only; ignored remotely)."""
         raise NotImplementedError  # pragma: no cover
 
     def close(self) -> None:
@@ -169,43 +264,105 @@ class LocalRuntimeClient(RuntimeClient):
             return None
         return {k: (list(v[0]), str(v[1])) for k, v in self.runtime.input_spec(model).items()}
 
-    def submit(self, req: codec.TensorRequest) -> Future:
-        return submit_to_runtime(self.runtime, req,
-                                 self._node.get_clock().now().nanoseconds * 1e-9)
+    def input_buffers(self, model: str) -> dict[str, np.ndarray]:
+        return self.runtime.input_buffers(model)
+
+    def submit(self, ctrl: codec.RequestControl, inputs: Mapping[str, np.ndarray],
+               run_here: bool = False) -> Future:
+        return submit_to_runtime(self.runtime, ctrl, inputs,
+                                 self._node.get_clock().now().nanoseconds * 1e-9, run_here)
 
 
-def submit_to_runtime(rt: Any, req: codec.TensorRequest, node_now: float) -> Future:
-    """``Runtime.submit`` for a decoded request; the returned future resolves to a response.
+def submit_to_runtime(rt: Any, ctrl: codec.RequestControl, inputs: Mapping[str, np.ndarray],
+                      node_now: float, run_here: bool = False) -> Future:
+    """``Runtime.submit`` for a validated request; the future resolves to a ``Reply``.
 
     The request's priority, deadline and ``drop_late`` go with this request only: the
     client's configuration in the runtime (``Runtime.configure_client``, owned by whoever
-    configured it) is never changed, so concurrent callbacks cannot race on it. A request
-    without a deadline gets the client's configured relative deadline, if any.
+    configured it) is never changed. The future is resolved on the runtime's callback
+    thread: whoever turns it into a message hands that to its node (``Handoff``).
+
+    ``run_here``: the calling thread runs the request's launches itself while its lane is
+    idle (what a thread blocked in ``Runtime.infer`` does; the scheduler still decides
+    what runs, and a busy lane is never waited for), so a request that finishes that way
+    is resolved before this returns, on this thread, without the lane and callback thread
+    hand-offs. The caller's thread is busy for that inference.
     """
     out: Future = Future()
-    base = {"model": req.model, "client": req.client, "stamp": req.stamp,
-            "frame_id": req.frame_id}
     try:
-        deadline = runtime_deadline(rt.now(), node_now, req.stamp, req.deadline_s)
-        fut = rt.submit(req.model, req.inputs, priority=req.priority, deadline=deadline,
-                        client=req.client, drop_late=bool(req.drop_late))
+        deadline = runtime_deadline(rt.now(), node_now, ctrl.stamp, ctrl.deadline_s)
+        fut = rt.submit(ctrl.model, inputs, priority=ctrl.priority, deadline=deadline,
+                        client=ctrl.client, drop_late=ctrl.drop_late)
     except Exception as exc:  # submit should not raise; answer anyway if it does
-        out.set_result(codec.error_response(req.id, error_code(exc), str(exc), **base))
+        out.set_result(error_reply(ctrl.id, exc, ctrl.model))
         return out
 
     def done(f: Future) -> None:
         exc = f.exception()
         if exc is not None:
-            out.set_result(codec.error_response(req.id, error_code(exc), str(exc), **base))
-            return
-        res = f.result()
-        dl = getattr(res, "deadline", None)
-        out.set_result(codec.TensorResponse(
-            id=req.id, ok=True, outputs=dict(res.outputs),
-            timings=codec.timings_dict(res.timings, dl), **base))
+            reply = error_reply(ctrl.id, exc, ctrl.model)
+        else:
+            res = f.result()
+            reply = Reply(id=ctrl.id, model=ctrl.model, outputs=res.outputs,
+                          timings=res.timings, deadline=getattr(res, "deadline", None))
+        try:
+            out.set_result(reply)
+        except InvalidStateError:  # resolved by the other path (run_here): one answer
+            pass
 
+    if run_here:
+        try:
+            fut.exception(timeout=0)  # helps (runs idle-lane launches), never waits
+        except FutureTimeout:
+            pass
+        if fut.done():
+            done(fut)
+            return out
     fut.add_done_callback(done)
     return out
+
+
+class MessageBuffers(dict):
+    """Input arrays that live in ``uint8[]`` message buffers (``array.array``): filled in
+    place (e.g. by preprocessing), they become ``Tensor.data`` without a copy
+    (``request_msg``). A replaced entry is copied as usual."""
+
+    def __init__(self, spec: Mapping[str, tuple[list[int], str]]):
+        self.raw: dict[str, array.array] = {}
+        arrays = {}
+        for name, (shape, dtype) in spec.items():
+            dims = [max(int(d), 1) if isinstance(d, int) else 1 for d in shape]
+            dt = np.dtype(dtype)
+            raw = array.array("B", bytes(math.prod(dims) * dt.itemsize))
+            self.raw[name] = raw
+            arrays[name] = np.frombuffer(raw, dtype=dt).reshape(dims)
+        super().__init__(arrays)
+        self._own = dict(arrays)
+
+    def tensor(self, name: str) -> Tensor | None:
+        """A ``Tensor`` over the buffer of ``name`` if it is still this mapping's own."""
+        view = self.get(name)
+        if view is None or view is not self._own.get(name):
+            return None
+        t = new_tensor()
+        t.data = self.raw[name]  # kept as it is: no copy (see new_tensor)
+        return codec.spec_tensor(t, name, view.shape, view.dtype)
+
+
+def request_msg(ctrl: codec.RequestControl, inputs: Mapping[str, np.ndarray]
+                ) -> InferRequest:
+    """An ``InferRequest`` for ``ctrl`` and ``inputs``: one copy of each input, none for
+    the arrays of a ``MessageBuffers``."""
+    msg = InferRequest(id=ctrl.id, model=ctrl.model, client=ctrl.client,
+                       priority=codec.PRIORITY_OF[ctrl.priority], drop_late=ctrl.drop_late)
+    msg.header.stamp.sec, msg.header.stamp.nanosec = ctrl.stamp
+    msg.header.frame_id = ctrl.frame_id
+    if ctrl.deadline_s:
+        ns = int(round(ctrl.deadline_s * 1e9))
+        msg.deadline.sec, msg.deadline.nanosec = divmod(ns, 1_000_000_000)
+    own = inputs.tensor if isinstance(inputs, MessageBuffers) else (lambda n: None)
+    msg.tensors = [own(n) or codec.fill_tensor(new_tensor(), n, v) for n, v in inputs.items()]
+    return msg
 
 
 class RemoteRuntimeClient(RuntimeClient):
@@ -220,11 +377,11 @@ class RemoteRuntimeClient(RuntimeClient):
         self._node = node
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._pending: dict[str, tuple[Future, float]] = {}
+        self._pending: dict[str, tuple[Future, float, str]] = {}
         self._models: dict[str, Any] = {}
         self._on_models = on_models
-        self._pub = node.create_publisher(UInt8MultiArray, REQUEST_TOPIC, REQUEST_QOS)
-        self._sub = node.create_subscription(UInt8MultiArray, RESPONSE_TOPIC,
+        self._pub = node.create_publisher(InferRequest, REQUEST_TOPIC, REQUEST_QOS)
+        self._sub = node.create_subscription(InferResponse, RESPONSE_TOPIC,
                                              self._on_response, REQUEST_QOS)
         self._models_sub = node.create_subscription(String, MODELS_TOPIC, self._on_models_msg,
                                                     LATCHED_QOS)
@@ -246,83 +403,101 @@ class RemoteRuntimeClient(RuntimeClient):
         return (model in self._models and self._pub.get_subscription_count() > 0
                 and self._sub.get_publisher_count() > 0)
 
+    def input_buffers(self, model: str) -> dict[str, np.ndarray]:
+        """Arrays inside the request message's own buffers (``MessageBuffers``)."""
+        return MessageBuffers(self.input_spec(model) or {})
+
     def input_spec(self, model: str) -> dict[str, tuple[list[int], str]] | None:
         m = self._models.get(model)
         if m is None:
             return None
         return {k: (list(v["shape"]), str(v["dtype"])) for k, v in m["inputs"].items()}
 
-    def submit(self, req: codec.TensorRequest) -> Future:
+    def submit(self, ctrl: codec.RequestControl, inputs: Mapping[str, np.ndarray],
+               run_here: bool = False) -> Future:
         fut: Future = Future()
         try:
-            msg = to_msg(*codec.encode_request(req))
+            msg = request_msg(ctrl, inputs)
         except codec.CodecError as exc:
-            fut.set_result(codec.error_response(req.id, exc.code, str(exc), model=req.model,
-                                                client=req.client, stamp=req.stamp,
-                                                frame_id=req.frame_id))
+            fut.set_result(error_reply(ctrl.id, exc, ctrl.model))
             return fut
         with self._lock:
-            self._pending[req.id] = (fut, time.monotonic())
+            self._pending[ctrl.id] = (fut, time.monotonic(), ctrl.model)
         self._pub.publish(msg)
         return fut
 
-    def _on_response(self, msg: UInt8MultiArray) -> None:
-        label, data = from_msg(msg)
-        try:
-            resp = codec.decode_response(label, data)
-        except codec.CodecError as exc:
-            self._node.get_logger().warning(f"malformed response dropped: {exc}")
-            return
+    def _on_response(self, msg: InferResponse) -> None:
         with self._lock:
-            entry = self._pending.pop(resp.id, None)
-        if entry is not None:  # responses to other clients are not ours
-            entry[0].set_result(resp)
+            entry = self._pending.pop(msg.id, None)
+        if entry is None:  # responses to other clients are not ours
+            return
+        entry[0].set_result(Reply(id=msg.id, code=msg.code or "internal_error",
+                                  message=msg.message, model=msg.model,
+                                  tensors=list(msg.tensors) if msg.code == "ok" else None,
+                                  timings=msg.timings))
 
     def _expire(self) -> None:
         now = time.monotonic()
         with self._lock:
-            late = [k for k, (_, t0) in self._pending.items() if now - t0 > self.timeout_s]
-            entries = [(k, self._pending.pop(k)[0]) for k in late]
-        for rid, fut in entries:
-            fut.set_result(codec.error_response(
-                rid, "timeout", f"no response from the runtime host within {self.timeout_s} s"))
+            late = [k for k, (_, t0, _) in self._pending.items() if now - t0 > self.timeout_s]
+            entries = [(k, self._pending.pop(k)) for k in late]
+        for rid, (fut, _, model) in entries:
+            fut.set_result(Reply(id=rid, code="timeout", model=model, message=(
+                f"no response from the runtime host within {self.timeout_s} s")))
 
     def pending(self) -> int:
         with self._lock:
             return len(self._pending)
 
+    def destroy(self) -> None:
+        """Answers what is pending (``close``) and removes the topics and timer."""
+        self.close()
+        self._node.destroy_publisher(self._pub)
+        self._node.destroy_subscription(self._sub)
+        self._node.destroy_subscription(self._models_sub)
+        self._node.destroy_timer(self._timer)
+
     def close(self) -> None:
         with self._lock:
             entries = list(self._pending.items())
             self._pending.clear()
-        for rid, (fut, _) in entries:
-            fut.set_result(codec.error_response(rid, "shutdown", "node shut down"))
+        for rid, (fut, _, model) in entries:
+            fut.set_result(Reply(id=rid, code="shutdown", message="node shut down",
+                                 model=model))
 
 
 def as_float_list(value: Any) -> list[float]:
     return [float(v) for v in np.asarray(value, dtype=np.float64).reshape(-1)]
 
 
-#: Executors a process can spin its nodes on. ``single`` is the default: the runtime does
-#: the heavy work on its own threads and node callbacks are short, while rclpy's
-#: MultiThreadedExecutor busy-loops (ros2/rclpy#1223) and takes the GIL from the runtime:
-#: measured with the demo on 2 cores (2 cameras at 30 Hz + a BE client), ~1-2 frames/s per
-#: camera with ``multi`` (1 or 2 threads) against ~28 with ``single``.
-EXECUTORS = ("single", "multi")
+#: Executors a process can spin its nodes on: rclpy's SingleThreadedExecutor (the default,
+#: by measurement), MultiThreadedExecutor, and ``rclpy.experimental.EventsExecutor``. The
+#: demo graph measured under each (docs/ros.md, "Executor"): ``single`` keeps both cameras
+#: at their 30 frames/s with no deadline miss; ``multi`` busy-loops (ros2/rclpy#1223) and
+#: takes the GIL from the runtime (fewer frames/s, deadline misses, more ROS overhead);
+#: ``events`` (rclpy 7.1.6) cannot run these nodes: its spin raises "Guard conditions not
+#: supported" (the nodes' ``Handoff`` is a guard condition) and adding a node or creating a
+#: subscription blocks while it spins. It stays selectable so that can be re-measured.
+EXECUTORS = ("single", "multi", "events")
+DEFAULT_EXECUTOR = "single"
 
 
 def make_executor(kind: str | None = None, num_threads: int | None = None,
                   context: Any = None) -> Any:
-    """The executor to spin on: ``kind`` or $AV_INFER_EXECUTOR, else ``single``."""
+    """The executor to spin on: ``kind`` or $AV_INFER_EXECUTOR, else ``DEFAULT_EXECUTOR``."""
     import os
 
     from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
 
-    kind = (kind or os.environ.get("AV_INFER_EXECUTOR") or "single").strip().lower()
+    kind = (kind or os.environ.get("AV_INFER_EXECUTOR") or DEFAULT_EXECUTOR).strip().lower()
     if kind == "single":
         return SingleThreadedExecutor(context=context)
     if kind == "multi":
         return MultiThreadedExecutor(num_threads=num_threads, context=context)
+    if kind == "events":
+        from rclpy.experimental import EventsExecutor
+
+        return EventsExecutor(context=context)
     raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")
 
 

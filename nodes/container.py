@@ -1,7 +1,8 @@
 """``av_infer_container``: the runtime host and its client nodes in ONE process.
 
 The ROS user's component container, for av_infer: the nodes share the Runtime object
-(perception/monitoring call it directly, no serialisation) and one MultiThreadedExecutor.
+(perception/monitoring call it directly, no serialisation) and one executor (``single`` by
+default, chosen by measurement: ``av_infer_nodes.common.EXECUTORS``).
 ``--ros-args`` (params files, remaps, ``-p``) apply to every node as usual; the non-ROS
 options pick which client nodes to compose.
 """

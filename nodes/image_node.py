@@ -1,13 +1,19 @@
-"""Image in -> tensor out: the shared body of the perception (RT) and monitoring (BE) nodes.
+"""Image in -> tensors out: the shared body of the perception (RT) and monitoring (BE) nodes.
+
+A managed (lifecycle) node, configured and activated at start unless ``autostart`` is
+false: configure loads the model (in-process runtime), activate accepts images, deactivate
+drops them (counted ``dropped_inactive``), cleanup releases the runtime client.
 
 Subscribes ``sensor_msgs/Image`` on ``image`` (SensorDataQoS, depth 1: a late frame is
-replaced, never queued), preprocesses it for the model's input (``preprocess.py``), submits
-it with ``deadline = header.stamp + relative_deadline_ms`` and publishes the response on
-``~/output`` (``std_msgs/UInt8MultiArray``, tensor encoding of ``av_infer.tensor_codec``)
-with the image's stamp and frame_id. Every image that is submitted gets exactly one output
-message: the model outputs, or ``ok: false`` with an error code (e.g. ``deadline_missed``).
-Images arriving while ``max_in_flight`` requests are pending, or before the runtime is
-reachable, are dropped and counted.
+replaced, never queued), preprocesses it straight into the request's input buffer
+(``preprocess.py``; in-process that is the runtime's own task input buffer, the only copy
+of the input), submits it with ``deadline = header.stamp + relative_deadline_ms`` and
+publishes the outputs on ``~/output`` as ``av_infer_msgs/TensorList`` with the image's
+header. Every image that is submitted gets exactly one message: the outputs on
+``~/output``, or an ``av_infer_msgs/InferResponse`` without tensors on ``~/errors`` with
+its status and code (e.g. ``deadline_missed``). Images arriving while ``max_in_flight``
+requests are pending, before the runtime is reachable, or while inactive are dropped and
+counted. Outputs are encoded and published on the node's executor (``Handoff``).
 
 ``runtime``: ``local`` calls an in-process Runtime (the container), ``remote`` reaches a
 runtime host in another process over /av_infer/request|response; ``auto`` picks local when
@@ -23,22 +29,26 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from av_infer_msgs.msg import InferResponse, TensorList
 from av_infer_nodes.common import (
     LocalRuntimeClient,
     RemoteRuntimeClient,
+    Reply,
     RuntimeClient,
     as_float_list,
+    debug_publishers,
     declare,
+    publish_debug,
     response_msg,
     stamp_tuple,
 )
+from av_infer_nodes.handoff import Handoff
 from av_infer_nodes.preprocess import RESIZE_METHODS, ImageFormatError, image_to_tensor
 from rcl_interfaces.msg import SetParametersResult
-from rclpy.node import Node
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, qos_profile_sensor_data
 from sensor_msgs.msg import Image
-from std_msgs.msg import UInt8MultiArray
 
 from av_infer import tensor_codec as codec
 
@@ -47,15 +57,18 @@ IMAGE_QOS = QoSProfile(depth=1, history=qos_profile_sensor_data.history,
                        reliability=qos_profile_sensor_data.reliability,
                        durability=qos_profile_sensor_data.durability)
 
-ResultListener = Callable[[codec.TensorResponse, Image, float], None]
+ResultListener = Callable[[Reply, Image, float], None]
 
 
-class ImageInferenceNode(Node):
+class ImageInferenceNode(LifecycleNode):
     """Base of PerceptionNode and MonitoringNode; ``priority`` is their default class."""
 
     default_priority = "BE"
     default_deadline_ms = 0.0
     default_model = "tiny_cnn"
+    #: RT perception: on (measured: docs/ros.md, "ROS overhead"); BE monitoring: off, so a
+    #: long BE inference never holds the executor thread
+    default_run_in_callback = False
 
     def __init__(self, node_name: str, *, runtime: Any = None, **node_kwargs: Any):
         super().__init__(node_name, **node_kwargs)
@@ -67,24 +80,75 @@ class ImageInferenceNode(Node):
             raise RuntimeError("runtime:=local needs an in-process Runtime (use the "
                                "av_infer_container executable) or runtime:=remote")
         self.mode = mode
+        self._runtime = runtime
         self._lock = threading.Lock()
         self.counters = {"received": 0, "submitted": 0, "completed": 0, "failed": 0,
-                         "dropped_not_ready": 0, "dropped_busy": 0, "invalid": 0}
+                         "dropped_not_ready": 0, "dropped_busy": 0, "dropped_inactive": 0,
+                         "invalid": 0}
         self._in_flight = 0
         self._listeners: list[ResultListener] = []
         self._last_not_ready_log = 0.0
-        self.client: RuntimeClient
-        if mode == "local":
-            self.client = LocalRuntimeClient(self, runtime)
-            self._ensure_local_model(self.p["model"])
-        else:
-            self.client = RemoteRuntimeClient(self, timeout_s=self.p["request_timeout_s"])
-        self._pub = self.create_publisher(UInt8MultiArray, "~/output", 10)
+        self.active = False
+        self.client: RuntimeClient | None = None
+        self._handoff = Handoff(self)
+        self._debug = debug_publishers(self, self.p["debug_topics"])
+        self._pub = self.create_publisher(TensorList, "~/output", 10)
+        self._err_pub = self.create_publisher(InferResponse, "~/errors", 10)
         self._sub = self.create_subscription(Image, "image", self._on_image, IMAGE_QOS)
         self.add_on_set_parameters_callback(self._on_set_parameters)
+        self._configure_error: BaseException | None = None
+        if self.p["autostart"]:
+            self.trigger_configure()
+            if self._configure_error is not None:  # refuse to start, with the reason
+                err = self._configure_error
+                self.destroy_node()
+                raise err
+            self.trigger_activate()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Reaches the runtime (local: loads the model); FAILURE, with the reason logged
+        and kept for ``autostart``, if it cannot."""
+        self._configure_error = None
+        try:
+            if self.mode == "local":
+                self.client = LocalRuntimeClient(self, self._runtime)
+                self._ensure_local_model(self.p["model"])
+            else:
+                self.client = RemoteRuntimeClient(self, timeout_s=self.p["request_timeout_s"])
+        except Exception as exc:  # noqa: BLE001 - refuse the transition, say why
+            self.get_logger().error(f"configure failed: {type(exc).__name__}: {exc}")
+            self._configure_error = exc
+            self.client = None
+            return TransitionCallbackReturn.FAILURE
         self.get_logger().info(
             f"{self.p['priority']} client {self.p['client']!r}: model {self.p['model']} via "
-            f"{mode} runtime, deadline {self.p['relative_deadline_ms']} ms")
+            f"{self.mode} runtime, deadline {self.p['relative_deadline_ms']} ms")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.active = True
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.active = False
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._close_client()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.active = False
+        self._close_client()
+        return TransitionCallbackReturn.SUCCESS
+
+    def _close_client(self) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            client.close()
+            if isinstance(client, RemoteRuntimeClient):
+                client.destroy()
 
     # -- parameters ----------------------------------------------------------------------
     def _declare_parameters(self) -> dict[str, Any]:
@@ -125,6 +189,17 @@ class ImageInferenceNode(Node):
             "request_timeout_s": declare(self, "request_timeout_s", 5.0,
                                          "Remote mode: give up on a response after this long.",
                                          float_range=(0.1, 600.0)),
+            "autostart": declare(self, "autostart", True,
+                                 "Configure and activate at start (false: wait for "
+                                 "~/change_state).", read_only=True),
+            "run_in_callback": declare(self, "run_in_callback", self.default_run_in_callback,
+                                       "In-process runtime: the image callback runs its "
+                                       "request's launches itself while the lane is idle "
+                                       "and publishes the output at once (no thread "
+                                       "hand-offs; the executor thread is busy meanwhile)."),
+            "debug_topics": declare(self, "debug_topics", False,
+                                    "Publish ~/debug/processing_time_ms and "
+                                    "~/debug/pipeline_latency_ms.", read_only=True),
         }
 
     def _validate(self, name: str, value: Any) -> str | None:
@@ -137,8 +212,8 @@ class ImageInferenceNode(Node):
                 except Exception as exc:
                     return f"cannot load model {value!r}: {exc}"
                 return None
-            spec = self.client.input_spec(value)
-            return None if spec is not None else (
+            spec = self.client.input_spec(value) if self.client is not None else None
+            return None if spec is not None or self.client is None else (
                 f"model {value!r} is not loaded by the runtime host")
         if name == "resize":
             return None if value in RESIZE_METHODS else (
@@ -159,8 +234,8 @@ class ImageInferenceNode(Node):
         if name == "request_timeout_s":
             ok = isinstance(value, float) and 0.1 <= value <= 600.0
             return None if ok else "request_timeout_s must be in [0.1, 600]"
-        if name == "drop_late":
-            return None if isinstance(value, bool) else "drop_late must be a bool"
+        if name in ("drop_late", "run_in_callback"):
+            return None if isinstance(value, bool) else f"{name} must be a bool"
         if self.has_parameter(name) and self.describe_parameter(name).read_only:
             return f"{name} is read-only (a restart is needed)"
         return None
@@ -177,7 +252,7 @@ class ImageInferenceNode(Node):
         return SetParametersResult(successful=True)
 
     def _ensure_local_model(self, model: str) -> None:
-        rt = self.client.runtime  # type: ignore[attr-defined]
+        rt = self._runtime
         if model in rt.models():
             return
         from av_infer_nodes.runtime_node import model_source
@@ -191,7 +266,7 @@ class ImageInferenceNode(Node):
 
     # -- data path -----------------------------------------------------------------------
     def add_result_listener(self, fn: ResultListener) -> None:
-        """``fn(response, image, t_received_monotonic)`` after each output is published."""
+        """``fn(reply, image, t_received_monotonic)`` after each output is published."""
         self._listeners.append(fn)
 
     def _not_ready(self, why: str) -> None:
@@ -205,63 +280,84 @@ class ImageInferenceNode(Node):
         t_recv = time.monotonic()
         p = self.p
         model = p["model"]
+        client = self.client
         with self._lock:
             self.counters["received"] += 1
+            if not self.active or client is None:
+                self.counters["dropped_inactive"] += 1
+                return
             if self._in_flight >= p["max_in_flight"]:
                 self.counters["dropped_busy"] += 1
                 return
-        if not self.client.ready(model):
+        if not client.ready(model):
             self._not_ready(f"runtime not reachable or model {model!r} not loaded yet")
             return
-        spec = self.client.input_spec(model) or {}
-        stamp = stamp_tuple(msg.header.stamp)
+        spec = client.input_spec(model) or {}
         rid = str(uuid.uuid4())
-        base = {"model": model, "client": p["client"], "stamp": stamp,
-                "frame_id": msg.header.frame_id}
         try:
             if len(spec) != 1:
                 raise ImageFormatError(f"model {model!r} has {len(spec)} inputs; image nodes "
                                        "feed single-input models")
             (input_name, (shape, _dtype)), = spec.items()
+            shape = _concrete_shape(shape, msg)
+            inputs = client.input_buffers(model)
+            buf = inputs.get(input_name)
+            if buf is None or list(buf.shape) != shape:  # dynamic dims: a buffer of the size
+                buf = None
             tensor = image_to_tensor(msg.encoding, msg.height, msg.width, msg.step, msg.data,
-                                     _concrete_shape(shape, msg), p["resize"], p["mean"],
-                                     p["std"])
+                                     shape, p["resize"], p["mean"], p["std"], out=buf)
+            if buf is None:
+                inputs = {input_name: tensor}
         except (ImageFormatError, ValueError) as exc:
             self.counters["invalid"] += 1
-            self._publish(codec.error_response(rid, "invalid_input", str(exc), **base), msg,
-                          t_recv)
+            self._publish(Reply(id=rid, code="invalid_input", message=str(exc), model=model),
+                          msg, t_recv)
             return
         deadline_s = p["relative_deadline_ms"] * 1e-3 or None
-        req = codec.TensorRequest(id=rid, model=model, priority=p["priority"],
-                                  inputs={input_name: tensor}, deadline_s=deadline_s,
-                                  client=p["client"], stamp=stamp,
-                                  frame_id=msg.header.frame_id, drop_late=p["drop_late"])
+        ctrl = codec.RequestControl(id=rid, model=model, client=p["client"],
+                                    priority=p["priority"], stamp=stamp_tuple(msg.header.stamp),
+                                    frame_id=msg.header.frame_id, deadline_s=deadline_s,
+                                    drop_late=p["drop_late"])
         with self._lock:
             self._in_flight += 1
             self.counters["submitted"] += 1
-        fut = self.client.submit(req)
-        fut.add_done_callback(lambda f: self._done(f, msg, t_recv))
+        fut = client.submit(ctrl, inputs, run_here=p["run_in_callback"])
+        if fut.done():  # ran to completion on this thread (run_in_callback)
+            self._done(fut, msg, t_recv)
+        else:
+            fut.add_done_callback(lambda f: self._post(f, msg, t_recv))
+
+    def _post(self, fut: Future, image: Image, t_recv: float) -> None:
+        """On the runtime's (or the response callback's) thread: hand over to the executor."""
+        if not self._handoff.post(lambda: self._done(fut, image, t_recv)):
+            self._done(fut, image, t_recv)
 
     def _done(self, fut: Future, image: Image, t_recv: float) -> None:
-        resp: codec.TensorResponse = fut.result()
+        reply: Reply = fut.result()
         with self._lock:
             self._in_flight -= 1
-            self.counters["completed" if resp.ok else "failed"] += 1
-        self._publish(resp, image, t_recv)
+            self.counters["completed" if reply.ok else "failed"] += 1
+        self._publish(reply, image, t_recv)
 
-    def _publish(self, resp: codec.TensorResponse, image: Image, t_recv: float) -> None:
-        resp.stamp = stamp_tuple(image.header.stamp)
-        resp.frame_id = image.header.frame_id
+    def _publish(self, reply: Reply, image: Image, t_recv: float) -> None:
         try:
-            self._pub.publish(response_msg(resp))
+            if reply.ok:
+                self._pub.publish(TensorList(header=image.header, tensors=reply.tensor_msgs()))
+            else:
+                self._err_pub.publish(response_msg(reply, image.header))
+            publish_debug(self._debug, self, t_recv, image.header.stamp)
         except Exception as exc:  # shut down meanwhile, or outputs the wire cannot carry
             if self.context.ok():
                 self.get_logger().error(f"cannot publish output: {exc}")
         for fn in self._listeners:
-            fn(resp, image, t_recv)
+            fn(reply, image, t_recv)
 
     def destroy_node(self) -> None:
-        self.client.close()
+        self.active = False
+        if self.client is not None:
+            self.client.close()
+        for fn in self._handoff.close():
+            fn()
         super().destroy_node()
 
 

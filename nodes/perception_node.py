@@ -17,6 +17,7 @@ class PerceptionNode(ImageInferenceNode):
 
     default_priority = "RT"
     default_deadline_ms = 33.0
+    default_run_in_callback = True
 
     def __init__(self, node_name: str = "av_infer_perception", **kwargs: Any):
         super().__init__(node_name, **kwargs)

@@ -8,8 +8,12 @@ bilinear), scaled to [0, 1] and normalised per channel: ``(x - mean) / std``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
 
 import numpy as np
+
+from av_infer.tensor_codec import GatherPlan
 
 #: encoding -> (channels, channel order to reach RGB)
 ENCODINGS: dict[str, tuple[int, tuple[int, ...]]] = {
@@ -49,61 +53,156 @@ def image_to_array(encoding: str, height: int, width: int, step: int,
     return img
 
 
+@lru_cache(maxsize=64)
+def _taps(n_in: int, n_out: int, method: str) -> tuple[np.ndarray, ...]:
+    """Source indices (and bilinear weights) along one axis, pixel-centre aligned like
+    OpenCV's resize; cached per size pair (cameras keep their size)."""
+    if method == "nearest":
+        return (np.minimum(((np.arange(n_out) + 0.5) * n_in / n_out).astype(np.intp),
+                           n_in - 1),)
+    if method != "bilinear":
+        raise ValueError(f"resize method must be one of {RESIZE_METHODS}, got {method!r}")
+    f = np.clip((np.arange(n_out) + 0.5) * n_in / n_out - 0.5, 0, n_in - 1)
+    i0 = np.floor(f).astype(np.intp)
+    i1 = np.minimum(i0 + 1, n_in - 1)
+    return i0, i1, (f - i0).astype(np.float32)
+
+
 def resize(img: np.ndarray, out_h: int, out_w: int, method: str = "bilinear") -> np.ndarray:
-    """HxWxC -> out_h x out_w x C float32 (pixel-centre aligned, like OpenCV's resize)."""
+    """HxWxC -> out_h x out_w x C float32 (pixel-centre aligned, like OpenCV's resize).
+
+    Only the source pixels a tap reads are gathered and converted to float (not the whole
+    image): the cost scales with the output, not the camera resolution."""
     h, w = img.shape[:2]
     if (h, w) == (out_h, out_w):
         return img.astype(np.float32)
     if method == "nearest":
-        ys = np.minimum(((np.arange(out_h) + 0.5) * h / out_h).astype(np.int64), h - 1)
-        xs = np.minimum(((np.arange(out_w) + 0.5) * w / out_w).astype(np.int64), w - 1)
-        return img[ys][:, xs].astype(np.float32)
-    if method != "bilinear":
-        raise ValueError(f"resize method must be one of {RESIZE_METHODS}, got {method!r}")
-    fy = np.clip((np.arange(out_h) + 0.5) * h / out_h - 0.5, 0, h - 1)
-    fx = np.clip((np.arange(out_w) + 0.5) * w / out_w - 0.5, 0, w - 1)
-    y0 = np.floor(fy).astype(np.int64)
-    x0 = np.floor(fx).astype(np.int64)
-    y1 = np.minimum(y0 + 1, h - 1)
-    x1 = np.minimum(x0 + 1, w - 1)
-    wy = (fy - y0).astype(np.float32)[:, None, None]
-    wx = (fx - x0).astype(np.float32)[None, :, None]
-    src = img.astype(np.float32)
-    top = src[y0][:, x0] * (1 - wx) + src[y0][:, x1] * wx
-    bottom = src[y1][:, x0] * (1 - wx) + src[y1][:, x1] * wx
-    return top * (1 - wy) + bottom * wy
+        (ys,), (xs,) = _taps(h, out_h, method), _taps(w, out_w, method)
+        return img[ys[:, None], xs[None, :]].astype(np.float32)
+    y0, y1, wy = _taps(h, out_h, method)
+    x0, x1, wx = _taps(w, out_w, method)
+    r0, r1 = img[y0], img[y1]  # out_h rows each
+    a = r0[:, x0].astype(np.float32)
+    b = r0[:, x1].astype(np.float32)
+    c = r1[:, x0].astype(np.float32)
+    d = r1[:, x1].astype(np.float32)
+    wxc = wx[None, :, None]
+    b -= a
+    b *= wxc
+    a += b  # top row blend
+    d -= c
+    d *= wxc
+    c += d  # bottom row blend
+    c -= a
+    c *= wy[:, None, None]
+    a += c
+    return a
+
+
+@lru_cache(maxsize=32)
+def _gather_plan(encoding: str, height: int, width: int, step: int, c: int, h: int, w: int,
+                 method: str, mean: tuple[float, ...], std: tuple[float, ...]
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Resize, channel order/count, scaling, normalisation and the NCHW transpose of one
+    camera -> model pair as ONE weighted gather over the raw bytes: ``out[i] =
+    sum_k weight[k, i] * raw[index[k, i]] - offset[i]`` (``i`` over C x H x W).
+
+    Built once per pair (cameras keep their size) and cached; per frame only the gather and
+    a multiply-add over the *output* elements remain, whatever the camera resolution.
+    """
+    ch_in, order = ENCODINGS[encoding]
+    same = (height, width) == (h, w)
+    if same or method == "nearest":
+        ys = np.arange(h) if same else _taps(height, h, "nearest")[0]
+        xs = np.arange(w) if same else _taps(width, w, "nearest")[0]
+        spatial = [(ys[:, None], xs[None, :], np.ones((h, w), np.float32))]
+    else:
+        y0, y1, wy = _taps(height, h, method)
+        x0, x1, wx = _taps(width, w, method)
+        wy, wx = wy[:, None], wx[None, :]
+        spatial = [(y0[:, None], x0[None, :], (1 - wy) * (1 - wx)),
+                   (y0[:, None], x1[None, :], (1 - wy) * wx),
+                   (y1[:, None], x0[None, :], wy * (1 - wx)),
+                   (y1[:, None], x1[None, :], wy * wx)]
+    if ch_in == c:
+        sources = [[(order[co], 1.0)] for co in range(c)]
+    elif ch_in == 1:  # grey feeds every channel
+        sources = [[(0, 1.0)] for _ in range(c)]
+    else:  # c == 1: the mean of RGB
+        sources = [[(order[k], 1.0 / ch_in) for k in range(ch_in)]]
+    m = np.broadcast_to(np.asarray(mean, np.float64), (c,))
+    sd = np.broadcast_to(np.asarray(std, np.float64), (c,))
+    idx, wts = [], []
+    for co in range(c):
+        taps_i, taps_w = [], []
+        for src, cw in sources[co]:
+            for yy, xx, sw in spatial:
+                taps_i.append((yy * step + xx * ch_in + src).reshape(-1))
+                taps_w.append((sw * (cw / (255.0 * sd[co]))).reshape(-1))
+        idx.append(np.stack(taps_i))
+        wts.append(np.stack(taps_w))
+    # int32 indices gather faster than intp; a camera frame is far below 2 GiB
+    index = np.concatenate(idx, axis=1).astype(np.int32 if step * height < 2**31 else np.intp)
+    weight = np.concatenate(wts, axis=1).astype(np.float32)
+    offset = np.repeat((m / sd).astype(np.float32), h * w)
+    for a in (index, weight, offset):
+        a.flags.writeable = False
+    return index, weight, offset
+
+
+@lru_cache(maxsize=32)
+def _compiled_plan(*key: Any) -> GatherPlan | None:
+    """``_gather_plan`` as a checked ``GatherPlan`` (one C loop without the GIL, ~3x faster
+    than numpy's gather + einsum); None where the indices need more than 32 bits."""
+    index, weight, offset = _gather_plan(*key)
+    if index.dtype != np.int32:
+        return None
+    return GatherPlan(index, weight, offset)
 
 
 def image_to_tensor(encoding: str, height: int, width: int, step: int,
                     data: bytes | bytearray | memoryview, input_shape: Sequence[int],
                     method: str = "bilinear", mean: Sequence[float] = (0.485, 0.456, 0.406),
-                    std: Sequence[float] = (0.229, 0.224, 0.225)) -> np.ndarray:
+                    std: Sequence[float] = (0.229, 0.224, 0.225),
+                    out: np.ndarray | None = None) -> np.ndarray:
     """Raw image -> float32 tensor of ``input_shape`` (N, C, H, W); N copies of the image.
 
     Grey images feed 3-channel models by repeating the channel and vice versa by the mean
-    of RGB. ``mean``/``std`` have one value per model channel (or one for all).
+    of RGB. ``mean``/``std`` have one value per model channel (or one for all). ``out``: a
+    C-contiguous float32 array of ``input_shape`` written in place and returned (the
+    runtime's task input buffer, ``Runtime.input_buffers``: no further copy); otherwise a
+    new array is returned.
     """
     if len(input_shape) != 4:
         raise ImageFormatError(f"model input must be NCHW, got shape {tuple(input_shape)}")
     n, c, h, w = (int(d) for d in input_shape)
-    img = image_to_array(encoding, height, width, step, data)
-    x = resize(img, h, w, method) * np.float32(1.0 / 255.0)
-    if x.shape[2] != c:
-        if x.shape[2] == 1:
-            x = np.repeat(x, c, axis=2)
-        elif c == 1:
-            x = x.mean(axis=2, keepdims=True)
-        else:
-            raise ImageFormatError(f"cannot feed a {x.shape[2]}-channel image to a "
-                                   f"{c}-channel model")
+    if out is not None and (out.shape != (n, c, h, w) or out.dtype != np.float32
+                            or not out.flags.c_contiguous or not out.flags.writeable):
+        raise ValueError(f"out must be a writable C-contiguous float32{[n, c, h, w]} array")
+    if method not in RESIZE_METHODS:
+        raise ValueError(f"resize method must be one of {RESIZE_METHODS}, got {method!r}")
+    img = image_to_array(encoding, height, width, step, data)  # validates the fields
+    if img.shape[2] != c and img.shape[2] != 1 and c != 1:
+        raise ImageFormatError(f"cannot feed a {img.shape[2]}-channel image to a "
+                               f"{c}-channel model")
     m = np.asarray(mean, dtype=np.float32).reshape(-1)
     s = np.asarray(std, dtype=np.float32).reshape(-1)
     if m.size not in (1, c) or s.size not in (1, c) or np.any(s == 0):
         raise ImageFormatError(f"mean/std need 1 or {c} values (std non-zero)")
-    if m.size == 1:
-        m = np.repeat(m, c)
-    if s.size == 1:
-        s = np.repeat(s, c)
-    x = (x - m[:c]) / s[:c]
-    chw = np.ascontiguousarray(x.transpose(2, 0, 1), dtype=np.float32)
-    return np.broadcast_to(chw, (max(n, 1), c, h, w)).copy()
+    key = (encoding, int(height), int(width), int(step), c, h, w, method,
+           tuple(float(v) for v in m), tuple(float(v) for v in s))
+    raw = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+    if out is None:
+        out = np.empty((max(n, 1), c, h, w), np.float32)
+    acc = out[0].reshape(-1)  # a view: out is C-contiguous
+    fast = _compiled_plan(*key)
+    if fast is not None:  # the image is the only read, out[0] the only write
+        fast.apply(raw, acc)
+    else:
+        index, weight, offset = _gather_plan(*key)
+        taps = raw.take(index)  # (k, C*H*W) uint8: the only read of the image
+        np.einsum("kn,kn->n", taps, weight, out=acc)
+        acc -= offset
+    if out.shape[0] > 1:
+        out[1:] = out[0]
+    return out

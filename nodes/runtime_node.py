@@ -1,13 +1,31 @@
-"""Runtime host node ``av_infer_runtime``: owns the av_infer Runtime.
+"""Runtime host node ``av_infer_runtime``: a managed (lifecycle) node that owns the Runtime.
 
-* its parameters configure the runtime; live ones are validated as a batch and applied
-  atomically (all or nothing, with a reason when rejected);
-* it serves the tensor request/response endpoint on /av_infer/request -> /av_infer/response
-  (every request answered exactly once, see ``av_infer.tensor_codec``);
-* it publishes the loaded models' input/output specs on /av_infer/models (latched) so
-  nodes in other processes can preprocess for them;
-* it publishes diagnostic_msgs/DiagnosticArray on /diagnostics every
-  ``diagnostics_period_s``.
+Lifecycle (``rclpy.lifecycle``; driven through ``~/change_state`` as for any managed node,
+or at start with ``autostart``, the default):
+
+* configure: create the runtime (``device``, ``policy``, ...) and load ``models``, from the
+  on-disk plan cache (``plan_cache``) when a plan is there;
+* activate: accept requests; deactivate: refuse new ones (``STATUS_INACTIVE``) and wait
+  until the accepted ones are answered; cleanup: unload the models and close the runtime;
+  shutdown (from any state): cleanup if needed.
+
+Endpoints, all present in every state (a request to an inactive node is answered, never
+dropped):
+
+* /av_infer/request (``av_infer_msgs/InferRequest``) -> /av_infer/response
+  (``InferResponse``): every request answered exactly once. The split control/data path:
+  control fields are read and validated first (``tensor_codec.read_control``), tensor
+  metadata is checked against ``max_request_tensors``/``max_request_mb`` and the model's
+  input spec before anything is allocated, then each payload is copied once, straight into
+  the task's input buffers (``Runtime.input_buffers``). Responses are encoded and published
+  on the node's executor (``Handoff``), never on the runtime's threads;
+* /av_infer/load_model, /av_infer/unload_model, /av_infer/list_models (``av_infer_msgs``
+  services, off unless ``model_services``): ``av_infer.model_admin`` confines loads to
+  ``model_dirs`` and bounds them; each failure answers its typed error's code;
+* /av_infer/models (latched ``std_msgs/String``, JSON): loaded models' input/output specs,
+  for nodes in other processes to preprocess for;
+* /diagnostics every ``diagnostics_period_s``; ``~/debug/processing_time_ms`` and
+  ``~/debug/pipeline_latency_ms`` when ``debug_topics``.
 """
 
 from __future__ import annotations
@@ -15,35 +33,54 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import rclpy
+from av_infer_msgs.msg import InferRequest, InferResponse, ModelInfo, Tensor
+from av_infer_msgs.srv import ListModels, LoadModel, UnloadModel
 from av_infer_nodes.common import (
     LATCHED_QOS,
     MODELS_TOPIC,
     REQUEST_QOS,
     REQUEST_TOPIC,
     RESPONSE_TOPIC,
+    Reply,
+    debug_publishers,
     declare,
     describe_model,
-    from_msg,
+    error_reply,
+    publish_debug,
     response_msg,
+    ros_text,
     spin_nodes,
     submit_to_runtime,
 )
+from av_infer_nodes.handoff import Handoff
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import SetParametersResult
-from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.node import Node
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
-from std_msgs.msg import String, UInt8MultiArray
+from std_msgs.msg import String
 
 import av_infer
-from av_infer import DEVICE_NAMES, POLICIES, DeviceUnavailableError, InvalidParameterError
+from av_infer import (
+    DEVICE_NAMES,
+    POLICIES,
+    AvInferError,
+    DeviceUnavailableError,
+    InvalidParameterError,
+    UnknownModelError,
+)
 from av_infer import tensor_codec as codec
+
+LOAD_MODEL_SERVICE = "/av_infer/load_model"
+UNLOAD_MODEL_SERVICE = "/av_infer/unload_model"
+LIST_MODELS_SERVICE = "/av_infer/list_models"
 
 DEVICES = ("auto", *DEVICE_NAMES)
 
@@ -100,17 +137,6 @@ def model_source(entry: str, variant: str) -> tuple[str, Any]:
     return entry, zoo_path(entry, variant)
 
 
-def readable_id(label: Any) -> str:
-    """The request id in a header the codec failed on unexpectedly (an exception other than
-    ``CodecError``), so that the answer still reaches its client; ``""`` if unreadable."""
-    try:
-        header = json.loads(label)
-    except Exception:  # noqa: BLE001 - unreadable: no id
-        return ""
-    rid = header.get("id") if isinstance(header, dict) else None
-    return rid if isinstance(rid, str) and 0 < len(rid) <= codec.MAX_ID_LEN else ""
-
-
 class ModelLatency:
     """Per-model latency samples and deadline misses, fed by a Runtime listener."""
 
@@ -147,63 +173,194 @@ class ModelLatency:
         return out
 
 
-class RuntimeNode(Node):
-    """Owns the Runtime; see the module docstring. ``runtime`` is public for the container."""
+class RuntimeNode(LifecycleNode):
+    """Owns the Runtime; see the module docstring. ``runtime`` is public for the container
+    (None while unconfigured). A ``runtime`` passed in is shared, not owned: cleanup then
+    unloads only the models this node loaded and never closes it."""
 
     def __init__(self, node_name: str = "av_infer_runtime", *, runtime: Any = None,
                  **node_kwargs: Any):
         super().__init__(node_name, **node_kwargs)
-        p = self._declare_parameters()
+        self.p = p = self._declare_parameters()
         self._lock = threading.Lock()
+        self._given_runtime = runtime
+        self.runtime: Any = None
+        self.device = p["device"]
+        self.admin: Any = None
         #: why the runtime runs on ``device``; ``device_fallback``: ``device=auto`` found no
         #: usable GPU and fell back to cpu (a WARN in the log and in /diagnostics)
-        self.device_reason = "given by the container"
+        self.device_reason = ""
         self.device_fallback = False
-        if runtime is None:
-            try:
-                self.runtime, self.device, self.device_reason = make_runtime(
-                    p["device"], policy=p["policy"], c=p["c"],
-                    max_be_streams=p["max_be_streams"], edf_preempt=p["edf_preempt"])
-            except Exception as exc:  # a configuration error: refuse to start, say why
-                self.get_logger().error(
-                    f"cannot create the runtime (device={p['device']!r}, policy="
-                    f"{p['policy']!r}, c={p['c']}): {type(exc).__name__}: {exc}")
-                super().destroy_node()  # nothing of ours to free yet
-                raise
-            self._owns_runtime = True
-            self.device_fallback = p["device"] == "auto" and self.device != "cuda"
-        else:
-            self.runtime, self.device = runtime, p["device"]
-            self._owns_runtime = False
-        text = (f"runtime on device {self.device!r} ({self.device_reason}), policy "
-                f"{self.runtime.policy}, c={self.runtime.c}")
-        if self.device_fallback:
-            self.get_logger().warning(text)
-        else:
-            self.get_logger().info(text)
-        self._startup_settings(p)
         self.model_info: dict[str, Any] = {}
-        for entry in p["models"]:
-            self.load_model(entry, p["model_variant"], pin=entry in p["pinned_models"])
-        self._group = ReentrantCallbackGroup()
-        self._resp_pub = self.create_publisher(UInt8MultiArray, RESPONSE_TOPIC, REQUEST_QOS)
-        self._req_sub = self.create_subscription(UInt8MultiArray, REQUEST_TOPIC,
-                                                 self._on_request, REQUEST_QOS,
-                                                 callback_group=self._group)
+        self._loaded_here: list[str] = []
+        #: requests accepted and not yet answered (deactivate waits for them)
+        self._in_flight = 0
+        self._idle = threading.Condition(self._lock)
+        self.active = False
+        self.limits = codec.Limits(max_tensors=p["max_request_tensors"],
+                                   max_tensor_bytes=p["max_request_mb"] * 2**20,
+                                   max_request_bytes=p["max_request_mb"] * 2**20)
+        self.model_latency = ModelLatency()
+        self._last_misses: dict[str, int] = {}
+        self._handoff = Handoff(self)
+        self._debug = debug_publishers(self, p["debug_topics"])
+        self._resp_pub = self.create_publisher(InferResponse, RESPONSE_TOPIC, REQUEST_QOS)
+        self._req_sub = self.create_subscription(InferRequest, REQUEST_TOPIC,
+                                                 self._on_request, REQUEST_QOS)
         self._models_pub = self.create_publisher(String, MODELS_TOPIC, LATCHED_QOS)
-        self._published_models: tuple[str, ...] = ()
-        self._publish_models()
+        self._published_models: tuple[str, ...] | None = None
+        self._svc_group = MutuallyExclusiveCallbackGroup()
+        self._model_srvs = [
+            self.create_service(LoadModel, LOAD_MODEL_SERVICE, self._on_load_model,
+                                callback_group=self._svc_group),
+            self.create_service(UnloadModel, UNLOAD_MODEL_SERVICE, self._on_unload_model,
+                                callback_group=self._svc_group),
+            self.create_service(ListModels, LIST_MODELS_SERVICE, self._on_list_models,
+                                callback_group=self._svc_group),
+        ]
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self._diag_group = MutuallyExclusiveCallbackGroup()
         self._diag_timer = self.create_timer(p["diagnostics_period_s"], self.publish_diagnostics,
                                              callback_group=self._diag_group)
-        self._last_misses: dict[str, int] = {}
-        self.model_latency = ModelLatency()
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+        self._configure_error: BaseException | None = None
+        if p["autostart"]:
+            self.trigger_configure()
+            if self._configure_error is not None:
+                err = self._configure_error
+                self.destroy_node()
+                raise err
+            self.trigger_activate()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Creates the runtime and loads ``models``; FAILURE (staying unconfigured, the
+        reason logged) on any error, with nothing left half-made."""
+        p = self._current_parameters()
+        self._configure_error = None
+        try:
+            self._create_runtime(p)
+            for entry in p["models"]:
+                self.load_model(entry, p["model_variant"], pin=entry in p["pinned_models"])
+            if p["model_services"]:
+                from av_infer.model_admin import ModelAdmin
+
+                if any(not str(d).strip() for d in p["model_dirs"]):
+                    raise InvalidParameterError("model_dirs entries must be directories, "
+                                                "not empty strings (the working directory)")
+
+                self.admin = ModelAdmin(self.runtime, p["model_dirs"],
+                                        max_file_bytes=p["max_model_file_mb"] * 2**20,
+                                        max_models=p["max_models"])
+        except Exception as exc:  # a configuration error: refuse, say why, undo
+            self.get_logger().error(
+                f"configure failed (device={p['device']!r}, policy={p['policy']!r}, "
+                f"c={p['c']}): {type(exc).__name__}: {exc}")
+            self._configure_error = exc
+            self._release_runtime()
+            return TransitionCallbackReturn.FAILURE
+        self._publish_models()
+        return TransitionCallbackReturn.SUCCESS
+
+    def _current_parameters(self) -> dict[str, Any]:
+        """Every declared parameter's current value (unset arrays: their empty default)."""
+        from rclpy.exceptions import ParameterUninitializedException
+
+        out: dict[str, Any] = {}
+        for name, default in self.p.items():
+            try:
+                out[name] = self.get_parameter(name).value
+            except ParameterUninitializedException:
+                out[name] = default
+        return out
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.active = True
+        self.get_logger().info("active: accepting requests")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Stops accepting, then waits (bounded by ``drain_timeout_s``) until every accepted
+        request was answered; the executor keeps running the answers meanwhile only if it
+        has another thread, so the wait also drains the handoff here."""
+        with self._lock:
+            self.active = False
+        deadline = time.monotonic() + float(self.get_parameter("drain_timeout_s").value)
+        while True:
+            self._handoff.drain()  # one executor thread: the guard callback cannot run
+            with self._lock:
+                if self._in_flight == 0:
+                    break
+                if time.monotonic() > deadline:
+                    self.get_logger().warning(f"deactivate: {self._in_flight} requests still "
+                                              "running after drain_timeout_s")
+                    break
+                self._idle.wait(0.01)
+        self.get_logger().info("inactive: requests are answered STATUS_INACTIVE")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release_runtime()
+        self._publish_models()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        if self.active:
+            self.on_deactivate(state)
+        self._release_runtime()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.active = False
+        self._release_runtime()
+        return TransitionCallbackReturn.SUCCESS
+
+    def _create_runtime(self, p: dict[str, Any]) -> None:
+        plan_cache: Any = p["plan_cache"] or None
+        if plan_cache == "default":
+            plan_cache = True
+        if self._given_runtime is None:
+            self.runtime, self.device, self.device_reason = make_runtime(
+                p["device"], policy=p["policy"], c=p["c"], max_be_streams=p["max_be_streams"],
+                edf_preempt=p["edf_preempt"], plan_cache=plan_cache)
+            self._owns_runtime = True
+            self.device_fallback = p["device"] == "auto" and self.device != "cuda"
+        else:
+            self.runtime, self.device = self._given_runtime, p["device"]
+            self.device_reason = "given by the container"
+            self._owns_runtime = False
+        text = (f"runtime on device {self.device!r} ({self.device_reason}), policy "
+                f"{self.runtime.policy}, c={self.runtime.c}")
+        (self.get_logger().warning if self.device_fallback else self.get_logger().info)(text)
+        self._startup_settings(p)
         try:
             self.runtime.add_listener(self.model_latency.on_event)
         except Exception as exc:  # a runtime without listeners: counters only
             self.get_logger().warning(f"no per-model latency: {exc}")
-        self.add_on_set_parameters_callback(self._on_set_parameters)
+
+    def _release_runtime(self) -> None:
+        """Unloads what this node loaded (a shared runtime) or closes its own runtime."""
+        rt, self.runtime = self.runtime, None
+        self.admin = None
+        if rt is None:
+            return
+        try:
+            rt.remove_listener(self.model_latency.on_event)
+        except Exception:  # noqa: BLE001 - releasing anyway
+            pass
+        if self._owns_runtime:
+            try:
+                rt.close(drain=False)
+            except Exception as exc:  # pragma: no cover
+                self.get_logger().warning(f"runtime close: {exc}")
+        else:
+            for name in self._loaded_here:
+                try:
+                    rt.unload_model(name)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        self._loaded_here.clear()
+        self.model_info.clear()
 
     # -- parameters ----------------------------------------------------------------------
     def _declare_parameters(self) -> dict[str, Any]:
@@ -259,6 +416,42 @@ class RuntimeNode(Node):
             "diagnostics_period_s": declare(self, "diagnostics_period_s", 1.0,
                                             "Period of /diagnostics publications (s).",
                                             float_range=(0.05, 60.0)),
+            "autostart": declare(self, "autostart", True,
+                                 "Configure and activate at start (false: wait for "
+                                 "~/change_state, as a lifecycle manager drives it).",
+                                 read_only=True),
+            "drain_timeout_s": declare(self, "drain_timeout_s", 10.0,
+                                       "Deactivate waits at most this long for accepted "
+                                       "requests to be answered.", float_range=(0.0, 600.0)),
+            "plan_cache": declare(self, "plan_cache", "",
+                                  "On-disk plan cache: '' off, 'default' "
+                                  "($AV_INFER_PLAN_CACHE or ~/.cache/av_infer/plans) or a "
+                                  "directory; a restart then loads without compiling.",
+                                  read_only=True),
+            "model_services": declare(self, "model_services", False,
+                                      "Serve /av_infer/load_model, unload_model and "
+                                      "list_models (anyone on the graph can call them).",
+                                      read_only=True),
+            "model_dirs": declare(self, "model_dirs", [],
+                                  "Directories load_model may read from (resolved; no '..' "
+                                  "or symlink escape). Required with model_services.",
+                                  read_only=True, array_of=str),
+            "max_model_file_mb": declare(self, "max_model_file_mb", 512,
+                                         "Largest model file load_model reads (MiB).",
+                                         read_only=True, int_range=(1, 65536)),
+            "max_models": declare(self, "max_models", 16,
+                                  "Most models loaded at once (load_model refuses more).",
+                                  read_only=True, int_range=(1, 1024)),
+            "max_request_tensors": declare(self, "max_request_tensors", 16,
+                                           "Most tensors in one request.", read_only=True,
+                                           int_range=(1, 1024)),
+            "max_request_mb": declare(self, "max_request_mb", 64,
+                                      "Most tensor bytes in one request (MiB); checked "
+                                      "before anything is allocated.", read_only=True,
+                                      int_range=(1, 4096)),
+            "debug_topics": declare(self, "debug_topics", False,
+                                    "Publish ~/debug/processing_time_ms and "
+                                    "~/debug/pipeline_latency_ms.", read_only=True),
         }
 
     @staticmethod
@@ -351,30 +544,34 @@ class RuntimeNode(Node):
         """Applies a validated batch; on a runtime refusal undoes what was applied."""
         rt = self.runtime
         undo: list[tuple[Any, tuple[Any, ...]]] = []
+        if rt is None:  # unconfigured: configure reads the parameters
+            changed = {k: v for k, v in changed.items() if k == "diagnostics_period_s"}
         try:
-            if "policy" in changed or "padding" in changed:
+            if rt is None:
+                pass
+            elif "policy" in changed or "padding" in changed:
                 target = self._effective_policy(merged["policy"], merged["padding"])
                 if target != rt.policy:
                     undo.append((rt.set_policy, (rt.policy,)))
                     rt.set_policy(target)
-            if "c" in changed and changed["c"] != rt.c:
+            if rt is not None and "c" in changed and changed["c"] != rt.c:
                 undo.append((rt.set_c, (rt.c,)))
                 rt.set_c(int(changed["c"]))
-            if "edf_preempt" in changed:
+            if rt is not None and "edf_preempt" in changed:
                 old = bool(self.get_parameter("edf_preempt").value)
                 undo.append((rt.set_edf_preempt, (old,)))
                 rt.set_edf_preempt(bool(changed["edf_preempt"]))
-            if "max_queue_depth" in changed:
+            if rt is not None and "max_queue_depth" in changed:
                 undo.append((rt.set_max_queue_depth, (rt.max_queue_depth,)))
                 rt.set_max_queue_depth(int(changed["max_queue_depth"]) or None)
-            if "be_min_share" in changed:
+            if rt is not None and "be_min_share" in changed:
                 undo.append((rt.set_be_min_share, (rt.be_min_share,)))
                 rt.set_be_min_share(float(changed["be_min_share"]))
-            if "cache_budget_mb" in changed:
+            if rt is not None and "cache_budget_mb" in changed:
                 undo.append((self._set_cache_budget,
                              (self.get_parameter("cache_budget_mb").value,)))
                 self._set_cache_budget(changed["cache_budget_mb"])
-            if "batch_max" in changed or "batch_quantum_ms" in changed:
+            if rt is not None and ("batch_max" in changed or "batch_quantum_ms" in changed):
                 undo.append((self._set_batching, (self.get_parameter("batch_max").value,
                                                   self.get_parameter("batch_quantum_ms").value)))
                 self._set_batching(merged["batch_max"], merged["batch_quantum_ms"])
@@ -402,10 +599,11 @@ class RuntimeNode(Node):
             if name not in self.runtime.models():
                 self.get_logger().info(f"loading model {name} from {source}")
                 self.model_info[name] = self.runtime.load_model(name, source, pin=pin)
+                self._loaded_here.append(name)
         return name
 
     def _publish_models(self) -> None:
-        names = tuple(sorted(self.runtime.models()))
+        names = tuple(sorted(self.runtime.models())) if self.runtime is not None else ()
         if names == self._published_models:
             return
         table = {"device": self.device,
@@ -413,37 +611,138 @@ class RuntimeNode(Node):
         self._models_pub.publish(String(data=json.dumps(table)))
         self._published_models = names
 
-    # -- request/response endpoint -------------------------------------------------------
-    def _on_request(self, msg: UInt8MultiArray) -> None:
-        """Decodes, submits, and answers every request exactly once (even malformed ones)."""
-        label: Any = ""
-        try:
-            label, data = from_msg(msg)
-            req = codec.decode_request(label, data)
-        except codec.CodecError as exc:
-            self._respond(codec.error_response(exc.request_id, exc.code, str(exc)))
-            return
-        except Exception as exc:  # never let a bad message kill the callback
-            self._respond(codec.error_response(readable_id(label), codec.MALFORMED,
-                                               f"undecodable: {type(exc).__name__}: {exc}"))
-            return
-        now = self.get_clock().now().nanoseconds * 1e-9
-        fut = submit_to_runtime(self.runtime, req, now)
-        fut.add_done_callback(lambda f: self._respond(f.result()))
+    def _service_refusal(self) -> tuple[str, str] | None:
+        if not self.p["model_services"]:
+            return ("services_disabled", "model services are off (parameter model_services)")
+        if self.runtime is None or self.admin is None or not self.active:
+            return ("inactive", "the runtime host is not active (lifecycle state)")
+        return None
 
-    def _respond(self, resp: codec.TensorResponse) -> None:
+    def _on_load_model(self, req: LoadModel.Request, resp: LoadModel.Response
+                       ) -> LoadModel.Response:
+        refusal = self._service_refusal()
+        if refusal is not None:
+            resp.code, resp.message = refusal
+            return resp
         try:
-            msg = response_msg(resp)
+            shapes = parse_input_shapes(list(req.input_shapes))
+            name = req.name or Path(req.path).stem
+            loaded = self.admin.load(name, req.path, shapes, pin=bool(req.pin))
+        except AvInferError as exc:
+            resp.code, resp.message = exc.code, ros_text(str(exc))
+            unsupported = getattr(exc, "unsupported", None) or {}
+            resp.unsupported = [ros_text(f"{op}: {', '.join(nodes)}")
+                                for op, nodes in unsupported.items()]
+            return resp
+        except Exception as exc:  # noqa: BLE001 - answered, never raised into rclpy
+            resp.code, resp.message = "internal_error", ros_text(f"{type(exc).__name__}: {exc}")
+            return resp
+        resp.success, resp.code, resp.message = True, "ok", f"loaded {loaded.name}"
+        resp.model = model_info_msg(loaded)
+        self._publish_models()
+        return resp
+
+    def _on_unload_model(self, req: UnloadModel.Request, resp: UnloadModel.Response
+                         ) -> UnloadModel.Response:
+        refusal = self._service_refusal()
+        if refusal is not None:
+            resp.code, resp.message = refusal
+            return resp
+        try:
+            self.admin.unload(req.name)
+        except AvInferError as exc:
+            resp.code, resp.message = exc.code, ros_text(str(exc))
+            return resp
+        with self._lock:
+            self.model_info.pop(req.name, None)
+            if req.name in self._loaded_here:
+                self._loaded_here.remove(req.name)
+        resp.success, resp.code, resp.message = True, "ok", f"unloaded {req.name}"
+        self._publish_models()
+        return resp
+
+    def _on_list_models(self, req: ListModels.Request, resp: ListModels.Response
+                        ) -> ListModels.Response:
+        refusal = self._service_refusal()
+        if refusal is not None:
+            resp.code, resp.message = refusal
+            return resp
+        resp.models = [model_info_msg(m) for m in self.admin.list()]
+        resp.success, resp.code, resp.device = True, "ok", str(self.device)
+        return resp
+
+    # -- request/response endpoint -------------------------------------------------------
+    def _on_request(self, msg: InferRequest) -> None:
+        """Validates control, then metadata, then copies each payload once into the task's
+        input buffers and submits; answers every request exactly once (even malformed)."""
+        t_recv = time.monotonic()
+        rid = codec.read_id(msg, self.limits)
+        rt = self.runtime
+        if not self.active or rt is None:
+            self._respond(Reply(id=rid, code="inactive", model=ros_text(str(msg.model)),
+                                message="the runtime host is not active (lifecycle state)"),
+                          msg, t_recv)
+            return
+        try:
+            ctrl = codec.read_control(msg, self.limits)
+            views = codec.check_tensors(msg.tensors, self.limits, ctrl.id)
+            inputs: Any = views
+            try:
+                spec = rt.input_spec(ctrl.model)
+            except UnknownModelError:
+                spec = None  # a variant group, or unknown: submit validates and answers
+            if spec is not None:
+                codec.check_spec(ctrl.model, spec, views)
+                inputs = rt.input_buffers(ctrl.model)
+                for name, view in views.items():
+                    np.copyto(inputs[name], view)  # the one copy of the payload
+        except Exception as exc:  # noqa: BLE001 - a bad message never kills the callback
+            self._respond(error_reply(rid, exc, ros_text(str(msg.model))), msg, t_recv)
+            return
+        with self._lock:  # with deactivate's check: accepted requests are all waited for
+            accepted = self.active
+            if accepted:
+                self._in_flight += 1
+        if not accepted:
+            self._respond(Reply(id=ctrl.id, code="inactive", model=ctrl.model,
+                                message="the runtime host is not active (lifecycle state)"),
+                          msg, t_recv)
+            return
+        fut = submit_to_runtime(rt, ctrl, inputs, self.get_clock().now().nanoseconds * 1e-9)
+        fut.add_done_callback(lambda f: self._post_response(f.result(), msg, t_recv))
+
+    def _post_response(self, reply: Reply, request: InferRequest, t_recv: float) -> None:
+        """On the runtime's thread: hand the answer to the executor (``Handoff``)."""
+        if not self._handoff.post(lambda: self._finish(reply, request, t_recv)):
+            self._finish(reply, request, t_recv)  # closing: answer here rather than never
+
+    def _finish(self, reply: Reply, request: InferRequest, t_recv: float) -> None:
+        self._respond(reply, request, t_recv)
+        with self._lock:
+            self._in_flight -= 1
+            self._idle.notify_all()
+
+    def _respond(self, reply: Reply, request: InferRequest, t_recv: float) -> None:
+        rt = self.runtime
+        now = rt.now() if rt is not None else None
+        received = None if now is None else now - (time.monotonic() - t_recv)
+        try:
+            msg = response_msg(reply, request.header, received, now)
         except Exception as exc:  # e.g. an output dtype the wire cannot carry
-            msg = response_msg(codec.error_response(resp.id, "internal_error", str(exc)))
+            msg = response_msg(Reply(id=reply.id, code="internal_error", message=str(exc),
+                                     model=reply.model), request.header)
         try:
             self._resp_pub.publish(msg)
+            publish_debug(self._debug, self, t_recv, request.header.stamp)
         except Exception as exc:  # context already shut down
             if rclpy.ok(context=self.context):
-                self.get_logger().error(f"cannot publish response {resp.id}: {exc}")
+                self.get_logger().error(f"cannot publish response {reply.id}: {exc}")
+
 
     # -- diagnostics ---------------------------------------------------------------------
     def publish_diagnostics(self) -> None:
+        if self.runtime is None:  # unconfigured: nothing to report
+            return
         try:
             self._publish_models()
             stats = self.runtime.stats()
@@ -478,27 +777,49 @@ class RuntimeNode(Node):
         return out
 
     def destroy_node(self) -> None:
-        try:
-            self.runtime.remove_listener(self.model_latency.on_event)
-        except Exception:  # noqa: BLE001 - closing anyway
-            pass
-        if self._owns_runtime:
+        """Answers what is still queued, then releases the runtime (closing an owned one
+        answers its pending requests ``shutdown``, which are published here too)."""
+        self.active = False
+        rt = self.runtime
+        if rt is not None and self._owns_runtime:
             try:
-                self.runtime.close(drain=False)
+                rt.close(drain=False)
             except Exception as exc:  # pragma: no cover
                 self.get_logger().warning(f"runtime close: {exc}")
+        for fn in self._handoff.close():
+            fn()
+        self._release_runtime()
         super().destroy_node()
 
 
-def ros_text(text: str) -> str:
-    """``text`` as a ROS string can carry it: lone surrogates (a client name sent as JSON
-    ``"\\ud800"`` decodes to one) cannot be UTF-8 encoded and would make ``publish`` raise,
-    so they are written as backslash escapes."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
+def parse_input_shapes(entries: list[str]) -> dict[str, list[int]] | None:
+    """``["input=1,3,224,224", ...]`` -> ``{"input": [1, 3, 224, 224]}`` (None if empty);
+    InvalidParameterError for anything else."""
+    if not entries:
+        return None
+    out: dict[str, list[int]] = {}
+    for e in entries:
+        name, sep, dims = e.partition("=")
+        try:
+            shape = [int(d) for d in dims.split(",")] if sep else []
+        except ValueError:
+            shape = []
+        if not name or not shape:
+            raise InvalidParameterError(f"input_shapes entries are NAME=D1,D2,...; got {e!r}")
+        out[name.strip()] = shape
+    return out
+
+
+def model_info_msg(m: Any) -> ModelInfo:
+    """A ``model_admin.LoadedModel`` as an ``av_infer_msgs/ModelInfo``."""
+    def tensors(spec: dict[str, Any]) -> list[Tensor]:
+        return [codec.spec_tensor(Tensor(), n, s, d) for n, (s, d) in spec.items()]
+
+    return ModelInfo(name=m.name, path=m.path or "", inputs=tensors(m.inputs),
+                     outputs=tensors(m.outputs), weight_bytes=int(m.weight_bytes),
+                     resident_bytes=int(m.resident_bytes), kernels=int(m.kernels),
+                     pinned=bool(m.pinned), sha256=m.sha256 or "",
+                     plan_cache=m.plan_cache or "")
 
 
 def _kv(key: str, value: Any) -> KeyValue:

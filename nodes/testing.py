@@ -40,19 +40,30 @@ class RosHarness:
     thread."""
 
     def __init__(self, num_threads: int = 4, args: list[str] | None = None,
-                 executor: str | None = None):
+                 executor: str | None = None, start: bool = True):
         self.context = Context()
         rclpy.init(context=self.context, args=args)
         self.executor = make_executor(executor, num_threads, context=self.context)
         self.nodes: list[Node] = []
+        #: what ended the spin while the context was still ok (None: still spinning)
+        self.spin_error: BaseException | None = None
         self._thread = threading.Thread(target=self._spin, name="ros-harness", daemon=True)
-        self._thread.start()
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Starts spinning. ``start=False`` and this once every node and entity exists:
+        rclpy 7.1.6's EventsExecutor blocks a thread that adds a node or creates a
+        subscription while it spins (docs/ros.md, "Executor")."""
+        if not self._thread.is_alive():
+            self._thread.start()
 
     def _spin(self) -> None:
         try:
             self.executor.spin()
-        except Exception:  # noqa: BLE001 - shutdown races end the spin
-            pass
+        except Exception as exc:  # noqa: BLE001 - shutdown races end the spin
+            if self.context.ok():  # not a shutdown race: keep it for the caller
+                self.spin_error = exc
 
     def add(self, node: Node) -> Node:
         self.nodes.append(node)
@@ -70,7 +81,8 @@ class RosHarness:
         self.executor.shutdown(timeout_sec=2.0)
         if self.context.ok():
             rclpy.shutdown(context=self.context)
-        self._thread.join(timeout=5.0)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)
 
     def __enter__(self) -> RosHarness:
         return self

@@ -140,3 +140,16 @@ def test_bench_deque_clear_1000_baseline(benchmark):
         return (deque((1, k) for k in range(1000)),), {}
 
     benchmark.pedantic(lambda d: d.clear(), setup=setup, rounds=2000, iterations=1)
+
+
+def test_bench_image_gather(benchmark):
+    """GatherPlan.apply: a 320x240 rgb8 frame -> 1x3x107x107 bilinear, normalised (one
+    frame per call; the numpy gather + einsum it replaced: ~3x slower, docs/perf_cython.md)."""
+    import numpy as np
+    from av_infer_nodes import preprocess as pre
+
+    raw = np.random.default_rng(0).integers(0, 256, 240 * 320 * 3, dtype=np.uint8)
+    plan = pre._compiled_plan("rgb8", 240, 320, 960, 3, 107, 107, "bilinear",
+                              (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    out = np.empty(3 * 107 * 107, np.float32)
+    benchmark(plan.apply, raw, out)

@@ -49,19 +49,25 @@ def x():
 
 
 def _request(x, client: str, priority: str, drop_late: bool, late: bool = False,
-             deadline_s: float | None = None) -> codec.TensorRequest:
+             deadline_s: float | None = None) -> tuple[codec.RequestControl, dict]:
     """``late``: stamped long before NODE_NOW with a 1 ms deadline, so already missed."""
     if late:
         deadline_s = 1e-3
-    return codec.TensorRequest(id=str(uuid.uuid4()), model="tiny_cnn", priority=priority,
-                               inputs=dict(x), deadline_s=deadline_s, client=client,
-                               stamp=(1, 0) if late else (0, 0), drop_late=drop_late)
+    return (codec.RequestControl(id=str(uuid.uuid4()), model="tiny_cnn", client=client,
+                                 priority=priority, stamp=(1, 0) if late else (0, 0),
+                                 frame_id="", deadline_s=deadline_s, drop_late=drop_late),
+            dict(x))
+
+
+def _met(reply) -> bool | None:
+    tm = reply.timings_msg()
+    return tm.deadline_met if tm.has_deadline else None
 
 
 def test_requests_never_change_the_client_configuration(rt, x):
     rt.configure_client("cam", priority="RT", relative_deadline=0.5, drop_late=True)
     for priority, drop_late in (("BE", False), ("RT", False), ("BE", True)):
-        resp = submit_to_runtime(rt, _request(x, "cam", priority, drop_late),
+        resp = submit_to_runtime(rt, *_request(x, "cam", priority, drop_late),
                                  NODE_NOW).result(WAIT_S)
         assert resp.ok, (resp.code, resp.message)
     # the client's defaults are what configure_client set: RT, 0.5 s, drop late work
@@ -75,13 +81,13 @@ def test_requests_never_change_the_client_configuration(rt, x):
 
 def test_priority_and_drop_late_go_with_each_request(rt, x):
     # an unconfigured client: BE, no deadline, late work runs late
-    ran = submit_to_runtime(rt, _request(x, "mixed", "RT", False, late=True),
+    ran = submit_to_runtime(rt, *_request(x, "mixed", "RT", False, late=True),
                             NODE_NOW).result(WAIT_S)
-    assert ran.ok and ran.timings["deadline_met"] is False  # ran, late
-    be = submit_to_runtime(rt, _request(x, "mixed", "BE", False, deadline_s=WAIT_S),
+    assert ran.ok and _met(ran) is False  # ran, late
+    be = submit_to_runtime(rt, *_request(x, "mixed", "BE", False, deadline_s=WAIT_S),
                            NODE_NOW).result(WAIT_S)
-    assert be.ok and be.timings["deadline_met"] is True
-    dropped = submit_to_runtime(rt, _request(x, "mixed", "RT", True, late=True),
+    assert be.ok and _met(be) is True
+    dropped = submit_to_runtime(rt, *_request(x, "mixed", "RT", True, late=True),
                                 NODE_NOW).result(WAIT_S)
     assert not dropped.ok and dropped.code == "deadline_missed"
     # the last request's RT and drop_late=True did not become the client's defaults

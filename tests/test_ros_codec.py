@@ -1,119 +1,159 @@
-"""The ROS layer's wire format and image preprocessing (plain pytest, no ROS context)."""
+"""The ROS layer's tensor codec and image preprocessing (plain pytest, no ROS context).
+
+``av_infer.tensor_codec`` works on any object with the ``av_infer_msgs`` fields, so these
+tests use plain namespaces: the split control/data path's guarantees (control read without
+the payload, metadata bounded before allocation, views without copies, one copy out).
+"""
 
 from __future__ import annotations
 
-import json
+import array
+from types import SimpleNamespace as NS
 
 import numpy as np
 import pytest
 
 from av_infer import tensor_codec as codec
+from av_infer.errors import InvalidInputError
 
 
-def _request(**kw):
-    base = dict(id="1b4e28ba-2fa1-11d2-883f-0016d3cca427", model="tiny_cnn", priority="RT",
-                inputs={"input": np.arange(12, dtype=np.float32).reshape(1, 3, 2, 2),
-                        "mask": np.array([[1, 0]], dtype=np.int64)},
-                deadline_s=0.033, client="cam", stamp=(12, 345), frame_id="cam0")
+def _tensor(name="input", arr=None, **kw):
+    t = codec.fill_tensor(NS(), name, np.arange(12, dtype=np.float32).reshape(1, 3, 2, 2)
+                          if arr is None else arr)
+    for k, v in kw.items():
+        setattr(t, k, v)
+    return t
+
+
+def _request(tensors=None, **kw):
+    base = dict(id="r-1", model="tiny_cnn", client="cam", priority=0, drop_late=False,
+                header=NS(stamp=NS(sec=12, nanosec=345), frame_id="cam0"),
+                deadline=NS(sec=0, nanosec=33_000_000),
+                tensors=[_tensor()] if tensors is None else tensors)
     base.update(kw)
-    return codec.TensorRequest(**base)
+    return NS(**base)
 
 
-def test_request_round_trip():
-    req = _request()
-    label, data = codec.encode_request(req)
-    header = json.loads(label)
-    assert header["v"] == 1 and header["id"] == req.id and header["priority"] == "RT"
-    assert [t["name"] for t in header["tensors"]] == ["input", "mask"]
-    back = codec.decode_request(label, data)
-    assert (back.id, back.model, back.priority, back.deadline_s, back.client, back.stamp,
-            back.frame_id) == (req.id, "tiny_cnn", "RT", 0.033, "cam", (12, 345), "cam0")
-    for name, arr in req.inputs.items():
-        np.testing.assert_array_equal(back.inputs[name], arr)
-        assert back.inputs[name].dtype == arr.dtype
-        assert back.inputs[name].flags.writeable
+def test_fill_tensor_and_views_round_trip_every_dtype():
+    for code, dtype in codec.DATA_TYPES.items():
+        arr = (np.arange(24) % 2).astype(dtype).reshape(2, 3, 4)
+        t = codec.fill_tensor(NS(), "x", arr)
+        assert t.data_type == code and list(t.shape) == [2, 3, 4]
+        assert list(t.strides) == list(arr.strides)
+        assert isinstance(t.data, array.array) and t.data.typecode == "B"
+        view = codec.check_tensors([t])["x"]
+        np.testing.assert_array_equal(view, arr)
+        assert not view.flags.writeable  # a view of the message, never written
+        assert np.shares_memory(view, np.frombuffer(t.data, np.uint8))  # no copy
 
 
-def test_big_endian_and_unaligned_inputs_decode_to_native():
-    arr = np.arange(5, dtype=">f4")
-    label, data = codec.encode_request(_request(inputs={"a": np.zeros(1, np.uint8), "b": arr}))
-    back = codec.decode_request(label, data)  # "b" starts at offset 1: unaligned
-    np.testing.assert_array_equal(back.inputs["b"], np.arange(5, dtype=np.float32))
-    assert back.inputs["b"].dtype.isnative
+def test_fill_tensor_makes_big_endian_and_strided_arrays_contiguous():
+    t = codec.fill_tensor(NS(), "b", np.arange(6, dtype=">f4").reshape(2, 3)[:, ::2])
+    view = codec.check_tensors([t])["b"]
+    np.testing.assert_array_equal(view, [[0, 2], [3, 5]])
+    assert view.dtype == np.float32 and view.dtype.isnative
+    with pytest.raises(codec.CodecError, match="no Tensor data_type"):
+        codec.fill_tensor(NS(), "s", np.array(["a"]))
 
 
-def test_response_round_trip_and_error_response():
-    out = {"logits": np.random.default_rng(0).standard_normal((1, 10)).astype(np.float32)}
-    resp = codec.TensorResponse(id="x", ok=True, outputs=out,
-                                timings={"latency": 0.01, "start": float("nan")},
-                                model="m", stamp=(1, 2), frame_id="f")
-    back = codec.decode_response(*codec.encode_response(resp))
-    assert back.ok and back.code == "ok" and back.stamp == (1, 2) and back.frame_id == "f"
-    np.testing.assert_array_equal(back.outputs["logits"], out["logits"])
-    assert back.timings["start"] is None  # NaN is not JSON
-    err = codec.decode_response(*codec.encode_response(
-        codec.error_response("x", "unknown_model", "no such model")))
-    assert not err.ok and err.code == "unknown_model" and err.outputs == {}
+def test_read_control_reads_fields_not_payload():
+    req = _request(tensors=[NS(name="poison")])  # any access to tensor fields would fail
+    ctrl = codec.read_control(req)
+    assert (ctrl.id, ctrl.model, ctrl.client, ctrl.priority, ctrl.stamp, ctrl.frame_id,
+            ctrl.drop_late) == ("r-1", "tiny_cnn", "cam", "RT", (12, 345), "cam0", False)
+    assert ctrl.deadline_s == pytest.approx(0.033)
+    no_deadline = codec.read_control(_request(deadline=NS(sec=0, nanosec=0), priority=1,
+                                              client=""))
+    assert no_deadline.deadline_s is None and no_deadline.priority == "BE"
+    assert no_deadline.client == "remote"
 
 
-def _header(**kw):
-    label, data = codec.encode_request(_request(inputs={"input": np.ones((2, 2), np.float32)}))
-    h = json.loads(label)
-    h.update(kw)
-    return h, data
-
-
-def _tensor(**kw):
-    t = {"name": "input", "dtype": "float32", "shape": [2, 2], "offset": 0, "nbytes": 16}
-    t.update(kw)
-    return [t]
-
-
-@pytest.mark.parametrize("mutate, rid, words", [
-    (lambda h: "{not json", "", "not valid JSON"),
-    (lambda h: "[1, 2]", "", "JSON object"),
-    (lambda h: "", "", "missing JSON header"),
-    (lambda h: {k: v for k, v in h.items() if k != "id"}, "", "'id'"),
-    (lambda h: {**h, "id": 7}, "", "'id'"),
-    (lambda h: {**h, "v": 2}, "RID", "version"),
-    (lambda h: {k: v for k, v in h.items() if k != "model"}, "RID", "model"),
-    (lambda h: {k: v for k, v in h.items() if k != "tensors"}, "RID", "tensors"),
-    (lambda h: {**h, "priority": "urgent"}, "RID", "priority"),
-    (lambda h: {**h, "deadline_s": -1}, "RID", "deadline_s"),
-    (lambda h: {**h, "deadline_s": "soon"}, "RID", "deadline_s"),
-    (lambda h: {**h, "stamp": [1]}, "RID", "stamp"),
-    (lambda h: {**h, "tensors": {"a": 1}}, "RID", "list"),
-    (lambda h: {**h, "tensors": _tensor(dtype="complex64")}, "RID", "unknown dtype"),
-    (lambda h: {**h, "tensors": _tensor(nbytes=12)}, "RID", "nbytes"),
-    (lambda h: {**h, "tensors": _tensor(shape=[2, -2])}, "RID", "shape"),
-    (lambda h: {**h, "tensors": _tensor(offset=4)}, "RID", "outside"),
-    (lambda h: {**h, "tensors": _tensor(offset=-1)}, "RID", "non-negative"),
-    (lambda h: {**h, "tensors": [{"name": "input"}]}, "RID", "misses"),
-    (lambda h: {**h, "tensors": _tensor() + _tensor()}, "RID", "twice"),
+@pytest.mark.parametrize("field, value, words, rid", [
+    ("id", "", "'id'", ""),
+    ("id", "x" * 129, "'id'", ""),
+    ("model", "", "'model'", "r-1"),
+    ("priority", 7, "priority", "r-1"),
+    ("deadline", NS(sec=-1, nanosec=0), "deadline", "r-1"),
 ])
-def test_malformed_requests_raise_codec_error_with_id(mutate, rid, words):
-    h, data = _header(id="RID")
-    bad = mutate(h)
-    label = bad if isinstance(bad, str) else json.dumps(bad)
-    with pytest.raises(codec.CodecError) as info:
-        codec.decode_request(label, data)
-    assert info.value.code == "malformed_request"
-    assert info.value.request_id == rid
-    assert words in str(info.value)
+def test_bad_control_fields_raise_with_the_id(field, value, words, rid):
+    with pytest.raises(codec.CodecError, match=words) as ei:
+        codec.read_control(_request(**{field: value}))
+    assert ei.value.request_id == rid and ei.value.code == codec.MALFORMED
 
 
-def test_decode_defaults_for_optional_fields():
-    h, data = _header()
-    for k in ("deadline_s", "client", "stamp", "frame_id", "drop_late"):
-        h.pop(k)
-    req = codec.decode_request(json.dumps(h), data)
-    assert (req.deadline_s, req.client, req.stamp, req.frame_id, req.drop_late) == (
-        None, "remote", (0, 0), "", False)
+@pytest.mark.parametrize("mutate, words", [
+    (lambda t: setattr(t, "name", ""), "name must be"),
+    (lambda t: setattr(t, "data_type", 99), "unknown data_type"),
+    (lambda t: (setattr(t, "shape", array.array("I", [1, 3, 2, 3])),
+                setattr(t, "strides", array.array("Q"))), "data has 48"),
+    (lambda t: setattr(t, "data", array.array("B", b"\0" * 47)), "data has 47"),
+    (lambda t: setattr(t, "strides", array.array("Q", [4, 4, 4, 4])), "not C-contiguous"),
+])
+def test_bad_tensor_metadata_raises_with_the_id(mutate, words):
+    t = _tensor()
+    mutate(t)
+    with pytest.raises(codec.CodecError, match=words) as ei:
+        codec.check_tensors([t], request_id="r-9")
+    assert ei.value.request_id == "r-9" and ei.value.code == codec.MALFORMED
 
 
-def test_unsupported_dtype_cannot_be_encoded():
-    with pytest.raises(codec.CodecError):
-        codec.pack_tensors({"s": np.array(["a"])})
+def test_duplicate_names_are_malformed():
+    with pytest.raises(codec.CodecError, match="twice"):
+        codec.check_tensors([_tensor(), _tensor()])
+
+
+def test_limits_are_checked_before_the_payload():
+    small = codec.Limits(max_tensors=2, max_tensor_bytes=800, max_request_bytes=1000,
+                         max_rank=3)
+    # a huge declared shape is refused by its metadata alone: data is never looked at
+    huge = NS(name="h", shape=array.array("I", [2**31, 2**31]), data_type=10,
+              strides=array.array("Q"), data=None)
+    for tensors, words in (([_tensor("a"), _tensor("b"), _tensor("c")], "too many"),
+                           ([huge], "bytes > the limit"),
+                           ([_tensor("a", np.zeros((12, 12), np.float32)),
+                             _tensor("b", np.zeros((12, 12), np.float32))], "exceed"),
+                           ([_tensor("r", np.zeros((1,) * 4, np.uint8))], "rank")):
+        with pytest.raises(codec.TooLargeError, match=words) as ei:
+            codec.check_tensors(tensors, small, "r-2")
+        assert ei.value.code == "request_too_large" and ei.value.request_id == "r-2"
+    with pytest.raises(ValueError):
+        codec.Limits(max_tensors=0)
+
+
+def test_check_spec_names_what_differs():
+    views = codec.check_tensors([_tensor()])
+    spec = {"input": ((1, 3, 2, 2), "float32")}
+    codec.check_spec("m", spec, views)
+    with pytest.raises(InvalidInputError, match=r"missing \['other'\]"):
+        codec.check_spec("m", {**spec, "other": ((1,), "float32")}, views)
+    with pytest.raises(InvalidInputError, match=r"expected float32\[1, 3, 2, 3\]"):
+        codec.check_spec("m", {"input": ((1, 3, 2, 3), "float32")}, views)
+
+
+def test_status_codes_match_the_message_constants():
+    msgs = pytest.importorskip("av_infer_msgs.msg")
+    R = msgs.InferResponse
+    for code, status in codec.STATUS.items():
+        const = {"ok": "STATUS_OK", codec.MALFORMED: "STATUS_MALFORMED_REQUEST"}.get(
+            code, "STATUS_" + code.upper())
+        assert getattr(R, const) == status, code
+    assert codec.status_of("something_new") == R.STATUS_INTERNAL_ERROR == 255
+    T = msgs.Tensor
+    for code, dtype in codec.DATA_TYPES.items():
+        assert getattr(T, "DATA_TYPE_" + dtype.name.upper()) == code
+
+
+def test_fill_timings():
+    tm = NS(arrival=1.0, start=1.002, end=1.005, preempted=1, kernels_reexecuted=2,
+            kernels_padded=0)
+    m = codec.fill_timings(NS(), tm, deadline=1.01, received=0.999, now=1.006)
+    assert m.queueing_ms == pytest.approx(2.0) and m.compute_ms == pytest.approx(3.0)
+    assert m.total_ms == pytest.approx(7.0) and m.has_deadline and m.deadline_met
+    assert m.preempted == 1 and m.kernels_reexecuted == 2
+    missed = codec.fill_timings(NS(), tm, deadline=1.004)
+    assert missed.has_deadline and not missed.deadline_met and np.isnan(missed.total_ms)
+    none = codec.fill_timings(NS(), None, None)
+    assert np.isnan(none.compute_ms) and not none.has_deadline
 
 
 # -- preprocessing -------------------------------------------------------------------------
@@ -153,3 +193,75 @@ def test_bad_images_rejected():
         pre.image_to_tensor("rgb8", 2, 2, 6, bytes(5), (1, 3, 2, 2))
     with pytest.raises(pre.ImageFormatError, match="step"):
         pre.image_to_tensor("rgb8", 2, 2, 3, bytes(12), (1, 3, 2, 2))
+
+
+def test_preprocess_writes_into_the_given_buffer():
+    rng = np.random.default_rng(1)
+    img = rng.integers(0, 256, (24, 32, 3), dtype=np.uint8)
+    shape = (2, 3, 10, 12)
+    fresh = pre.image_to_tensor("rgb8", 24, 32, 96, img.tobytes(), shape)
+    out = np.empty(shape, np.float32)
+    got = pre.image_to_tensor("rgb8", 24, 32, 96, img.tobytes(), shape, out=out)
+    assert got is out
+    np.testing.assert_allclose(out, fresh, rtol=1e-6)
+    np.testing.assert_array_equal(out[0], out[1])
+    with pytest.raises(ValueError, match="out must be"):
+        pre.image_to_tensor("rgb8", 24, 32, 96, img.tobytes(), shape,
+                            out=np.empty((1, 3, 10, 12), np.float32))
+
+
+def test_bilinear_matches_a_direct_formula():
+    """Pixel-centre aligned bilinear (OpenCV's convention), computed point by point."""
+    rng = np.random.default_rng(2)
+    img = rng.integers(0, 256, (7, 9, 1), dtype=np.uint8)
+    got = pre.resize(img, 4, 5, "bilinear")[:, :, 0]
+    want = np.empty((4, 5))
+    for i in range(4):
+        for j in range(5):
+            fy = min(max((i + 0.5) * 7 / 4 - 0.5, 0), 6)
+            fx = min(max((j + 0.5) * 9 / 5 - 0.5, 0), 8)
+            y0, x0 = int(fy), int(fx)
+            y1, x1 = min(y0 + 1, 6), min(x0 + 1, 8)
+            a, b = img[y0, x0, 0] * (1 - fx + x0) + img[y0, x1, 0] * (fx - x0), 0
+            b = img[y1, x0, 0] * (1 - fx + x0) + img[y1, x1, 0] * (fx - x0)
+            want[i, j] = a * (1 - fy + y0) + b * (fy - y0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
+
+
+def test_input_buffers_are_taken_over_not_copied():
+    """``Runtime.input_buffers``: filled in place and handed to ``submit`` without its usual
+    copy (the arrays become read-only: the request owns them); a replaced (foreign) array
+    is copied as usual and stays the caller's."""
+    from av_infer import Runtime
+    from av_infer.model import zoo
+
+    with Runtime(device="cpu") as rt:
+        rt.load_model("tiny_cnn", zoo.path("tiny_cnn"))
+        x = zoo.sample_inputs("tiny_cnn")["input"]
+        bufs = rt.input_buffers("tiny_cnn")
+        assert set(bufs) == {"input"} and bufs["input"].shape == x.shape
+        np.copyto(bufs["input"], x)
+        got = rt.submit("tiny_cnn", bufs).result(120)
+        assert not bufs["input"].flags.writeable  # taken over
+        want = rt.submit("tiny_cnn", {"input": x}).result(120)
+        np.testing.assert_array_equal(got.outputs["logits"], want.outputs["logits"])
+        other = rt.input_buffers("tiny_cnn")
+        foreign = x.copy()
+        other["input"] = foreign
+        rt.submit("tiny_cnn", other).result(120)
+        assert foreign.flags.writeable  # copied, not taken
+
+
+def test_message_buffers_become_tensor_data_without_a_copy():
+    common = pytest.importorskip("av_infer_nodes.common")
+    bufs = common.MessageBuffers({"input": ([1, 3, 4, 5], "float32"), "m": ([2], "int64")})
+    bufs["input"][...] = 1.5  # e.g. preprocessing writes here
+    bufs["m"] = np.array([7, 8])  # replaced: copied as usual
+    ctrl = codec.RequestControl(id="r", model="m", client="c", priority="BE", stamp=(0, 0),
+                                frame_id="", deadline_s=None, drop_late=False)
+    msg = common.request_msg(ctrl, bufs)
+    t = {x.name: x for x in msg.tensors}
+    assert t["input"].data is bufs.raw["input"]  # the very buffer: no copy
+    views = codec.check_tensors(msg.tensors)
+    np.testing.assert_array_equal(views["input"], np.full((1, 3, 4, 5), 1.5, np.float32))
+    np.testing.assert_array_equal(views["m"], [7, 8])

@@ -1,6 +1,7 @@
-"""The nodes in one process (as in the container): image in -> output out with the same
-header, the request/response endpoint (every request answered once, errors included),
-/diagnostics, and live parameters validated as a batch.
+"""The nodes in one process (as in the container): image in -> TensorList out with the same
+header, the typed request/response endpoint (every request answered once, every error
+status included), the lifecycle's inactive answer, a recorded request/response pair
+through ``rclpy.serialization``, /diagnostics, and live parameters validated as a batch.
 
 Every wait is on a condition (matched endpoints, a received message) bounded by
 ``WAIT_S`` only against hangs, so a busy machine makes the tests slower, not red.
@@ -10,7 +11,6 @@ Run inside scripts/netns_run.sh (make test does): LOCALHOST discovery, fresh net
 
 from __future__ import annotations
 
-import json
 import threading
 import uuid
 
@@ -19,16 +19,22 @@ import pytest
 
 rclpy = pytest.importorskip("rclpy")
 
+from av_infer_msgs.msg import (  # noqa: E402
+    Float64Stamped,
+    InferRequest,
+    InferResponse,
+    TensorList,
+)
 from av_infer_nodes.common import (  # noqa: E402
     REQUEST_QOS,
     REQUEST_TOPIC,
     RESPONSE_TOPIC,
-    from_msg,
-    to_msg,
+    request_msg,
 )
 from av_infer_nodes.image_node import IMAGE_QOS  # noqa: E402
 from av_infer_nodes.monitoring_node import MonitoringNode  # noqa: E402
 from av_infer_nodes.perception_node import PerceptionNode  # noqa: E402
+from av_infer_nodes.preprocess import image_to_tensor  # noqa: E402
 from av_infer_nodes.runtime_node import RuntimeNode  # noqa: E402
 from av_infer_nodes.testing import (  # noqa: E402
     WAIT_S,
@@ -39,8 +45,8 @@ from av_infer_nodes.testing import (  # noqa: E402
 )
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
+from rclpy.serialization import deserialize_message, serialize_message  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
-from std_msgs.msg import UInt8MultiArray  # noqa: E402
 
 from av_infer import InvalidParameterError  # noqa: E402
 from av_infer import tensor_codec as codec  # noqa: E402
@@ -82,16 +88,15 @@ def graph(request):
         yield h, host, per, mon, tester
 
 
-def _decode(msg) -> codec.TensorResponse:
-    return codec.decode_response(*from_msg(msg))
+def _views(msg) -> dict[str, np.ndarray]:
+    return codec.tensors_dict(msg.tensors)
 
 
-def test_image_in_output_out_same_header(graph):
+def test_image_in_tensorlist_out_same_header(graph):
     h, host, per, mon, tester = graph
     outs, mon_outs = Collector(), Collector()
-    sub = tester.create_subscription(UInt8MultiArray, "/av_infer_perception/output", outs, 10)
-    sub2 = tester.create_subscription(UInt8MultiArray, "/av_infer_monitoring/output",
-                                      mon_outs, 10)
+    sub = tester.create_subscription(TensorList, "/av_infer_perception/output", outs, 10)
+    sub2 = tester.create_subscription(TensorList, "/av_infer_monitoring/output", mon_outs, 10)
     pub = tester.create_publisher(Image, "/cam_front/image", IMAGE_QOS)
     pub2 = tester.create_publisher(Image, "/cabin/image", IMAGE_QOS)
     try:
@@ -99,19 +104,27 @@ def test_image_in_output_out_same_header(graph):
         sent = {}
         for i, enc in enumerate(["rgb8", "bgr8", "mono8", "rgb8"]):
             img = make_image(tester, f"cam{i}", 40 + i, 50, enc, seed=i)
-            sent[f"cam{i}"] = (img.header.stamp.sec, img.header.stamp.nanosec)
+            sent[f"cam{i}"] = img
             pub.publish(img)
             pub2.publish(make_image(tester, f"cabin{i}", 24, 24, "mono8"))
             wait_for(lambda i=i: len(outs.snapshot()) > i, what=f"output {i}")
-        got = {r.frame_id: r for r in map(_decode, outs.snapshot())}
+        got = {m.header.frame_id: m for m in outs.snapshot()}
         assert set(got) == set(sent)
-        for fid, resp in got.items():
-            assert resp.ok, resp.message
-            assert resp.stamp == sent[fid]
-            assert resp.outputs["logits"].shape == (1, 10)
-            assert resp.timings["latency"] > 0
+        for fid, msg in got.items():
+            assert msg.header.stamp == sent[fid].header.stamp  # the input's header
+            logits = _views(msg)["logits"]
+            assert logits.shape == (1, 10) and logits.dtype == np.float32
+            assert list(msg.tensors[0].strides) == [40, 4]
+        # the same numbers as preprocessing + a direct submit
+        img = sent["cam0"]
+        spec = host.runtime.input_spec("tiny_cnn")
+        x = image_to_tensor(img.encoding, img.height, img.width, img.step, img.data,
+                            list(spec["input"][0]))
+        direct = host.runtime.submit("tiny_cnn", {"input": x}).result(WAIT_S)
+        np.testing.assert_allclose(_views(got["cam0"])["logits"], direct.outputs["logits"],
+                                   rtol=1e-5, atol=1e-6)
         wait_for(mon_outs.snapshot, what="monitoring output")
-        assert _decode(mon_outs.snapshot()[0]).frame_id.startswith("cabin")
+        assert mon_outs.snapshot()[0].header.frame_id.startswith("cabin")
         assert per.counters["completed"] == 4
     finally:
         for ent in (sub, sub2):
@@ -120,95 +133,149 @@ def test_image_in_output_out_same_header(graph):
             tester.destroy_publisher(ent)
 
 
-def test_bad_image_answered_with_error(graph):
+def test_bad_image_answered_on_the_error_topic(graph):
     h, host, per, mon, tester = graph
-    outs = Collector()
-    sub = tester.create_subscription(UInt8MultiArray, "/av_infer_perception/output", outs, 10)
+    errs = Collector()
+    sub = tester.create_subscription(InferResponse, "/av_infer_perception/errors", errs, 10)
     pub = tester.create_publisher(Image, "/cam_front/image", IMAGE_QOS)
     try:
         wait_matched(pub, sub)
         img = make_image(tester, "weird", encoding="rgb8")
         img.encoding = "yuv422"
         pub.publish(img)
-        msg = wait_for(outs.snapshot, what="error output")[0]
-        resp = _decode(msg)
-        assert not resp.ok and resp.code == "invalid_input" and resp.frame_id == "weird"
-        assert "yuv422" in resp.message
+        resp = wait_for(errs.snapshot, what="error output")[0]
+        assert resp.status == InferResponse.STATUS_INVALID_INPUT
+        assert resp.code == "invalid_input" and resp.header.frame_id == "weird"
+        assert "yuv422" in resp.message and not resp.tensors
     finally:
         tester.destroy_subscription(sub)
         tester.destroy_publisher(pub)
 
 
-def _raw(label: str, data: bytes = b"") -> UInt8MultiArray:
-    return to_msg(label, data)
+def _request(rid: str, x: np.ndarray | None, **kw) -> InferRequest:
+    ctrl = dict(id=rid, model="tiny_cnn", client="tester", priority="RT", stamp=(0, 0),
+                frame_id=rid, deadline_s=WAIT_S, drop_late=False)
+    ctrl.update(kw)
+    return request_msg(codec.RequestControl(**ctrl), {} if x is None else {"input": x})
 
 
 def test_request_response_ids_and_errors(graph):
     h, host, per, mon, tester = graph
     resps = Collector()
-    sub = tester.create_subscription(UInt8MultiArray, RESPONSE_TOPIC, resps, REQUEST_QOS)
-    pub = tester.create_publisher(UInt8MultiArray, REQUEST_TOPIC, REQUEST_QOS)
+    sub = tester.create_subscription(InferResponse, RESPONSE_TOPIC, resps, REQUEST_QOS)
+    pub = tester.create_publisher(InferRequest, REQUEST_TOPIC, REQUEST_QOS)
     try:
         wait_matched(pub, sub)
         x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
-        ids = {k: str(uuid.uuid4()) for k in ("ok", "be", "unknown", "shape", "dtype")}
-
-        def req(key, **kw):
-            # a deadline no busy machine misses: deadline_met is checked below
-            base = dict(id=ids[key], model="tiny_cnn", priority="RT", inputs={"input": x},
-                        deadline_s=WAIT_S, client="tester", stamp=(0, 0), frame_id=key)
-            base.update(kw)
-            return to_msg(*codec.encode_request(codec.TensorRequest(**base)))
-
-        pub.publish(req("ok"))
-        pub.publish(req("be", priority="BE", deadline_s=None, stamp=(5, 6)))
-        pub.publish(req("unknown", model="no_such_model"))
-        pub.publish(req("shape", inputs={"input": x[:, :, :16]}))
-        pub.publish(req("dtype", inputs={"input": x.astype(np.float64)}))
-        # malformed: bad JSON, no dims at all, a lying tensor spec with a readable id
-        pub.publish(_raw("{nope"))
-        pub.publish(UInt8MultiArray())
-        bad_id = str(uuid.uuid4())
-        label, data = codec.encode_request(codec.TensorRequest(
-            id=bad_id, model="tiny_cnn", priority="RT", inputs={"input": x}))
-        hdr = json.loads(label)
-        hdr["tensors"][0]["nbytes"] += 4
-        pub.publish(_raw(json.dumps(hdr), data))
-        hdr["tensors"][0].update(nbytes=x.nbytes, dtype="bfloat13")
-        bad_id2 = str(uuid.uuid4())
-        hdr["id"] = bad_id2
-        pub.publish(_raw(json.dumps(hdr), data))
-        wait_for(lambda: len(resps.snapshot()) >= 9, what="9 responses")
+        ids = {k: str(uuid.uuid4()) for k in ("ok", "be", "unknown", "shape", "dtype",
+                                              "lying", "big", "dup")}
+        # a deadline no busy machine misses: deadline_met is checked below
+        pub.publish(_request(ids["ok"], x))
+        be = _request(ids["be"], x, priority="BE", deadline_s=None, stamp=(5, 6))
+        pub.publish(be)
+        pub.publish(_request(ids["unknown"], x, model="no_such_model"))
+        pub.publish(_request(ids["shape"], x[:, :, :16]))
+        pub.publish(_request(ids["dtype"], x.astype(np.float64)))
+        lying = _request(ids["lying"], x)
+        lying.tensors[0].shape = [1, 3, 32, 33]  # metadata that does not match the bytes
+        lying.tensors[0].strides = []
+        pub.publish(lying)
+        big = _request(ids["big"], x)
+        big.tensors[0].shape = [1 << 16, 1 << 16]  # 16 GiB declared: refused unread
+        big.tensors[0].strides = []
+        pub.publish(big)
+        dup = _request(ids["dup"], x)
+        dup.tensors = [dup.tensors[0], dup.tensors[0]]
+        pub.publish(dup)
+        pub.publish(InferRequest())  # no id at all
+        n = len(ids) + 1
+        wait_for(lambda: len(resps.snapshot()) >= n, what=f"{n} responses")
         # wait for the answer to one more request (answered at once: unknown model) rather
-        # than for a fixed time; a duplicate answer to the 9 would show up meanwhile
+        # than for a fixed time; a duplicate answer to the others would show up meanwhile
         sentinel = str(uuid.uuid4())
-        pub.publish(to_msg(*codec.encode_request(codec.TensorRequest(
-            id=sentinel, model="no_such_model", priority="RT", inputs={"input": x}))))
-        wait_for(lambda: any(_decode(m).id == sentinel for m in resps.snapshot()),
+        pub.publish(_request(sentinel, x, model="no_such_model"))
+        wait_for(lambda: any(m.id == sentinel for m in resps.snapshot()),
                  what="the sentinel's answer")
-        got = [r for r in map(_decode, resps.snapshot()) if r.id != sentinel]
+        got = [r for r in resps.snapshot() if r.id != sentinel]
         by_id: dict[str, list] = {}
         for r in got:
             by_id.setdefault(r.id, []).append(r)
-        assert len(got) == 9, [(r.id, r.code) for r in got]
+        assert len(got) == n, [(r.id, r.code) for r in got]
         for key in ids:
             assert len(by_id[ids[key]]) == 1, key  # exactly one answer each
         ok = by_id[ids["ok"]][0]
-        assert ok.ok and ok.outputs["logits"].shape == (1, 10)
-        assert ok.frame_id == "ok"
-        assert ok.timings["deadline_met"] is True  # zero stamp: due WAIT_S after receipt
-        be = by_id[ids["be"]][0]
-        assert be.ok and be.stamp == (5, 6) and be.frame_id == "be"  # header echoed
-        assert by_id[ids["unknown"]][0].code == "unknown_model"
-        assert by_id[ids["shape"]][0].code == "invalid_input"
-        assert by_id[ids["dtype"]][0].code == "invalid_input"
-        assert [r.code for r in by_id[""]] == ["malformed_request"] * 2
-        assert by_id[bad_id][0].code == "malformed_request"
-        assert "nbytes" in by_id[bad_id][0].message
-        assert "unknown dtype" in by_id[bad_id2][0].message
-        # the same result as a direct submit
+        assert ok.status == InferResponse.STATUS_OK and ok.code == "ok"
+        assert _views(ok)["logits"].shape == (1, 10) and ok.header.frame_id == ids["ok"]
+        assert ok.timings.has_deadline and ok.timings.deadline_met  # zero stamp: from receipt
+        assert ok.timings.compute_ms > 0 and ok.timings.total_ms >= ok.timings.compute_ms
+        b = by_id[ids["be"]][0]
+        assert b.code == "ok" and (b.header.stamp.sec, b.header.stamp.nanosec) == (5, 6)
+        assert not b.timings.has_deadline
+        S = InferResponse
+        assert by_id[ids["unknown"]][0].status == S.STATUS_UNKNOWN_MODEL
+        assert by_id[ids["shape"]][0].status == S.STATUS_INVALID_INPUT
+        assert by_id[ids["dtype"]][0].status == S.STATUS_INVALID_INPUT
+        assert by_id[ids["lying"]][0].status == S.STATUS_MALFORMED_REQUEST
+        assert "data has" in by_id[ids["lying"]][0].message
+        assert by_id[ids["big"]][0].status == S.STATUS_REQUEST_TOO_LARGE
+        assert by_id[ids["dup"]][0].status == S.STATUS_MALFORMED_REQUEST
+        assert [r.status for r in by_id[""]] == [S.STATUS_MALFORMED_REQUEST]
+        for r in got:
+            assert r.code == "ok" or not r.tensors  # errors carry no tensors
         direct = host.runtime.submit("tiny_cnn", {"input": x}).result(WAIT_S)
-        np.testing.assert_allclose(ok.outputs["logits"], direct.outputs["logits"], rtol=1e-6)
+        np.testing.assert_allclose(_views(ok)["logits"], direct.outputs["logits"], rtol=1e-6)
+    finally:
+        tester.destroy_subscription(sub)
+        tester.destroy_publisher(pub)
+
+
+def test_inactive_host_answers_inactive_and_comes_back(graph):
+    """deactivate: new requests are answered STATUS_INACTIVE (never silence); activate:
+    served again. Driven here by the node's own transitions; test_ros_multiprocess drives
+    them over ~/change_state from another process."""
+    h, host, per, mon, tester = graph
+    resps = Collector()
+    sub = tester.create_subscription(InferResponse, RESPONSE_TOPIC, resps, REQUEST_QOS)
+    pub = tester.create_publisher(InferRequest, REQUEST_TOPIC, REQUEST_QOS)
+    x = np.zeros((1, 3, 32, 32), np.float32)
+    try:
+        wait_matched(pub, sub)
+        host.trigger_deactivate()
+        pub.publish(_request("while-inactive", x))
+        r = wait_for(lambda: [m for m in resps.snapshot() if m.id == "while-inactive"],
+                     what="the inactive answer")[0]
+        assert r.status == InferResponse.STATUS_INACTIVE and r.code == "inactive"
+        host.trigger_activate()
+        pub.publish(_request("active-again", x))
+        r = wait_for(lambda: [m for m in resps.snapshot() if m.id == "active-again"],
+                     what="the answer after activate")[0]
+        assert r.code == "ok", r.message
+    finally:
+        if not host.active:
+            host.trigger_activate()
+        tester.destroy_subscription(sub)
+        tester.destroy_publisher(pub)
+
+
+def test_recorded_pair_round_trips_through_serialization(graph):
+    """A request and its response, as a recorder stores them (CDR bytes), deserialize to
+    equal messages: no C++ and no codec of ours needed to read a recording."""
+    h, host, per, mon, tester = graph
+    resps = Collector()
+    sub = tester.create_subscription(InferResponse, RESPONSE_TOPIC, resps, REQUEST_QOS)
+    pub = tester.create_publisher(InferRequest, REQUEST_TOPIC, REQUEST_QOS)
+    try:
+        wait_matched(pub, sub)
+        req = _request("recorded", np.ones((1, 3, 32, 32), np.float32))
+        pub.publish(req)
+        resp = wait_for(lambda: [m for m in resps.snapshot() if m.id == "recorded"],
+                        what="the recorded response")[0]
+        for msg, typ in ((req, InferRequest), (resp, InferResponse)):
+            raw = serialize_message(msg)
+            back = deserialize_message(raw, typ)
+            assert back == msg  # (CDR padding bytes are not specified: compare messages)
+        back = deserialize_message(serialize_message(resp), InferResponse)
+        np.testing.assert_array_equal(_views(back)["logits"], _views(resp)["logits"])
     finally:
         tester.destroy_subscription(sub)
         tester.destroy_publisher(pub)
@@ -325,3 +392,32 @@ def test_live_parameters_validated_as_a_batch(graph):
     assert not per.set_parameters([Parameter("priority", value="BE")])[0].successful
     assert not per.set_parameters([Parameter("std", value=[0.0, 1.0, 1.0])])[0].successful
     assert per.set_parameters([Parameter("relative_deadline_ms", value=33.0)])[0].successful
+
+
+def test_debug_topics_when_enabled(graph):
+    """``debug_topics``: ~/debug/processing_time_ms and ~/debug/pipeline_latency_ms per
+    output (av_infer_msgs/Float64Stamped), as Autoware's perception nodes publish them."""
+    h, host, per, mon, tester = graph
+    dbg = h.add(PerceptionNode("dbg_perception", context=h.context, runtime=host.runtime,
+                               parameter_overrides=[Parameter("model", value="tiny_cnn"),
+                                                    Parameter("debug_topics", value=True)],
+                               cli_args=["--ros-args", "-r", "image:=/dbg_cam/image"]))
+    proc, lat = Collector(), Collector()
+    subs = [tester.create_subscription(Float64Stamped, f"/dbg_perception/debug/{t}", c, 10)
+            for t, c in (("processing_time_ms", proc), ("pipeline_latency_ms", lat))]
+    pub = tester.create_publisher(Image, "/dbg_cam/image", IMAGE_QOS)
+    try:
+        wait_matched(pub, *subs)
+        pub.publish(make_image(tester, "dbg"))
+        p = wait_for(proc.snapshot, what="processing time")[0]
+        q = wait_for(lat.snapshot, what="pipeline latency")[0]
+        assert 0 < p.data < WAIT_S * 1e3 and 0 < q.data < WAIT_S * 1e3
+        assert not [e for e in per.get_topic_names_and_types()
+                    if e[0] == "/av_infer_perception/debug/processing_time_ms"]  # off
+    finally:
+        for s in subs:
+            tester.destroy_subscription(s)
+        tester.destroy_publisher(pub)
+        h.executor.remove_node(dbg)
+        h.nodes.remove(dbg)
+        dbg.destroy_node()

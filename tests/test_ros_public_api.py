@@ -22,8 +22,13 @@ NODES = Path(__file__).resolve().parents[1] / "nodes"
 
 #: av_infer submodules the nodes may import, and why there is no top-level alternative.
 ALLOWED = {
-    "av_infer.tensor_codec": "the wire format of /av_infer/request|response and the image "
-                             "nodes' ~/output messages: the ROS messages are this codec",
+    "av_infer.tensor_codec": "av_infer_msgs tensors <-> numpy, the request checks and the "
+                             "image gather (GatherPlan) of the split control/data path: "
+                             "ROS-free so it is tested without ROS",
+    "av_infer.pipeline": "the PPipe stage process (pipeline_stage_node.py): stage specs, input "
+                         "widening and the pipeline's typed errors, exported by the package",
+    "av_infer.model_admin": "the ROS-free logic behind /av_infer/load_model, unload_model and "
+                            "list_models: model_dirs confinement, size bounds, typed failures",
 }
 
 

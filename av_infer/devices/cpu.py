@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import threading
 import time
 from collections import deque
@@ -204,6 +205,17 @@ class _Lane:
     restarts: int = 0  # worker threads that died and were replaced
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
 class CpuDevice(Device):
     """Worker-lane device; see the module docstring."""
 
@@ -280,6 +292,13 @@ class CpuDevice(Device):
 
         return compile_segments(source, input_shapes, name=name,
                                 segment_ms=None if whole else self.segment_ms)
+
+    def compile_key(self, whole: bool = False) -> dict[str, Any]:
+        """The ORT engine cuts by time profiled on this CPU at ``segment_ms``."""
+        if self.engine == "numpy":
+            return {"engine": "numpy"}
+        return {"engine": self.engine, "segment_ms": None if whole else float(self.segment_ms),
+                "cpu": f"{platform.machine()} {cpu_model()}"}
 
     def load_plan(self, plan: Plan) -> _Model:
         if self.faults is not None:
