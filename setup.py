@@ -19,7 +19,9 @@ extensions = [
 
 setup(
     package_data={"av_infer.kernels.cuda": ["*.cu", "*.cuh"],
-                  "av_infer.devices.cuda_emu": ["*.c", "*.h"]},
+                  "av_infer.devices.cuda_emu": ["*.c", "*.h"],
+                  "av_infer.qos": ["data/*.json"],
+                  "av_infer.bench": ["workloads/*.json"]},
     # av_infer/ and its subpackages, plus nodes/ installed as `av_infer_nodes`.
     packages=find_packages(include=["av_infer", "av_infer.*"]) + ["av_infer_nodes"],
     package_dir={"av_infer_nodes": "nodes"},

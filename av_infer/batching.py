@@ -15,12 +15,20 @@ Plans are compiled for a few batch sizes (e.g. 1, 2, 4, 8); ``take`` returns the
 compiled size not above ``min(t, queued)``. :func:`stack_inputs` and
 :func:`split_outputs` turn single requests into one batched task and back, so batched
 requests are still answered individually.
+
+:class:`Eq2Batcher` is the other mode (seed paper 001 §3.1, eq. 2): the smallest compiled
+batch size ``B >= [α·D_B·R_t + (1-α)·N_t]·β`` (``R_t`` arrivals per second in a sliding
+window, ``N_t`` queued requests, ``D_B`` the expected device time of a batch of B): just
+enough to keep up with arrivals, so batches stay small (low delay) until the load needs
+them large. The runtime selects either mode (``Runtime(batch_mode=...)``); which variant
+of a group runs the batch is chosen by utility (``av_infer.qos.deciders``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -130,6 +138,85 @@ class AdaptiveBatcher:
             "quanta": self.quanta,
             "batches": dict(sorted(self.batches.items())),
         }
+
+
+class RateWindow:
+    """Arrival rate over a sliding window of ``window`` seconds (the paper's R_t)."""
+
+    __slots__ = ("window", "_times")
+
+    def __init__(self, window: float) -> None:
+        if not window > 0:
+            raise InvalidParameterError(f"rate window must be > 0 s, got {window}")
+        self.window = float(window)
+        self._times: deque[float] = deque()
+
+    def observe(self, now: float, n: int = 1) -> None:
+        self._times.extend([now] * int(n))
+        self._prune(now)
+
+    def _prune(self, now: float) -> None:
+        times, lo = self._times, now - self.window
+        while times and times[0] <= lo:
+            times.popleft()
+
+    def rate(self, now: float) -> float:
+        """Arrivals per second over the last window."""
+        self._prune(now)
+        return len(self._times) / self.window
+
+
+class Eq2Batcher:
+    """Paper 001 eq. 2 batch sizes for one model or variant group (module docstring).
+
+    ``alpha`` in [0, 1] weighs predicted arrivals against the queue; ``beta`` > 0 scales
+    the whole target (the paper tunes both on training data). Not thread-safe: the
+    scheduler calls it from its driver.
+    """
+
+    def __init__(self, batch_sizes: Iterable[int] = DEFAULT_BATCH_SIZES, alpha: float = 0.5,
+                 beta: float = 1.0, window: float = 0.05) -> None:
+        sizes = sorted({int(b) for b in batch_sizes} | {1})
+        if sizes[0] < 1:
+            raise InvalidParameterError(f"batch sizes must be >= 1, got {sizes}")
+        if not 0.0 <= alpha <= 1.0:
+            raise InvalidParameterError(f"eq. 2 alpha must be in [0, 1], got {alpha}")
+        if not beta > 0:
+            raise InvalidParameterError(f"eq. 2 beta must be > 0, got {beta}")
+        self.batch_sizes: tuple[int, ...] = tuple(sizes)
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.rates = RateWindow(window)
+        self.batches: dict[int, int] = {}  # batch size -> times chosen (diagnostics)
+
+    def set_batch_sizes(self, batch_sizes: Iterable[int]) -> None:
+        self.batch_sizes = tuple(sorted({int(b) for b in batch_sizes} | {1}))
+
+    def observe_arrival(self, now: float, n: int = 1) -> None:
+        self.rates.observe(now, n)
+
+    def target(self, queued: int, now: float, d_of: Callable[[int], float]) -> int:
+        """The smallest compiled B satisfying eq. 2 (the largest if none does)."""
+        r = self.rates.rate(now)
+        a, beta = self.alpha, self.beta
+        for b in self.batch_sizes:
+            if b >= (a * d_of(b) * r + (1.0 - a) * queued) * beta:
+                return b
+        return self.batch_sizes[-1]
+
+    def take(self, queued: int, now: float, d_of: Callable[[int], float]) -> int:
+        """How many of ``queued`` requests to run now (0 if none): eq. 2's B, at most the
+        queue (the plan chosen for it may be larger and padded)."""
+        if queued <= 0:
+            return 0
+        n = min(self.target(queued, now, d_of), queued)
+        self.batches[n] = self.batches.get(n, 0) + 1
+        return n
+
+    def stats(self) -> dict[str, object]:
+        return {"alpha": self.alpha, "beta": self.beta, "window_s": self.rates.window,
+                "batch_sizes": list(self.batch_sizes),
+                "batches": dict(sorted(self.batches.items()))}
 
 
 def stack_inputs(

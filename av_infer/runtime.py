@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +32,23 @@ from av_infer.errors import (
     AvInferError,
     InvalidInputError,
     InvalidParameterError,
+    ModelNameInUseError,
     RuntimeClosedError,
     UnknownModelError,
 )
 from av_infer.model.plan import Plan
+from av_infer.model.plan_store import PlanStore, open_plan_store
 from av_infer.profiles import ModelProfile
-from av_infer.qos import UtilityTracker, check_deadlines
+from av_infer.qos import GroupStats, UtilityTracker, VariantGroup, check_deadlines
+from av_infer.qos.deciders import check_mode
+from av_infer.qos.policy import PolicyNet, load_policy
 from av_infer.sched.driver import Driver, RequestFuture
 from av_infer.sched.model_services import ModelServices, batch_name, compile_batch_plans
 from av_infer.sched.policies import device_refuses, get_policy
 from av_infer.sched.request import Priority, Request, Result, Timings
 from av_infer.sched.scheduler import ModelEntry, Scheduler, check_capacity
 
-__all__ = ["ModelInfo", "Runtime"]
+__all__ = ["InputBuffers", "ModelInfo", "Runtime"]
 
 Spec = dict[str, tuple[tuple[int, ...], str]]
 
@@ -62,13 +66,19 @@ class ModelInfo:
     kernels: int
     resident_bytes: int = 0
     pinned: bool = False
+    #: how ``load_model`` got the plan (on the info it returns): "hit" (the on-disk plan
+    #: cache, no compile), "miss" (compiled and stored), "bypass" (compiled, not storable),
+    #: None (no plan cache, or a ready Plan)
+    plan_cache: str | None = None
 
 
 @dataclass
 class _ClientConfig:
     priority: Priority = Priority.BE
-    relative_deadline: float | None = None
+    relative_deadline: float | None = None  # the soft deadline, relative to arrival
     drop_late: bool = False
+    hard_deadline: float | None = None  # relative to arrival; None: none
+    variant_group: str | None = None  # its requests are served by this group
 
 
 class Runtime:
@@ -88,6 +98,18 @@ class Runtime:
     themselves, REEF-N's literal order (§4.4). Off by default: RT goes at once to the
     highest-priority stream, where the block scheduler gives it SMs as BE blocks end, so
     RT never waits for a whole running BE kernel (in-order BE streams would make it).
+
+    QoS (paper 001, ``av_infer.qos``): ``batch_mode`` picks how batch sizes are chosen
+    when ``batching`` is on: ``"rafiqi"`` (adaptive threshold), ``"eq2"`` (paper 001 eq. 2),
+    ``"fixed"`` (everything queued, at most 32) or ``"qos_rl"`` (the learned policy in
+    ``qos_policy``, a file written by ``av-infer qos train``; default: the committed one).
+    ``define_variant_group`` names alternative models of one task with accuracy factors
+    κ; requests naming the group get the variant (and batch) of highest expected quality.
+
+    ``plan_cache``: compiled plans on disk (``model.plan_store``, docs/plan_cache.md), so a
+    restart loads models without compiling: None/False off (default), True the default
+    directory (``$AV_INFER_PLAN_CACHE`` or ``$XDG_CACHE_HOME/av_infer/plans``), a
+    directory, or a ``PlanStore``.
     """
 
     def __init__(
@@ -106,10 +128,17 @@ class Runtime:
         max_batch: int = 8,
         max_queue_depth: int | None = None,
         be_min_share: float = 0.1,
+        batch_mode: str = "rafiqi",
+        qos_policy: str | os.PathLike | None = None,
+        plan_cache: PlanStore | str | os.PathLike | bool | None = None,
     ) -> None:
         pol = get_policy(policy)
+        batch_mode = check_mode(batch_mode)
+        net = load_policy(qos_policy) if batch_mode == "qos_rl" or qos_policy else None
         max_queue_depth = _check_depth(max_queue_depth)
         be_min_share = _check_share(be_min_share)
+        #: compiled plans on disk (``model.plan_store``): a restart loads without compiling
+        self._plans = open_plan_store(plan_cache)
         if isinstance(max_be_streams, bool) or not isinstance(max_be_streams, int) \
                 or max_be_streams < 1:
             raise InvalidParameterError(
@@ -136,8 +165,10 @@ class Runtime:
                                  mode="inline" if virtual else "thread")
         self._services = ModelServices(self._cache, self._wake, self._sched.resume_parked,
                                        batching, batch_quantum)
+        self._services.set_mode(batch_mode, net)
         self._sched.ext = self._services
         self._utility = UtilityTracker()
+        self._groups: dict[str, tuple[VariantGroup, ModelEntry, GroupStats]] = {}
         self._sources: dict[str, tuple[Any, Any]] = {}  # ONNX sources, for batch plans
         self._batch_max = _check_max_batch(max_batch)
         self._batch_info: dict[str, str] = {}  # model -> batch sizes or why unavailable
@@ -183,21 +214,30 @@ class Runtime:
         ``profile``: a kernel profile (``profiles.ModelProfile`` or a file written by
         ``av-infer models profile``) of this plan on this device. Padding selection (DKP)
         needs one; the simulator also times the plan with it. Without it the device's own
-        (the simulator's derived or registered one) is used, where it has one."""
+        (the simulator's derived or registered one) is used, where it has one.
+
+        With a plan cache (``plan_cache=`` of the constructor, ``model.plan_store``), a plan
+        compiled before from the same bytes, input shapes, compiler and device is read from
+        disk instead of compiled (``ModelInfo.plan_cache`` says which happened)."""
         self._check_open()
         prof = _load_profile(name, profile)
         if not isinstance(name, str) or not name:
             raise InvalidParameterError(f"model name must be a non-empty string, got {name!r}")
         with self._lock:
             if name in self._models:
-                raise InvalidParameterError(f"model {name!r} is already loaded; unload it first")
+                raise ModelNameInUseError(f"model {name!r} is already loaded; unload it first")
         whole = bool(pin) if whole is None else bool(whole)
+        how = None
         if isinstance(source, Plan):
             plan = source
         else:
             if isinstance(source, Path):
                 source = str(source)
-            plan = self._device.compile(source, input_shapes, name=name, whole=whole)
+            if self._plans is not None:
+                plan, how = self._plans.compile(self._device, source, input_shapes, name,
+                                                whole)
+            else:
+                plan = self._device.compile(source, input_shapes, name=name, whole=whole)
         if self._sched.c + 1 > plan.reuse_guard:
             raise InvalidParameterError(
                 f"model {name!r}: plan reuse_guard={plan.reuse_guard} cannot restore with "
@@ -217,13 +257,13 @@ class Runtime:
         with self._lock:
             if name in self._models:
                 self._cache.unregister(name)
-                raise InvalidParameterError(f"model {name!r} is already loaded")
+                raise ModelNameInUseError(f"model {name!r} is already loaded")
             self._models[name] = entry
             if not isinstance(source, Plan):
                 self._sources[name] = (source, input_shapes, whole)
         if self._services.batching:
             self._add_batch_plans(name)
-        return self._info(entry)
+        return replace(self._info(entry), plan_cache=how)
 
     # -- cache and batching (av_infer.cache, av_infer.batching) ----------------------------
     def _wake(self, fn: Callable[[], None]) -> None:
@@ -265,6 +305,7 @@ class Runtime:
         self._batch_info[name] = "batch sizes " + ", ".join(
             str(b) for b in sorted({1, *have, *plans}))
         self._control(lambda: self._services.add_batch_entries(name, ents))
+        self._prime_latency([name])
 
     def set_cache_budget(self, budget: int | None) -> None:
         """Device-memory budget of the model cache in bytes (None: unlimited). Shrinking
@@ -277,15 +318,32 @@ class Runtime:
         self._cache.set_max_models(cap)
 
     def set_batching(self, enabled: bool, max_batch: int | None = None,
-                     quantum: float | None = None) -> None:
+                     quantum: float | None = None, mode: str | None = None,
+                     policy: str | os.PathLike | PolicyNet | None = None,
+                     params: Mapping[str, float] | None = None) -> None:
         """Adaptive batching of BE requests on/off (Rafiqi §3.3). Enabling compiles batch
         plans (sizes 2, 4, ... up to ``max_batch``) for models whose ONNX batch dim is
-        dynamic; it runs the compiler in the caller's thread."""
+        dynamic; it runs the compiler in the caller's thread.
+
+        ``mode``: ``rafiqi`` | ``eq2`` | ``fixed`` | ``qos_rl`` (see the class docstring);
+        ``policy``: qos_rl's policy (a file or a PolicyNet; default: the one loaded, else
+        the committed one); ``params``: eq. 2's ``alpha``, ``beta``, ``b_thrd``, the
+        arrival-rate window ``rate_window`` (s) and fixed's ``fixed_max``. Everything is
+        validated (the policy against every model and group) before anything changes."""
         self._check_open()
         if max_batch is not None:
-            self._batch_max = _check_max_batch(max_batch)
+            max_batch = _check_max_batch(max_batch)
         if quantum is not None and not (isinstance(quantum, (int, float)) and quantum > 0):
             raise InvalidParameterError(f"batch quantum must be seconds > 0, got {quantum!r}")
+        if mode is not None or policy is not None or params:
+            m = check_mode(mode if mode is not None else self._services.mode)
+            net = policy if isinstance(policy, PolicyNet) else (
+                load_policy(policy) if policy is not None or (
+                    m == "qos_rl" and self._services.policy is None) else None)
+            prm = dict(params or {})
+            self._control(lambda: self._services.set_mode(m, net, prm))
+        if max_batch is not None:
+            self._batch_max = max_batch
         if enabled:
             for name in self.models():
                 self._add_batch_plans(name)
@@ -305,6 +363,10 @@ class Runtime:
         """Forget ``name``: new submits fail; accepted requests still complete, then its
         device memory is freed."""
         with self._lock:
+            used = [g for g, (grp, _, _) in self._groups.items() if name in grp.models]
+            if used:
+                raise InvalidParameterError(
+                    f"model {name!r} is a variant of group(s) {used}; remove them first")
             entry = self._models.pop(name, None)
         if entry is None:
             raise UnknownModelError(f"unknown model {name!r}; loaded: {self.models()}")
@@ -322,6 +384,8 @@ class Runtime:
     def _entry(self, name: str) -> ModelEntry:
         with self._lock:
             e = self._models.get(name)
+            if e is None and name in self._groups:
+                e = self._groups[name][1]
         if e is None:
             raise UnknownModelError(f"unknown model {name!r}; loaded: {self.models()}")
         return e
@@ -332,6 +396,14 @@ class Runtime:
     def output_spec(self, name: str) -> Spec:
         return self._entry(name).plan.output_spec()
 
+    def input_buffers(self, name: str) -> InputBuffers:
+        """Fresh, uninitialised input arrays of model ``name`` for the caller to fill in
+        place (e.g. the ROS node copies a message payload, or writes a preprocessed image,
+        straight into them); ``submit`` then takes them over without the copy it makes of
+        ordinary inputs. See :class:`InputBuffers`."""
+        return InputBuffers(name, {n: np.empty(shape, dtype) for n, (shape, dtype)
+                                   in self.input_spec(name).items()})
+
     # -- clients ----------------------------------------------------------------------------
     def configure_client(
         self,
@@ -341,12 +413,24 @@ class Runtime:
         drop_late: bool = False,
         soft_deadline: float | None = None,
         hard_deadline: float | None = None,
+        variant_group: str | None = None,
     ) -> None:
         """Defaults for ``client``'s requests: priority, deadline relative to arrival
         (seconds), and whether requests that can only start after their deadline are
         dropped (DeadlineMissedError) rather than run late. ``soft_deadline``/
         ``hard_deadline`` (relative seconds) turn on the client's mean deadline utility in
-        ``stats()["utility"]`` (1 until soft, linear to 0 at hard; av_infer.qos)."""
+        ``stats()["utility"]`` (1 until soft, linear to 0 at hard; av_infer.qos); the soft
+        one is the deadline (EDF for RT) unless ``relative_deadline`` is given, and a BE
+        request still unanswered at its hard deadline is dropped wherever it is
+        (DeadlineMissedError). ``variant_group``: the client's requests (naming the group
+        or one of its models) are served by the group's best variant. Everything is
+        validated first; a refusal changes nothing."""
+        if variant_group is not None:
+            with self._lock:
+                known = variant_group in self._groups
+            if not known:
+                raise UnknownModelError(
+                    f"unknown variant group {variant_group!r}; defined: {self.variant_groups()}")
         if soft_deadline is not None or hard_deadline is not None:
             try:
                 sd = float(hard_deadline if soft_deadline is None else soft_deadline)
@@ -372,9 +456,96 @@ class Runtime:
                 raise InvalidParameterError(
                     f"relative_deadline must be seconds > 0 (or None), got {relative_deadline!r}")
             relative_deadline = rd
+        soft = hard = None
+        if soft_deadline is not None or hard_deadline is not None:
+            soft, hard = sd, hd
+            if not hd > 0:
+                raise InvalidParameterError(f"hard deadline must be > 0 s, got {hd}")
         with self._lock:
-            self._clients[client] = _ClientConfig(prio, relative_deadline, bool(drop_late))
+            self._clients[client] = _ClientConfig(
+                prio, relative_deadline if relative_deadline is not None else (soft or None),
+                bool(drop_late), hard, variant_group)
         self._utility.configure(client, soft_deadline, hard_deadline)
+
+    # -- variant groups (paper 001 §2.3, av_infer.qos) ---------------------------------------
+    def define_variant_group(self, name: str, variants: Mapping[str, float]) -> None:
+        """Alternative models of one task: ``variants`` maps loaded model -> accuracy factor
+        κ in (0, 1] (e.g. ``{"full": 1.0, "fast": 0.5}``). Requests naming ``name`` (or
+        from a client configured with it) run on the variant, and batch size, of highest
+        expected quality κ·V (``stats()["variant_groups"]``). The variants must take and
+        return the same tensors. Validated first (InvalidParameterError /
+        UnknownModelError); a refusal changes nothing."""
+        self._check_open()
+        group = VariantGroup.build(name, variants)
+        with self._lock:
+            if name in self._models or name in self._groups:
+                raise InvalidParameterError(f"{name!r} is already a model or variant group")
+            missing = [m for m in group.models if m not in self._models]
+            bases = [self._models.get(m) for m in group.models]
+        if missing:
+            raise UnknownModelError(f"variant group {name!r}: models {missing} are not "
+                                    f"loaded; loaded: {self.models()}")
+        first = bases[0]
+        for e in bases[1:]:
+            for what, a, b in (("inputs", first.plan.input_spec(), e.plan.input_spec()),
+                               ("outputs", first.plan.output_spec(), e.plan.output_spec())):
+                if a != b:
+                    raise InvalidParameterError(
+                        f"variant group {name!r}: {e.name!r} {what} {_fmt_spec(b)} differ from "
+                        f"{first.name!r}'s {_fmt_spec(a)}")
+        entry = ModelEntry(name, first.plan, first.handle, variants=group)
+        self._control(lambda: self._services.add_group(group, bases))
+        with self._lock:
+            self._groups[name] = (group, entry, GroupStats(group))
+        self._prime_latency(group.models)
+
+    def remove_variant_group(self, name: str) -> None:
+        """Forget a group; requests already accepted still complete."""
+        with self._lock:
+            if self._groups.pop(name, None) is None:
+                raise UnknownModelError(f"unknown variant group {name!r}")
+            for c in self._clients.values():
+                if c.variant_group == name:
+                    c.variant_group = None
+        self._control(lambda: self._services.remove_group(name))
+
+    def variant_groups(self) -> dict[str, dict[str, float]]:
+        """Group name -> {model: κ}, most accurate first."""
+        with self._lock:
+            return {n: {v.model: v.kappa for v in g.variants}
+                    for n, (g, _, _) in self._groups.items()}
+
+    def _prime_latency(self, models: Any) -> None:
+        """Seed the decisions' latency table with the device's profile of each plan (base
+        and batch plans that are resident); observed run times take over later."""
+        ents = self._services.batch_entries  # read on the driver: it alone writes them
+        names = self._control(lambda: [n for m in models for n in (
+            m, *(e.name for e in ents.get(m, {}).values()))]) or []
+        est = {}
+        for n in names:
+            h = self._cache.handle(n)
+            if h is None:
+                continue
+            try:
+                est[n] = self._device.profile_of(h).total_us * 1e-6
+            except Exception:  # noqa: BLE001 - no profile on this device: observe instead
+                continue
+        if est:
+            self._control(lambda: [self._services.latency.prime(n, v) for n, v in est.items()])
+
+    def _record_quality(self, group: str, fut: Future) -> None:
+        with self._lock:
+            g = self._groups.get(group)
+        if g is None:
+            return
+        try:
+            r = fut.result()
+        except AvInferError as e:
+            g[2].record(None, 0.0, e.code)
+        except BaseException:  # noqa: BLE001 - a failed request is worth 0
+            g[2].record(None, 0.0, "error")
+        else:
+            g[2].record(r.model, r.quality)
 
     # -- requests ---------------------------------------------------------------------------
     def submit(
@@ -386,18 +557,22 @@ class Runtime:
         client: str = "default",
         arrival: float | None = None,
         drop_late: bool | None = None,
+        hard_deadline: float | None = None,
+        variant_group: str | None = None,
     ) -> Future[Result]:
         """Queue one inference; returns its future. Never raises for a bad request: the
         future is already failed with the typed error (nothing was queued).
 
         ``priority`` defaults to the client's configured one (BE if unconfigured);
-        ``deadline`` is absolute on ``now()``'s clock, default arrival + the client's
-        relative deadline (inf if none); ``arrival`` defaults to ``now()``; ``drop_late``
-        (this request only) defaults to the client's configured one. Per-request values
-        never change the client's configuration.
+        ``deadline`` (the soft deadline) is absolute on ``now()``'s clock, default arrival +
+        the client's relative deadline (inf if none); ``hard_deadline`` likewise (default:
+        the client's; must not be before ``deadline``); ``arrival`` defaults to ``now()``;
+        ``drop_late`` (this request only) defaults to the client's configured one;
+        ``variant_group`` (default: the client's) serves ``model`` (the group or one of its
+        variants) by the group. Per-request values never change the client's configuration.
         """
         return self._submit(model, inputs, priority, deadline, client, arrival, False,
-                            drop_late)
+                            drop_late, hard_deadline, variant_group)
 
     def infer(
         self,
@@ -409,21 +584,24 @@ class Runtime:
         arrival: float | None = None,
         timeout: float | None = None,
         drop_late: bool | None = None,
+        hard_deadline: float | None = None,
+        variant_group: str | None = None,
     ) -> Result:
         """Submit and wait: the result, or the typed error raised. The same request as
         ``submit`` (same queues, priorities and preemption), but the calling thread, which
         waits anyway, runs the request's launches itself when its lane is idle, so a
         request costs no thread hand-off (the synchronous call for a thread per client)."""
         fut = self._submit(model, inputs, priority, deadline, client, arrival, True,
-                           drop_late)
+                           drop_late, hard_deadline, variant_group)
         return fut.result(timeout)
 
     def _submit(self, model: str, inputs: Any, priority: Any, deadline: Any, client: Any,
-                arrival: Any, caller_runs: bool, drop_late: Any = None) -> Future[Result]:
+                arrival: Any, caller_runs: bool, drop_late: Any = None,
+                hard_deadline: Any = None, variant_group: Any = None) -> Future[Result]:
         fut: RequestFuture = RequestFuture(self._driver)
         try:
             req = self._make_request(model, inputs, priority, deadline, client, arrival, fut,
-                                     drop_late)
+                                     drop_late, hard_deadline, variant_group)
         except AvInferError as e:
             self._count_submit_error(e)
             fut.set_exception(e)
@@ -434,7 +612,10 @@ class Runtime:
                 self._count_submit_error(err)
                 fut.set_exception(err)
                 return fut
-            entry = self._models.get(model)
+            entry = self._models.get(req.model)
+            grp = self._groups.get(req.model)
+            if grp is not None:
+                entry = grp[1]
             if entry is None:  # unloaded meanwhile
                 err = UnknownModelError(f"unknown model {model!r}; loaded: {list(self._models)}")
                 self._count_submit_error(err)
@@ -442,6 +623,8 @@ class Runtime:
                 return fut
         if self._utility.deadlines(req.client) is not None:
             fut.add_done_callback(lambda f, c=req.client: self._record_utility(c, f))
+        if grp is not None:
+            fut.add_done_callback(lambda f, g=req.model: self._record_quality(g, f))
         fut.helper = lambda f, r=req: self._help(r, f)
         # caller_runs: an enqueue made on this thread while it handles its own arrival skips
         # the worker's wake-up, since this thread runs the launches right after (a start on
@@ -477,14 +660,25 @@ class Runtime:
 
     def _make_request(self, model: str, inputs: Any, priority: Any, deadline: Any,
                       client: Any, arrival: Any, fut: Future,
-                      drop_late: Any = None) -> Request:
+                      drop_late: Any = None, hard_deadline: Any = None,
+                      variant_group: Any = None) -> Request:
         if self._closed:
             raise RuntimeClosedError("runtime is closed")
         if not isinstance(client, str) or not client:
             raise InvalidParameterError(f"client must be a non-empty string, got {client!r}")
-        entry = self._entry(model)
         with self._lock:
             cfg = self._clients.get(client) or _ClientConfig()
+            gname = cfg.variant_group if variant_group is None else variant_group
+            grp = self._groups.get(gname) if gname is not None else None
+        if gname is not None:
+            if grp is None:
+                raise UnknownModelError(f"unknown variant group {gname!r}; defined: "
+                                        f"{self.variant_groups()}")
+            if model != gname and model not in grp[0].models:
+                raise InvalidParameterError(
+                    f"model {model!r} is not in variant group {gname!r} {grp[0].models}")
+            model = gname
+        entry = self._entry(model)
         if priority is None:
             prio = cfg.priority
         else:
@@ -501,12 +695,22 @@ class Runtime:
             deadline = arrival + cfg.relative_deadline if cfg.relative_deadline else math.inf
         else:
             deadline = _number("deadline", deadline, allow_inf=True)
+        if hard_deadline is None:
+            hard = arrival + cfg.hard_deadline if cfg.hard_deadline else math.inf
+            hard = max(hard, deadline)  # a per-request soft deadline may pass the client's hard
+        else:
+            hard = _number("hard_deadline", hard_deadline, allow_inf=True)
+            if deadline == math.inf:  # a hard deadline alone: a step utility (soft = hard)
+                deadline = hard
+            if hard < deadline:
+                raise InvalidParameterError(
+                    f"hard_deadline {hard} is before the (soft) deadline {deadline}")
         if drop_late is None:
             drop_late = cfg.drop_late
         elif not isinstance(drop_late, (bool, np.bool_)):
             raise InvalidParameterError(f"drop_late must be a bool, got {drop_late!r}")
         return Request(next(self._ids), model, copied, prio, client, deadline, bool(drop_late),
-                       Timings(arrival), fut)
+                       Timings(arrival), fut, hard_deadline=hard)
 
     # -- settings ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -648,6 +852,8 @@ class Runtime:
             "kernels": snap.pop("padded_kernels", 0),
         }
         snap["closed"] = self._closed
+        if self._plans is not None:
+            snap["plan_cache"] = self._plans.stats()
         with self._lock:
             snap["submit_errors"] = dict(self._submit_errors)
             snap["loaded_models"] = list(self._models)
@@ -662,6 +868,10 @@ class Runtime:
         utility = self._utility.summary()
         if utility:
             snap["utility"] = _jsonable(utility)
+        with self._lock:
+            groups = {n: g[2] for n, g in self._groups.items()}
+        if groups:
+            snap["variant_groups"] = _jsonable({n: g.summary() for n, g in groups.items()})
         try:
             snap["device"] = _jsonable(self._device.telemetry())
         except Exception as e:  # noqa: BLE001
@@ -798,8 +1008,35 @@ def _validate_inputs(model: str, spec: Spec, inputs: Any) -> dict[str, np.ndarra
             raise InvalidInputError(
                 f"model {model!r} input {name!r}: expected {dtype}{list(shape)}, "
                 f"got {v.dtype}{list(v.shape)}")
-        out[name] = v.copy(order="C")
+        out[name] = v.copy(order="C") if not isinstance(inputs, InputBuffers) \
+            else inputs.take(name, v)
     return out
+
+
+class InputBuffers(dict):
+    """Input arrays a caller filled in place, handed to ``Runtime.submit`` without a copy.
+
+    ``Runtime.input_buffers(model)`` makes them; the caller writes into the arrays (never
+    replaces them: a replaced or foreign array is copied as usual) and submits the mapping
+    once. On submit the runtime owns the arrays: they become read-only, so a late write by
+    the caller fails loudly instead of changing a queued request. Submitting the same
+    mapping again copies (the arrays are the first request's).
+    """
+
+    def __init__(self, model: str, arrays: dict[str, np.ndarray]):
+        super().__init__(arrays)
+        self.model = model
+        self._own = dict(arrays)
+        self._taken = False
+
+    def take(self, name: str, value: np.ndarray) -> np.ndarray:
+        """``value`` itself if it is this mapping's untaken own array, else a copy."""
+        if self._taken or self._own.get(name) is not value or not value.flags.c_contiguous:
+            return value.copy(order="C")
+        value.flags.writeable = False
+        if all(not a.flags.writeable for a in self.values()):
+            self._taken = True
+        return value
 
 
 def _fmt_spec(spec: Spec) -> str:

@@ -136,6 +136,13 @@ class Device(ABC):
 
         return compile_model(source, input_shapes, name=name)
 
+    def compile_key(self, whole: bool = False) -> dict[str, Any]:
+        """What of this device, beyond its class and name, decides the plan ``compile``
+        returns (JSON-able; the on-disk plan cache keys by it, ``model.plan_store``).
+        Kernel plans depend on the model alone: nothing. A device whose ``compile`` reads
+        its settings or measures the machine says so here."""
+        return {}
+
     @abstractmethod
     def load_plan(self, plan: Plan) -> Any:
         """Make the plan's weights resident; returns an opaque handle. Compiles kernels."""
@@ -198,6 +205,13 @@ class Device(ABC):
     @abstractmethod
     def set_capacity(self, c: int) -> None:
         """At most ``c`` launches in flight per stream from now on (REEF's DQ capacity)."""
+
+    def set_quiet(self, stream: int, windows: Sequence[tuple[float, float]]) -> None:
+        """Hold launches of ``stream`` whose kernel would run into one of ``windows``
+        (``(start, end)`` device times of predicted RT arrivals, ``sched.rt_forecast``)
+        until that window ends, unless the stream's flag is up. Default: no gating (a
+        device that cannot time kernels ignores it; nothing else depends on it)."""
+        return None
 
     # -- lifecycle -----------------------------------------------------------------------
     @abstractmethod

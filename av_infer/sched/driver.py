@@ -145,7 +145,7 @@ class Driver:
         due = math.nextafter(due, math.inf)
         self._armed = due
         if self.inline_callbacks:
-            self.device.call_at(due, self._fire)
+            self.device.call_at(due, lambda: self._fire(due))
             return
         with self._tcv:
             if self._t_thread is None:
@@ -154,7 +154,12 @@ class Driver:
                 self._t_thread.start()
             self._tcv.notify()
 
-    def _fire(self) -> None:
+    def _fire(self, due: float | None = None) -> None:
+        """The armed timer is due. A virtual device cannot cancel an event: one armed
+        earlier and since replaced (``due`` is not the armed time) is ignored, or each stale
+        event would arm another and timers would multiply."""
+        if due is not None and due != self._armed:
+            return
         self._armed = math.inf
         self.post(("timer",))
 

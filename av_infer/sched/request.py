@@ -67,11 +67,26 @@ class Result:
     priority: Priority
     outputs: dict[str, np.ndarray]
     timings: Timings
-    deadline: float = math.inf
+    deadline: float = math.inf  # the soft deadline (absolute, device clock)
+    #: the hard deadline (absolute; inf: none) and the accuracy factor κ of the model that
+    #: served it (a variant group's variant; 1 otherwise): paper 001's quality inputs
+    hard_deadline: float = math.inf
+    kappa: float = 1.0
 
     @property
     def deadline_met(self) -> bool:
         return self.timings.end <= self.deadline
+
+    @property
+    def quality(self) -> float:
+        """Paper 001 eq. 1: κ · V(end; soft, hard) (κ when it has no deadline)."""
+        end, soft = self.timings.end, self.deadline
+        if end <= soft:
+            return self.kappa
+        hard = max(self.hard_deadline, soft)
+        if end >= hard:
+            return 0.0
+        return self.kappa * (hard - end) / (hard - soft)
 
 
 @dataclass(eq=False)
@@ -94,3 +109,6 @@ class Request:
     #: launches itself (0: none). An enqueue made *on that thread* while it handles the
     #: arrival need not wake a lane worker: the thread helps right after.
     caller_runs: int = 0
+    #: absolute hard deadline (device clock; inf: none): a BE request still unanswered then
+    #: is dropped wherever it is (DeadlineMissedError); ``deadline`` is the soft one
+    hard_deadline: float = math.inf

@@ -79,6 +79,9 @@ class ModelEntry:
     unloading: bool = False
     #: kernel profile (profiles.ModelProfile) for padding selection; None: never padded
     profile: Any = None
+    #: a variant group's entry (qos.VariantGroup): requests naming it get their variant
+    #: (and batch) from ``ext.maybe_batch`` before they start, RT ones included
+    variants: Any = None
     _dkp: list[tuple[float, int, int, float, float]] | None = None
 
     @property
@@ -131,6 +134,8 @@ class Task:
     qh: int = 0
     #: a batch task (model_services.maybe_batch): the requests it answers; None otherwise
     members: list[Task] | None = None
+    #: a member of a batch task: that task (a hard-deadline drop answers the member alone)
+    batch: Task | None = None
     # fixed at creation (read on every event: plain attributes, not properties)
     tid: int = field(init=False)
     rt: bool = field(init=False)
@@ -341,8 +346,8 @@ class Scheduler:
         due = math.inf
         late = self._late
         while late:
-            t = late[0][2]
-            if t.answered or t.allocated:
+            _, _, hard, t = late[0]
+            if t.answered or (t.allocated and not hard):
                 heapq.heappop(late)
                 continue
             due = late[0][0]
@@ -399,23 +404,49 @@ class Scheduler:
         return True
 
     def _expire_late(self) -> None:
-        """Fail queued, never-started drop_late requests whose deadline has passed."""
+        """Fail queued, never-started drop_late requests whose deadline has passed, and BE
+        requests past their hard deadline wherever they are (queued, parked, batched,
+        running or preempted: paper 001, a response after the hard deadline is worth 0)."""
         now = self.device.now()
         late = self._late
         while late and late[0][0] < now:
-            _, _, t = heapq.heappop(late)
-            if t.answered or t.allocated:
+            deadline, _, hard, t = heapq.heappop(late)
+            if t.answered or (t.allocated and not hard):
                 continue
-            self._unqueue(t)
-            self._miss(t, now)
+            if not hard:
+                self._unqueue(t)
+                self._miss(t, now)
+                continue
+            where = "while queued"
+            b = t.batch
+            if b is not None:  # a member of a batch: it alone is answered; the batch runs on
+                where = "in a batch"
+                self._miss(t, now, deadline, where)
+                if all(m.answered for m in b.members or ()) and not b.answered:
+                    self._evict(b, DeadlineMissedError(
+                        f"every request of batch {b.tid} passed its hard deadline"))
+                continue
+            if t.allocated:
+                where = "while preempted" if t.state in (PREEMPTED, PAUSED) else "while running"
+            self._evict(t, self._miss_error(t, now, deadline, where))
+            with self.stats.lock:
+                self.stats.client(t.req.client, t.req.priority.name).deadline_misses += 1
 
-    def _miss(self, t: Task, now: float) -> None:
+    def _miss_error(self, t: Task, now: float, deadline: float,
+                    where: str) -> DeadlineMissedError:
+        req = t.req
+        kind = "hard deadline" if deadline != req.deadline else "deadline"
+        return DeadlineMissedError(
+            f"request {req.id} ({req.model}) missed its {kind} by "
+            f"{(now - deadline) * 1e3:.3f} ms {where}; dropped")
+
+    def _miss(self, t: Task, now: float, deadline: float | None = None,
+              where: str = "before it could start") -> None:
         req = t.req
         with self.stats.lock:
             self.stats.client(req.client, req.priority.name).deadline_misses += 1
-        self._fail(t, DeadlineMissedError(
-            f"request {req.id} ({req.model}) missed its deadline by "
-            f"{(now - req.deadline) * 1e3:.3f} ms before it could start"))
+        self._fail(t, self._miss_error(t, now, req.deadline if deadline is None else deadline,
+                                       where))
 
     def _queue(self, t: Task, front: bool = False) -> None:
         """Put ``t`` in its ready queue (RT: EDF; BE: its client's FIFO)."""
@@ -479,7 +510,9 @@ class Scheduler:
                 return
         self._queue(task)
         if req.drop_late and req.deadline < math.inf:
-            heapq.heappush(self._late, (req.deadline, task.tid, task))
+            heapq.heappush(self._late, (req.deadline, task.tid, False, task))
+        if req.hard_deadline < math.inf and not task.rt:
+            heapq.heappush(self._late, (req.hard_deadline, task.tid, True, task))
         if not task.rt and self.ext is not None:  # batching observes BE arrivals
             self.ext.on_arrival(task, self.device.now())
         self._schedule()
@@ -500,7 +533,8 @@ class Scheduler:
         if self.listeners:
             self._emit("kernel", {"stream": comp.stream, "task": comp.task,
                                   "kernel": comp.kernel, "executed": comp.executed,
-                                  "t_start": comp.t_start, "t_end": comp.t_end})
+                                  "t_start": comp.t_start, "t_end": comp.t_end,
+                                  "t_stop": comp.t_stop})
         if comp.parts:
             self._dkp_credit(comp)
         task = self.tasks.get(comp.task)
@@ -651,6 +685,9 @@ class Scheduler:
                         s.outstanding > 0 for s in self.be_streams if s.owner is not None):
                     return  # what BE launched finishes or self-evicts first
             task = self.rt_queue.pop()
+            if task.entry.variants is not None and self.ext is not None and not task.allocated:
+                task = self.ext.maybe_batch(task, self.device.now(), self._be_queued_of,
+                                            self._be_take_of)
             if self._start(task, self._rt_stream_for(task)):
                 return
 
@@ -796,8 +833,10 @@ class Scheduler:
                                    "reexecuted": reexec, "t": self.device.now()})
 
     # -- the BE queue as batching sees it (model_services.maybe_batch) -------------------------
-    def _be_queued_of(self, model: str) -> int:
-        return sum(1 for x in self.be_queues if x.req.model == model and not x.allocated)
+    def _be_queued_of(self, model: str) -> list[Task]:
+        """Queued, never-started BE requests of ``model`` in dispatch order (FIFO per
+        client, clients in turn approximated by queue order)."""
+        return [x for x in self.be_queues if x.req.model == model and not x.allocated]
 
     def _be_take_of(self, model: str, n: int) -> list[Task]:
         """Remove and return up to ``n`` queued, never-started BE requests of ``model``."""
@@ -1048,7 +1087,7 @@ class Scheduler:
         if t.outstanding <= 0:
             self._release(t)
         self._answer(t, Result(req.id, req.model, req.client, req.priority, outputs,
-                               req.timings, req.deadline))
+                               req.timings, req.deadline, req.hard_deadline))
 
     def _abort(self, t: Task, err: AvInferError) -> None:
         """Answer a running task with ``err`` and evict its launches."""

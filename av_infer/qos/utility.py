@@ -1,4 +1,4 @@
-"""Deadline utility (seed paper 001 §3): how much a response is still worth.
+"""Deadline utility (seed paper 001 §2.3): how much a response is still worth.
 
 Why: a miss/no-miss count treats a response 1 µs late like one a second late. Paper 001's
 time-utility function gives each request a *soft* and a *hard* deadline: utility is 1 up to
@@ -23,6 +23,11 @@ def check_deadlines(soft: float, hard: float) -> None:
         raise InvalidParameterError(
             f"hard deadline {hard} s is before the soft deadline {soft} s"
         )
+
+
+def quality(t_end: float, soft: float, hard: float, kappa: float = 1.0) -> float:
+    """Paper 001 eq. 1: ``Q = κ_M · V(t_end; soft, hard)`` (absolute times, one clock)."""
+    return kappa * utility(t_end, soft, hard)
 
 
 def utility(t: float, soft: float, hard: float) -> float:
