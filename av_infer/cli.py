@@ -1,4 +1,5 @@
-"""The ``av-infer`` command: models list|check|show|profile, bench (see av_infer/bench/cli.py)."""
+"""The ``av-infer`` command: models list|check|show|profile, bench (see av_infer/bench/cli.py),
+pipeline plan|sim (av_infer/pipeline/cli.py)."""
 
 from __future__ import annotations
 
@@ -227,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
     from av_infer.bench.cli import add_bench_parser
 
     add_bench_parser(sub)
+    from av_infer.pipeline.cli import add_pipeline_parser
+
+    add_pipeline_parser(sub)
+    from av_infer.qos.cli import add_qos_parser
+
+    add_qos_parser(sub)
     return p
 
 

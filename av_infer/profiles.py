@@ -134,16 +134,7 @@ class ModelProfile:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Atomic write (temp file + rename) so a concurrent reader never sees half a file."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(self.to_json())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_text(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ModelProfile:
@@ -371,3 +362,67 @@ def load_reef_trace(
     )
     profile = ModelProfile(model=model, device=spec.name, sms=spec.sms, kernels=kprofs)
     return plan, profile
+
+
+# -- block profiles (pool pipelines, paper 004) -------------------------------------------
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file + rename: readers see the old file or
+    the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass
+class BlockProfile:
+    """Latency of each pre-partitioned block of one model on one device type, per batch
+    size and virtual-device fraction (PPipe §5.2-5.3; ``av_infer.pipeline.partition``).
+
+    ``blocks``: the kernel ranges ``[start, end)`` of the plan; ``out_bytes``: bytes that
+    cross each block's end at batch 1. ``latency_us[str(v)][bi][blk]``: block ``blk`` at
+    batch ``batches[bi]`` on ``1/v`` of one device. ``source``: ``derived`` (roofline on a
+    simulated GPU) or ``measured`` (timed on the device). Same file format family as
+    :class:`ModelProfile`: a ``format`` field and atomic saves.
+    """
+
+    model: str
+    device: str
+    variant: str
+    source: str
+    blocks: list[list[int]]
+    out_bytes: list[int]
+    batches: list[int]
+    vfracs: list[int]
+    latency_us: dict[str, list[list[float]]]
+
+    def latency(self, v: int, batch: int) -> list[float]:
+        """Per-block latencies (us) at ``batch`` on ``1/v`` of a device."""
+        return self.latency_us[str(v)][self.batches.index(batch)]
+
+    def to_json(self) -> str:
+        return json.dumps({"format": PROFILE_FORMAT_VERSION, "kind": "blocks",
+                           **dataclasses.asdict(self)})
+
+    @classmethod
+    def from_json(cls, text: str) -> BlockProfile:
+        doc = json.loads(text)
+        fmt = doc.pop("format", None)
+        if fmt != PROFILE_FORMAT_VERSION or doc.pop("kind", None) != "blocks":
+            raise ValueError(f"not a block profile of format {PROFILE_FORMAT_VERSION}")
+        return cls(**doc)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        atomic_write_text(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> BlockProfile:
+        return cls.from_json(Path(path).read_text())

@@ -1,0 +1,328 @@
+"""A pool-pipeline stage process (paper 004 across processes), and the lane that reaches it.
+
+``PipelineStageNode`` hosts one av_infer ``Runtime`` (one pool member). Under
+``/av_infer/pipeline/<stage_id>/`` it
+
+* takes ``load`` orders (``std_msgs/String`` JSON ``{"stage", "model", "variant",
+  "n_blocks", "first", "end"}`` or ``{"unload": stage}``), cuts the zoo model itself
+  (partitioning is deterministic, no ONNX crosses the wire) and latches the loaded stage
+  names on ``ready``;
+* answers every ``request`` (``av_infer_msgs/InferRequest``: the stage name and the
+  feature maps as typed tensors) with exactly one ``response``
+  (``av_infer_msgs/InferResponse``), outputs or a typed error; a malformed feature-map
+  message is answered (``malformed_request`` / ``invalid_input``), never crashes it;
+* publishes a heartbeat on ``alive`` (``av_infer_msgs/Float64Stamped``, seconds up).
+
+The feature maps ride the request's priority and deadline, so the stage's runtime orders
+them with its own policy: RT work on that device still preempts pipeline work.
+
+``RemoteLane`` is the executor's side (``av_infer.pipeline.executor.Lane``): it publishes
+orders and requests and resolves futures from responses. A lane whose heartbeat stops for
+``dead_after_s`` is dead: its in-flight requests fail with ``stage_failed`` and the
+executor re-plans onto the lanes left.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+from av_infer_msgs.msg import Float64Stamped, InferRequest, InferResponse, Tensor
+from av_infer_nodes.common import (
+    LATCHED_QOS,
+    REQUEST_QOS,
+    declare,
+    error_reply,
+    response_msg,
+    spin_nodes,
+)
+from builtin_interfaces.msg import Duration
+from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from std_msgs.msg import String
+
+from av_infer import AvInferError, InvalidInputError, error_from_code
+from av_infer import tensor_codec as codec
+from av_infer.pipeline import MalformedFeatureMapError, StageFailedError, StageSpec, widen
+
+PREFIX = "/av_infer/pipeline"
+#: load orders: reliable and kept for a stage that starts late; deep enough that a burst
+#: of orders (a migration's unloads) is not overwritten before delivery
+ORDER_QOS = QoSProfile(depth=64, history=HistoryPolicy.KEEP_LAST,
+                       reliability=ReliabilityPolicy.RELIABLE,
+                       durability=DurabilityPolicy.TRANSIENT_LOCAL)
+
+
+def topic(stage_id: str, leaf: str) -> str:
+    return f"{PREFIX}/{stage_id}/{leaf}"
+
+
+class PipelineStageNode(Node):
+    """One pool member in its own process (see the module docstring)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__("pipeline_stage", **kwargs)
+        self.stage_id = declare(self, "stage_id", "stage0",
+                                "topics live under /av_infer/pipeline/<stage_id>/",
+                                read_only=True)
+        device = declare(self, "device", "cpu", "the av_infer device of this member",
+                         read_only=True)
+        self.max_lifetime_s = declare(
+            self, "max_lifetime_s", 0.0, "exit after this many seconds (0: run until "
+            "stopped); bounds test and demo processes", read_only=True,
+            float_range=(0.0, 1e6))
+        hb = declare(self, "heartbeat_s", 0.1, "period of the alive heartbeat",
+                     read_only=True, float_range=(0.01, 10.0))
+        from av_infer import Runtime
+
+        self.runtime = Runtime(device)
+        self._lock = threading.Lock()
+        self._loaded: list[str] = []
+        self._t0 = time.monotonic()
+        self._ready = self.create_publisher(String, topic(self.stage_id, "ready"), LATCHED_QOS)
+        self._resp = self.create_publisher(InferResponse, topic(self.stage_id, "response"),
+                                           REQUEST_QOS)
+        self._alive = self.create_publisher(Float64Stamped, topic(self.stage_id, "alive"),
+                                            REQUEST_QOS)
+        self.create_subscription(String, topic(self.stage_id, "load"), self._on_load,
+                                 ORDER_QOS)
+        self.create_subscription(InferRequest, topic(self.stage_id, "request"),
+                                 self._on_request, REQUEST_QOS)
+        self.create_timer(hb, self._beat)
+        self._publish_ready()
+
+    # -- orders -----------------------------------------------------------------------------
+    def _on_load(self, msg: String) -> None:
+        try:
+            order = json.loads(msg.data)
+            if "unload" in order:
+                name = str(order["unload"])
+                with self._lock:
+                    if name in self._loaded:
+                        self.runtime.unload_model(name)
+                        self._loaded.remove(name)
+            else:
+                name = str(order["stage"])
+                spec = StageSpec(str(order["model"]), str(order["variant"]),
+                                 int(order["n_blocks"]), int(order["first"]), int(order["end"]))
+                with self._lock:
+                    if name not in self._loaded:
+                        self.runtime.load_model(name, spec.build(), whole=True)
+                        self._loaded.append(name)
+        except (ValueError, KeyError, TypeError, AvInferError) as e:
+            self.get_logger().error(f"load order {msg.data[:200]!r} refused: {e}")
+        self._publish_ready()
+
+    def _publish_ready(self) -> None:
+        with self._lock:
+            names = list(self._loaded)
+        self._ready.publish(String(data=json.dumps({"loaded": names})))
+
+    def _beat(self) -> None:
+        up = time.monotonic() - self._t0
+        msg = Float64Stamped(data=up)
+        msg.stamp = self.get_clock().now().to_msg()
+        self._alive.publish(msg)
+        if self.max_lifetime_s and up > self.max_lifetime_s:
+            self.get_logger().info(f"max_lifetime_s={self.max_lifetime_s} reached; exiting")
+            raise SystemExit(0)
+
+    # -- requests ---------------------------------------------------------------------------
+    def _on_request(self, msg: InferRequest) -> None:
+        """Answer ``msg`` exactly once, whatever it holds."""
+        rid = codec.read_id(msg)
+        try:
+            ctrl = codec.read_control(msg)
+            spec = self.runtime.input_spec(ctrl.model)
+            views = widen(codec.check_tensors(msg.tensors, request_id=ctrl.id), spec)
+            try:
+                codec.check_spec(ctrl.model, spec, views)
+            except InvalidInputError as e:
+                raise MalformedFeatureMapError(str(e)) from None
+            deadline = (self.runtime.now() + ctrl.deadline_s) if ctrl.deadline_s else None
+            fut = self.runtime.submit(ctrl.model, views, priority=ctrl.priority,
+                                      deadline=deadline, client=ctrl.client)
+        except (codec.CodecError, AvInferError) as e:
+            self._resp.publish(response_msg(error_reply(rid, e, getattr(msg, "model", "")),
+                                            msg.header))
+            return
+        except Exception as e:  # noqa: BLE001 - anything else is still answered
+            self._resp.publish(response_msg(error_reply(rid, e, ""), msg.header))
+            return
+        header, model = msg.header, ctrl.model
+
+        def done(f: Future) -> None:
+            exc = f.exception()
+            if exc is not None:
+                reply = error_reply(rid, exc, model)
+            else:
+                from av_infer_nodes.common import Reply
+
+                reply = Reply(id=rid, model=model, outputs=f.result().outputs,
+                              timings=f.result().timings, deadline=deadline)
+            self._resp.publish(response_msg(reply, header))
+
+        fut.add_done_callback(done)
+
+    def destroy_node(self) -> None:
+        self.runtime.close(drain=False)
+        super().destroy_node()
+
+
+class RemoteLane:
+    """A :class:`PipelineStageNode` as a pool member of an executor in this process."""
+
+    def __init__(self, node: Node, stage_id: str, dead_after_s: float = 3.0,
+                 wait_s: float = 120.0, window: int = 32) -> None:
+        self.name = stage_id
+        self.node = node
+        self.dead_after_s = float(dead_after_s)
+        self.wait_s = float(wait_s)
+        self._cv = threading.Condition()
+        self._loaded: set[str] = set()
+        self._inflight: dict[str, Future] = {}
+        # at most `window` requests on the wire: the request/response topics keep the last
+        # REQUEST_QOS.depth samples, so a larger burst could overwrite unacknowledged ones
+        self.window = max(1, min(int(window), REQUEST_QOS.depth // 2))
+        self._backlog: deque[tuple[str, InferRequest, Future]] = deque()
+        self._ids = itertools.count(1)
+        self._last_beat: float | None = None
+        self._dead = False
+        self.on_death: list[Any] = []
+        self.unmatched = 0  # responses matching no request in flight
+        self._load_pub = node.create_publisher(String, topic(stage_id, "load"), ORDER_QOS)
+        self._req_pub = node.create_publisher(InferRequest, topic(stage_id, "request"),
+                                              REQUEST_QOS)
+        node.create_subscription(String, topic(stage_id, "ready"), self._on_ready, LATCHED_QOS)
+        node.create_subscription(InferResponse, topic(stage_id, "response"), self._on_response,
+                                 REQUEST_QOS)
+        node.create_subscription(Float64Stamped, topic(stage_id, "alive"), self._on_beat,
+                                 REQUEST_QOS)
+        node.create_timer(min(0.5, self.dead_after_s / 4), self._watch)
+
+    @property
+    def alive(self) -> bool:
+        return not self._dead
+
+    @property
+    def loaded(self) -> set[str]:
+        """Stage names the process last reported loaded."""
+        with self._cv:
+            return set(self._loaded)
+
+    def wait_alive(self) -> None:
+        """Block until the stage's heartbeat and request subscription are seen."""
+        deadline = time.monotonic() + self.wait_s
+        with self._cv:
+            while (self._last_beat is None or self._req_pub.get_subscription_count() == 0):
+                if time.monotonic() > deadline:
+                    raise StageFailedError(f"stage {self.name} did not come up")
+                self._cv.wait(0.05)
+
+    # -- Lane ---------------------------------------------------------------------------
+    def load(self, stage: str, spec: StageSpec) -> None:
+        self._order({"stage": stage, "model": spec.model, "variant": spec.variant,
+                     "n_blocks": spec.n_blocks, "first": spec.first, "end": spec.end})
+        deadline = time.monotonic() + self.wait_s
+        with self._cv:
+            while stage not in self._loaded:
+                if self._dead or time.monotonic() > deadline:
+                    raise StageFailedError(f"stage {self.name} did not load {stage}")
+                self._cv.wait(0.05)
+
+    def unload(self, stage: str) -> None:
+        self._order({"unload": stage})
+
+    def _order(self, doc: Mapping[str, Any]) -> None:
+        self._load_pub.publish(String(data=json.dumps(doc)))
+
+    def run(self, stage: str, inputs: Mapping[str, np.ndarray], priority: str,
+            deadline_in_s: float) -> Future:
+        fut: Future = Future()
+        rid = f"{self.name}-{next(self._ids)}"
+        if self._dead:
+            fut.set_exception(StageFailedError(f"stage {self.name} is dead"))
+            return fut
+        msg = InferRequest(id=rid, model=stage, client="pipeline",
+                           priority=codec.PRIORITY_OF[priority])
+        if deadline_in_s != float("inf") and deadline_in_s > 0:
+            sec = int(deadline_in_s)
+            msg.deadline = Duration(sec=sec, nanosec=int((deadline_in_s - sec) * 1e9))
+        msg.tensors = [codec.fill_tensor(Tensor(), n, np.ascontiguousarray(v))
+                       for n, v in inputs.items()]
+        with self._cv:
+            if len(self._inflight) >= self.window:
+                self._backlog.append((rid, msg, fut))
+                return fut
+            self._inflight[rid] = fut
+        self._req_pub.publish(msg)
+        return fut
+
+    def _send_backlog(self) -> None:
+        while True:
+            with self._cv:
+                if self._dead or not self._backlog or len(self._inflight) >= self.window:
+                    return
+                rid, msg, fut = self._backlog.popleft()
+                self._inflight[rid] = fut
+            self._req_pub.publish(msg)
+
+    # -- callbacks ----------------------------------------------------------------------
+    def _on_ready(self, msg: String) -> None:
+        try:
+            names = set(json.loads(msg.data).get("loaded", []))
+        except (ValueError, AttributeError):
+            return
+        with self._cv:
+            self._loaded = names
+            self._cv.notify_all()
+
+    def _on_beat(self, _msg: Float64Stamped) -> None:
+        with self._cv:
+            self._last_beat = time.monotonic()
+            self._cv.notify_all()
+
+    def _on_response(self, msg: InferResponse) -> None:
+        with self._cv:
+            fut = self._inflight.pop(msg.id, None)
+            if fut is None:  # not ours, a duplicate, or failed already when the lane died
+                self.unmatched += 1
+                return
+        self._send_backlog()
+        if msg.code == "ok":
+            fut.set_result({k: np.array(v) for k, v in codec.tensors_dict(msg.tensors).items()})
+        else:
+            fut.set_exception(error_from_code(msg.code, msg.message))
+
+    def _watch(self) -> None:
+        with self._cv:
+            beat = self._last_beat
+            if self._dead or beat is None or time.monotonic() - beat < self.dead_after_s:
+                return
+            self._dead = True
+            lost, self._inflight = self._inflight, {}
+            lost.update({rid: f for rid, _, f in self._backlog})
+            self._backlog.clear()
+            self._cv.notify_all()
+        err = StageFailedError(f"stage {self.name}: no heartbeat for {self.dead_after_s:g} s")
+        for fut in lost.values():
+            fut.set_exception(err)
+        for cb in list(self.on_death):
+            cb(self)
+
+
+def main(args: list[str] | None = None) -> None:
+    """One stage process: ``python -m av_infer_nodes.pipeline_stage_node --ros-args -p
+    stage_id:=stage0``."""
+    spin_nodes(lambda: [PipelineStageNode()], args)
+
+
+if __name__ == "__main__":
+    main()
