@@ -39,6 +39,11 @@ _LAZY: dict[str, str | tuple[str, str]] = {
     "get_policy": "av_infer.sched.policies",
     "zoo_names": ("av_infer.model.zoo", "names"),
     "zoo_path": ("av_infer.model.zoo", "path"),
+    # QoS (paper 001): what a caller of Runtime(batch_mode=, qos_policy=) validates against
+    "BATCH_MODES": ("av_infer.qos.deciders", "MODES"),
+    "check_batch_mode": ("av_infer.qos.deciders", "check_mode"),
+    "DEFAULT_QOS_POLICY": ("av_infer.qos.policy", "DEFAULT_POLICY"),
+    "load_qos_policy": ("av_infer.qos.policy", "load_policy"),
 }
 
 if TYPE_CHECKING:

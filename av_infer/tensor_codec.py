@@ -58,7 +58,7 @@ PRIORITY_OF: dict[str, int] = {v: k for k, v in PRIORITIES.items()}
 STATUS: dict[str, int] = {
     "ok": 0, MALFORMED: 1, "invalid_input": 2, "unknown_model": 3, "deadline_missed": 4,
     "rejected": 5, "inactive": 6, "shutdown": 7, "device_fault": 8, "timeout": 9,
-    "request_too_large": 10,
+    "request_too_large": 10, "invalid_parameter": 11,
 }
 STATUS_INTERNAL_ERROR = 255
 
@@ -123,6 +123,12 @@ class RequestControl:
     #: relative to ``stamp`` (receipt when the stamp is zero); None: no deadline
     deadline_s: float | None
     drop_late: bool
+    #: paper 001's hard deadline, relative to ``stamp`` like ``deadline_s`` (which is then
+    #: the soft one); None: none
+    hard_deadline_s: float | None = None
+    #: a variant group on the host serving ``model`` (the group or one of its variants);
+    #: None: none (or the client's)
+    variant_group: str | None = None
 
 
 def read_id(msg: Any, limits: Limits = DEFAULT_LIMITS) -> str:
@@ -144,15 +150,28 @@ def read_control(msg: Any, limits: Limits = DEFAULT_LIMITS) -> RequestControl:
     if prio is None:
         raise CodecError(f"'priority' must be PRIORITY_RT (0) or PRIORITY_BE (1), got "
                          f"{msg.priority}", rid)
-    sec, nsec = int(msg.deadline.sec), int(msg.deadline.nanosec)
-    if sec < 0 or not 0 <= nsec < 1_000_000_000:
-        raise CodecError(f"'deadline' must be a non-negative duration, got {sec} s "
-                         f"{nsec} ns", rid)
-    deadline = sec + nsec * 1e-9 or None
+    deadline = _duration(msg.deadline, "deadline", rid)
+    hard = _duration(getattr(msg, "hard_deadline", None), "hard_deadline", rid)
+    group = getattr(msg, "variant_group", "") or None
+    if group is not None and (not isinstance(group, str) or len(group) > limits.max_id_len):
+        raise CodecError(f"'variant_group' must be a string of at most {limits.max_id_len} "
+                         "characters", rid)
     stamp = (int(msg.header.stamp.sec), int(msg.header.stamp.nanosec))
     return RequestControl(id=rid, model=model, client=msg.client or "remote", priority=prio,
                           stamp=stamp, frame_id=msg.header.frame_id, deadline_s=deadline,
-                          drop_late=bool(msg.drop_late))
+                          drop_late=bool(msg.drop_late), hard_deadline_s=hard,
+                          variant_group=group)
+
+
+def _duration(d: Any, field: str, rid: str) -> float | None:
+    """A ``builtin_interfaces/Duration`` field in seconds; None for zero (or absent)."""
+    if d is None:
+        return None
+    sec, nsec = int(d.sec), int(d.nanosec)
+    if sec < 0 or not 0 <= nsec < 1_000_000_000:
+        raise CodecError(f"'{field}' must be a non-negative duration, got {sec} s "
+                         f"{nsec} ns", rid)
+    return sec + nsec * 1e-9 or None
 
 
 def _payload(data: Any) -> memoryview:

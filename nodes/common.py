@@ -119,6 +119,11 @@ class Reply:
     timings: Any = None
     #: absolute runtime-clock deadline (local), for ``InferTimings.deadline_met``
     deadline: float | None = None
+    #: the model that ran it (a variant group's choice; "" unless ok), its accuracy factor
+    #: κ and the quality κ·V (paper 001; NaN unless ok)
+    served_model: str = ""
+    kappa: float = math.nan
+    quality: float = math.nan
 
     @property
     def ok(self) -> bool:
@@ -146,7 +151,8 @@ def response_msg(reply: Reply, header: Header, received: float | None = None,
     ok (one copy each, see ``Reply``)."""
     msg = InferResponse(header=header, id=ros_text(reply.id), code=reply.code,
                         status=codec.status_of(reply.code), message=ros_text(reply.message),
-                        model=ros_text(reply.model),
+                        model=ros_text(reply.model), served_model=ros_text(reply.served_model),
+                        kappa=float(reply.kappa), quality=float(reply.quality),
                         timings=reply.timings_msg(received, now))
     if reply.ok:
         msg.tensors = reply.tensor_msgs()
@@ -235,6 +241,10 @@ class RuntimeClient:
     def input_spec(self, model: str) -> dict[str, tuple[list[int], str]] | None:
         raise NotImplementedError  # pragma: no cover
 
+    def variant_groups(self) -> dict[str, dict[str, float]] | None:
+        """The runtime's variant groups (name -> {model: κ}); None while not known."""
+        raise NotImplementedError  # pragma: no cover
+
     def input_buffers(self, model: str) -> dict[str, np.ndarray]:
         spec = self.input_spec(model) or {}
         return {n: np.empty([max(int(d), 1) if isinstance(d, int) else 1 for d in s], dt)
@@ -257,12 +267,15 @@ class LocalRuntimeClient(RuntimeClient):
         self.runtime = runtime
 
     def ready(self, model: str) -> bool:
-        return model in self.runtime.models()
+        return model in self.runtime.models() or model in self.runtime.variant_groups()
 
     def input_spec(self, model: str) -> dict[str, tuple[list[int], str]] | None:
-        if model not in self.runtime.models():
+        if not self.ready(model):
             return None
         return {k: (list(v[0]), str(v[1])) for k, v in self.runtime.input_spec(model).items()}
+
+    def variant_groups(self) -> dict[str, dict[str, float]] | None:
+        return self.runtime.variant_groups()
 
     def input_buffers(self, model: str) -> dict[str, np.ndarray]:
         return self.runtime.input_buffers(model)
@@ -277,10 +290,11 @@ def submit_to_runtime(rt: Any, ctrl: codec.RequestControl, inputs: Mapping[str, 
                       node_now: float, run_here: bool = False) -> Future:
     """``Runtime.submit`` for a validated request; the future resolves to a ``Reply``.
 
-    The request's priority, deadline and ``drop_late`` go with this request only: the
-    client's configuration in the runtime (``Runtime.configure_client``, owned by whoever
-    configured it) is never changed. The future is resolved on the runtime's callback
-    thread: whoever turns it into a message hands that to its node (``Handoff``).
+    The request's priority, deadlines (soft and hard), variant group and ``drop_late`` go
+    with this request only: the client's configuration in the runtime
+    (``Runtime.configure_client``, owned by whoever configured it) is never changed. The
+    future is resolved on the runtime's callback thread: whoever turns it into a message
+    hands that to its node (``Handoff``).
 
     ``run_here``: the calling thread runs the request's launches itself while its lane is
     idle (what a thread blocked in ``Runtime.infer`` does; the scheduler still decides
@@ -290,9 +304,12 @@ def submit_to_runtime(rt: Any, ctrl: codec.RequestControl, inputs: Mapping[str, 
     """
     out: Future = Future()
     try:
-        deadline = runtime_deadline(rt.now(), node_now, ctrl.stamp, ctrl.deadline_s)
+        rt_now = rt.now()
+        deadline = runtime_deadline(rt_now, node_now, ctrl.stamp, ctrl.deadline_s)
+        hard = runtime_deadline(rt_now, node_now, ctrl.stamp, ctrl.hard_deadline_s)
         fut = rt.submit(ctrl.model, inputs, priority=ctrl.priority, deadline=deadline,
-                        client=ctrl.client, drop_late=ctrl.drop_late)
+                        client=ctrl.client, drop_late=ctrl.drop_late, hard_deadline=hard,
+                        variant_group=ctrl.variant_group)
     except Exception as exc:  # submit should not raise; answer anyway if it does
         out.set_result(error_reply(ctrl.id, exc, ctrl.model))
         return out
@@ -304,7 +321,8 @@ def submit_to_runtime(rt: Any, ctrl: codec.RequestControl, inputs: Mapping[str, 
         else:
             res = f.result()
             reply = Reply(id=ctrl.id, model=ctrl.model, outputs=res.outputs,
-                          timings=res.timings, deadline=getattr(res, "deadline", None))
+                          timings=res.timings, deadline=getattr(res, "deadline", None),
+                          served_model=res.model, kappa=res.kappa, quality=res.quality)
         try:
             out.set_result(reply)
         except InvalidStateError:  # resolved by the other path (run_here): one answer
@@ -354,12 +372,15 @@ def request_msg(ctrl: codec.RequestControl, inputs: Mapping[str, np.ndarray]
     """An ``InferRequest`` for ``ctrl`` and ``inputs``: one copy of each input, none for
     the arrays of a ``MessageBuffers``."""
     msg = InferRequest(id=ctrl.id, model=ctrl.model, client=ctrl.client,
-                       priority=codec.PRIORITY_OF[ctrl.priority], drop_late=ctrl.drop_late)
+                       priority=codec.PRIORITY_OF[ctrl.priority], drop_late=ctrl.drop_late,
+                       variant_group=ctrl.variant_group or "")
     msg.header.stamp.sec, msg.header.stamp.nanosec = ctrl.stamp
     msg.header.frame_id = ctrl.frame_id
-    if ctrl.deadline_s:
-        ns = int(round(ctrl.deadline_s * 1e9))
-        msg.deadline.sec, msg.deadline.nanosec = divmod(ns, 1_000_000_000)
+    for field, rel in (("deadline", ctrl.deadline_s), ("hard_deadline", ctrl.hard_deadline_s)):
+        if rel:
+            ns = int(round(rel * 1e9))
+            d = getattr(msg, field)
+            d.sec, d.nanosec = divmod(ns, 1_000_000_000)
     own = inputs.tensor if isinstance(inputs, MessageBuffers) else (lambda n: None)
     msg.tensors = [own(n) or codec.fill_tensor(new_tensor(), n, v) for n, v in inputs.items()]
     return msg
@@ -368,8 +389,9 @@ def request_msg(ctrl: codec.RequestControl, inputs: Mapping[str, np.ndarray]
 class RemoteRuntimeClient(RuntimeClient):
     """Over topics: publishes requests, matches responses by id, times out lost ones.
 
-    Ready once the host's model table names the model and both topics are matched (DDS
-    drops what is published before discovery, so nothing is sent before that).
+    Ready once the host's model table names the model (or variant group) and both topics
+    are matched (DDS drops what is published before discovery, so nothing is sent before
+    that).
     """
 
     def __init__(self, node: Node, timeout_s: float = 5.0,
@@ -379,6 +401,8 @@ class RemoteRuntimeClient(RuntimeClient):
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[Future, float, str]] = {}
         self._models: dict[str, Any] = {}
+        #: the host's variant groups (name -> {model: κ}); None until its table arrived
+        self._groups: dict[str, dict[str, float]] | None = None
         self._on_models = on_models
         self._pub = node.create_publisher(InferRequest, REQUEST_TOPIC, REQUEST_QOS)
         self._sub = node.create_subscription(InferResponse, RESPONSE_TOPIC,
@@ -392,8 +416,13 @@ class RemoteRuntimeClient(RuntimeClient):
 
         try:
             table = json.loads(msg.data)
-            self._models = dict(table.get("models", {}))
-        except (ValueError, AttributeError, TypeError):
+            models = dict(table.get("models", {}))
+            groups = dict(table.get("variant_groups") or {})
+            # a group takes its variants' tensors: requests may name it like a model
+            self._models = {**{g: {"inputs": v["inputs"], "outputs": v["outputs"]}
+                               for g, v in groups.items()}, **models}
+            self._groups = {g: dict(v["variants"]) for g, v in groups.items()}
+        except (ValueError, AttributeError, TypeError, KeyError):
             self._node.get_logger().warning("ignoring a malformed model table")
             return
         if self._on_models is not None:
@@ -402,6 +431,9 @@ class RemoteRuntimeClient(RuntimeClient):
     def ready(self, model: str) -> bool:
         return (model in self._models and self._pub.get_subscription_count() > 0
                 and self._sub.get_publisher_count() > 0)
+
+    def variant_groups(self) -> dict[str, dict[str, float]] | None:
+        return self._groups
 
     def input_buffers(self, model: str) -> dict[str, np.ndarray]:
         """Arrays inside the request message's own buffers (``MessageBuffers``)."""
@@ -434,7 +466,8 @@ class RemoteRuntimeClient(RuntimeClient):
         entry[0].set_result(Reply(id=msg.id, code=msg.code or "internal_error",
                                   message=msg.message, model=msg.model,
                                   tensors=list(msg.tensors) if msg.code == "ok" else None,
-                                  timings=msg.timings))
+                                  timings=msg.timings, served_model=msg.served_model,
+                                  kappa=msg.kappa, quality=msg.quality))
 
     def _expire(self) -> None:
         now = time.monotonic()

@@ -18,6 +18,13 @@ counted. Outputs are encoded and published on the node's executor (``Handoff``).
 ``runtime``: ``local`` calls an in-process Runtime (the container), ``remote`` reaches a
 runtime host in another process over /av_infer/request|response; ``auto`` picks local when
 the container hands the node a Runtime.
+
+QoS (paper 001, docs/qos.md): ``relative_deadline_ms`` is the soft deadline and
+``hard_deadline_ms`` the hard one (0: none); ``variant_group`` names a variant group of
+the runtime that serves ``model`` (the group or one of its variants). Each request carries
+them (``InferRequest.hard_deadline``/``variant_group`` remotely); in-process the node also
+configures its client with them (``Runtime.configure_client``), which validates them and
+keeps the client's mean utility in the runtime's statistics.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, qos_profile_sensor_data
 from sensor_msgs.msg import Image
 
+from av_infer import InvalidParameterError
 from av_infer import tensor_codec as codec
 
 #: SensorDataQoS with depth 1 (best effort, volatile, keep last 1).
@@ -58,6 +66,9 @@ IMAGE_QOS = QoSProfile(depth=1, history=qos_profile_sensor_data.history,
                        durability=qos_profile_sensor_data.durability)
 
 ResultListener = Callable[[Reply, Image, float], None]
+
+#: Parameters that make up the client's configuration in an in-process runtime.
+CLIENT_CONFIG = ("relative_deadline_ms", "hard_deadline_ms", "variant_group", "drop_late")
 
 
 class ImageInferenceNode(LifecycleNode):
@@ -111,9 +122,12 @@ class ImageInferenceNode(LifecycleNode):
         and kept for ``autostart``, if it cannot."""
         self._configure_error = None
         try:
+            if (why := _deadlines_conflict(self.p)) is not None:
+                raise InvalidParameterError(why)
             if self.mode == "local":
                 self.client = LocalRuntimeClient(self, self._runtime)
                 self._ensure_local_model(self.p["model"])
+                self._configure_local_client(self.p)
             else:
                 self.client = RemoteRuntimeClient(self, timeout_s=self.p["request_timeout_s"])
         except Exception as exc:  # noqa: BLE001 - refuse the transition, say why
@@ -172,6 +186,16 @@ class ImageInferenceNode(LifecycleNode):
                                             float(self.default_deadline_ms),
                                             "Deadline after the image stamp in ms (0: none).",
                                             float_range=(0.0, 60000.0)),
+            "hard_deadline_ms": declare(self, "hard_deadline_ms", 0.0,
+                                        "Hard deadline after the image stamp in ms (0: none; "
+                                        "not before relative_deadline_ms, the soft one): a "
+                                        "BE request unanswered by then is dropped "
+                                        "(deadline_missed) wherever it is.",
+                                        float_range=(0.0, 60000.0)),
+            "variant_group": declare(self, "variant_group", "",
+                                     "A variant group of the runtime serving `model` (the "
+                                     "group or one of its variants) by its best variant; '' "
+                                     "none."),
             "drop_late": declare(self, "drop_late", False,
                                  "Drop requests whose deadline passed before they ran."),
             "resize": declare(self, "resize", "bilinear",
@@ -225,9 +249,16 @@ class ImageInferenceNode(LifecycleNode):
             if name == "std" and any(v == 0 for v in vals):
                 return "std values must be non-zero"
             return None
-        if name == "relative_deadline_ms":
+        if name in ("relative_deadline_ms", "hard_deadline_ms"):
             ok = isinstance(value, float) and 0.0 <= value <= 60000.0
-            return None if ok else "relative_deadline_ms must be in [0, 60000]"
+            return None if ok else f"{name} must be in [0, 60000]"
+        if name == "variant_group":
+            if not isinstance(value, str):
+                return "variant_group must be a string"
+            groups = self.client.variant_groups() if self.client is not None else None
+            if value and groups is not None and value not in groups:  # None: not known yet
+                return f"unknown variant group {value!r}; defined: {sorted(groups)}"
+            return None
         if name == "max_in_flight":
             ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 64
             return None if ok else "max_in_flight must be in 1..64"
@@ -242,6 +273,15 @@ class ImageInferenceNode(LifecycleNode):
 
     def _on_set_parameters(self, params: list[Parameter]) -> SetParametersResult:
         errors = [r for prm in params if (r := self._validate(prm.name, prm.value))]
+        merged = {**self.p, **{prm.name: prm.value for prm in params}}
+        if not errors and (why := _deadlines_conflict(merged)) is not None:
+            errors.append(why)
+        if not errors and isinstance(self.client, LocalRuntimeClient) and any(
+                prm.name in CLIENT_CONFIG for prm in params):
+            try:  # the runtime validates the client's configuration; a refusal changes nothing
+                self._configure_local_client(merged)
+            except Exception as exc:  # noqa: BLE001 - refused with the typed error's text
+                errors.append(f"{type(exc).__name__}: {exc}")
         if errors:
             return SetParametersResult(successful=False, reason="; ".join(errors))
         for prm in params:  # all valid: take effect from the next image
@@ -251,9 +291,21 @@ class ImageInferenceNode(LifecycleNode):
                 self.client.timeout_s = float(prm.value)
         return SetParametersResult(successful=True)
 
+    def _configure_local_client(self, p: dict[str, Any]) -> None:
+        """In-process: the client's priority, deadlines and variant group in the runtime
+        (``Runtime.configure_client`` validates them: an unknown group is
+        ``UnknownModelError``, a soft deadline after the hard one ``InvalidParameterError``).
+        Requests carry the same values, so remote and local clients behave alike."""
+        soft = p["relative_deadline_ms"] * 1e-3 or None
+        hard = p["hard_deadline_ms"] * 1e-3 or None
+        self._runtime.configure_client(
+            p["client"], p["priority"], relative_deadline=soft, drop_late=p["drop_late"],
+            soft_deadline=soft if hard else None, hard_deadline=hard,
+            variant_group=p["variant_group"] or None)
+
     def _ensure_local_model(self, model: str) -> None:
         rt = self._runtime
-        if model in rt.models():
+        if model in rt.models() or model in rt.variant_groups():
             return
         from av_infer_nodes.runtime_node import model_source
 
@@ -313,11 +365,13 @@ class ImageInferenceNode(LifecycleNode):
             self._publish(Reply(id=rid, code="invalid_input", message=str(exc), model=model),
                           msg, t_recv)
             return
-        deadline_s = p["relative_deadline_ms"] * 1e-3 or None
         ctrl = codec.RequestControl(id=rid, model=model, client=p["client"],
                                     priority=p["priority"], stamp=stamp_tuple(msg.header.stamp),
-                                    frame_id=msg.header.frame_id, deadline_s=deadline_s,
-                                    drop_late=p["drop_late"])
+                                    frame_id=msg.header.frame_id,
+                                    deadline_s=p["relative_deadline_ms"] * 1e-3 or None,
+                                    drop_late=p["drop_late"],
+                                    hard_deadline_s=p["hard_deadline_ms"] * 1e-3 or None,
+                                    variant_group=p["variant_group"] or None)
         with self._lock:
             self._in_flight += 1
             self.counters["submitted"] += 1
@@ -359,6 +413,14 @@ class ImageInferenceNode(LifecycleNode):
         for fn in self._handoff.close():
             fn()
         super().destroy_node()
+
+
+def _deadlines_conflict(p: dict[str, Any]) -> str | None:
+    """Why the hard deadline cannot be used with the soft one, or None."""
+    if 0 < p["hard_deadline_ms"] < p["relative_deadline_ms"]:
+        return (f"hard_deadline_ms {p['hard_deadline_ms']} is before relative_deadline_ms "
+                f"{p['relative_deadline_ms']} (the soft one)")
+    return None
 
 
 def _concrete_shape(shape: list[Any], image: Image) -> list[int]:

@@ -150,6 +150,18 @@ def _gather_plan(encoding: str, height: int, width: int, step: int, c: int, h: i
     return index, weight, offset
 
 
+@lru_cache(maxsize=64)
+def _normalisation(c: int, mean: tuple[Any, ...], std: tuple[Any, ...]
+                   ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``mean``/``std`` as float32-rounded tuples (the plan's key), checked: 1 or ``c``
+    values each, std non-zero. Cached: a node passes the same parameters every frame."""
+    m = np.asarray(mean, dtype=np.float32).reshape(-1)
+    s = np.asarray(std, dtype=np.float32).reshape(-1)
+    if m.size not in (1, c) or s.size not in (1, c) or np.any(s == 0):
+        raise ImageFormatError(f"mean/std need 1 or {c} values (std non-zero)")
+    return tuple(float(v) for v in m), tuple(float(v) for v in s)
+
+
 @lru_cache(maxsize=32)
 def _compiled_plan(*key: Any) -> GatherPlan | None:
     """``_gather_plan`` as a checked ``GatherPlan`` (one C loop without the GIL, ~3x faster
@@ -185,12 +197,11 @@ def image_to_tensor(encoding: str, height: int, width: int, step: int,
     if img.shape[2] != c and img.shape[2] != 1 and c != 1:
         raise ImageFormatError(f"cannot feed a {img.shape[2]}-channel image to a "
                                f"{c}-channel model")
-    m = np.asarray(mean, dtype=np.float32).reshape(-1)
-    s = np.asarray(std, dtype=np.float32).reshape(-1)
-    if m.size not in (1, c) or s.size not in (1, c) or np.any(s == 0):
-        raise ImageFormatError(f"mean/std need 1 or {c} values (std non-zero)")
-    key = (encoding, int(height), int(width), int(step), c, h, w, method,
-           tuple(float(v) for v in m), tuple(float(v) for v in s))
+    try:  # hashable as given (lists from ROS parameters become tuples), checked once each
+        norm = _normalisation(c, tuple(mean), tuple(std))
+    except TypeError:  # not hashable (an ndarray): its values
+        norm = _normalisation(c, tuple(np.ravel(mean).tolist()), tuple(np.ravel(std).tolist()))
+    key = (encoding, int(height), int(width), int(step), c, h, w, method, *norm)
     raw = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
     if out is None:
         out = np.empty((max(n, 1), c, h, w), np.float32)

@@ -3,8 +3,9 @@
 Lifecycle (``rclpy.lifecycle``; driven through ``~/change_state`` as for any managed node,
 or at start with ``autostart``, the default):
 
-* configure: create the runtime (``device``, ``policy``, ...) and load ``models``, from the
-  on-disk plan cache (``plan_cache``) when a plan is there;
+* configure: create the runtime (``device``, ``policy``, ...), load ``models``, from the
+  on-disk plan cache (``plan_cache``) when a plan is there, define the ``variant_groups``
+  (paper 001) and apply the batching settings (``batch_max``, ``batch_mode``, ...);
 * activate: accept requests; deactivate: refuse new ones (``STATUS_INACTIVE``) and wait
   until the accepted ones are answered; cleanup: unload the models and close the runtime;
   shutdown (from any state): cleanup if needed.
@@ -24,7 +25,9 @@ dropped):
   ``model_dirs`` and bounds them; each failure answers its typed error's code;
 * /av_infer/models (latched ``std_msgs/String``, JSON): loaded models' input/output specs,
   for nodes in other processes to preprocess for;
-* /diagnostics every ``diagnostics_period_s``; ``~/debug/processing_time_ms`` and
+* /diagnostics every ``diagnostics_period_s`` (the runtime with its batch mode, each client,
+  each model, each variant group: share per variant, mean utility);
+  ``~/debug/processing_time_ms`` and
   ``~/debug/pipeline_latency_ms`` when ``debug_topics``.
 """
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import time
 from collections import deque
@@ -69,12 +73,16 @@ from std_msgs.msg import String
 
 import av_infer
 from av_infer import (
+    BATCH_MODES,
+    DEFAULT_QOS_POLICY,
     DEVICE_NAMES,
     POLICIES,
     AvInferError,
     DeviceUnavailableError,
     InvalidParameterError,
     UnknownModelError,
+    check_batch_mode,
+    load_qos_policy,
 )
 from av_infer import tensor_codec as codec
 
@@ -83,6 +91,15 @@ UNLOAD_MODEL_SERVICE = "/av_infer/unload_model"
 LIST_MODELS_SERVICE = "/av_infer/list_models"
 
 DEVICES = ("auto", *DEVICE_NAMES)
+
+#: Batching parameters -> ``Runtime.set_batching``'s ``params`` keys (and unit scale).
+BATCH_PARAMS = {"eq2_alpha": ("alpha", 1.0), "eq2_beta": ("beta", 1.0),
+                "eq2_b_thrd": ("b_thrd", 1), "rate_window_ms": ("rate_window", 1e-3),
+                "fixed_max": ("fixed_max", 1)}
+#: Every parameter ``_set_batching`` applies together.
+BATCHING = ("batch_max", "batch_quantum_ms", "batch_mode", "qos_policy", *BATCH_PARAMS)
+#: A variant group's parameter names are ``variant_group.<name>.models|kappas``.
+GROUP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 
 
 def policy_names() -> tuple[str, ...]:
@@ -193,6 +210,8 @@ class RuntimeNode(LifecycleNode):
         self.device_fallback = False
         self.model_info: dict[str, Any] = {}
         self._loaded_here: list[str] = []
+        #: variant groups this node defined (removed at cleanup from a shared runtime)
+        self._groups_here: list[str] = []
         #: requests accepted and not yet answered (deactivate waits for them)
         self._in_flight = 0
         self._idle = threading.Condition(self._lock)
@@ -208,7 +227,7 @@ class RuntimeNode(LifecycleNode):
         self._req_sub = self.create_subscription(InferRequest, REQUEST_TOPIC,
                                                  self._on_request, REQUEST_QOS)
         self._models_pub = self.create_publisher(String, MODELS_TOPIC, LATCHED_QOS)
-        self._published_models: tuple[str, ...] | None = None
+        self._published_models: tuple[Any, ...] | None = None
         self._svc_group = MutuallyExclusiveCallbackGroup()
         self._model_srvs = [
             self.create_service(LoadModel, LOAD_MODEL_SERVICE, self._on_load_model,
@@ -239,9 +258,15 @@ class RuntimeNode(LifecycleNode):
         p = self._current_parameters()
         self._configure_error = None
         try:
+            if self._param_errors:
+                raise InvalidParameterError("; ".join(self._param_errors))
             self._create_runtime(p)
             for entry in p["models"]:
                 self.load_model(entry, p["model_variant"], pin=entry in p["pinned_models"])
+            self._define_groups(p)
+            if self._given_runtime is None or p["batch_max"] > 1 or p["batch_quantum_ms"] \
+                    or p["batch_mode"] != "rafiqi" or p["qos_policy"]:  # a shared one: if set
+                self._set_batching(p)  # after the groups: a qos_rl policy must fit them
             if p["model_services"]:
                 from av_infer.model_admin import ModelAdmin
 
@@ -354,18 +379,26 @@ class RuntimeNode(LifecycleNode):
             except Exception as exc:  # pragma: no cover
                 self.get_logger().warning(f"runtime close: {exc}")
         else:
+            for name in self._groups_here:
+                try:
+                    rt.remove_variant_group(name)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
             for name in self._loaded_here:
                 try:
                     rt.unload_model(name)
                 except Exception:  # noqa: BLE001 - already gone
                     pass
+        self._groups_here.clear()
         self._loaded_here.clear()
         self.model_info.clear()
 
     # -- parameters ----------------------------------------------------------------------
     def _declare_parameters(self) -> dict[str, Any]:
         pol = ", ".join(policy_names())
-        return {
+        #: parameters that cannot even be declared (a bad group name): configure refuses
+        self._param_errors: list[str] = []
+        p = {
             "device": declare(self, "device", "auto",
                               "Device: auto (cuda when a GPU is usable; without one, cpu, "
                               "with a warning in the log and /diagnostics) or one of "
@@ -413,6 +446,35 @@ class RuntimeNode(LifecycleNode):
                                         "in ms (Rafiqi's quantum; 0: the runtime's 5 ms). "
                                         "Nothing ever waits for a batch to fill.",
                                         float_range=(0.0, 1000.0)),
+            "batch_mode": declare(self, "batch_mode", "rafiqi",
+                                  "How batch sizes and a variant group's variant are chosen "
+                                  "(paper 001, docs/qos.md): rafiqi (adaptive threshold), "
+                                  "eq2 (eq. 2), fixed (everything queued, at most fixed_max) "
+                                  "or qos_rl (the learned policy qos_policy).",
+                                  constraints="one of " + ", ".join(BATCH_MODES)),
+            "qos_policy": declare(self, "qos_policy", "",
+                                  "qos_rl's policy file (written by av-infer qos train); '' "
+                                  "the committed one. Checked against every model and group."),
+            "eq2_alpha": declare(self, "eq2_alpha", 0.5,
+                                 "eq. 2's alpha: weight of D_B*R_t against the queue length.",
+                                 float_range=(0.0, 1.0)),
+            "eq2_beta": declare(self, "eq2_beta", 1.0, "eq. 2's beta (> 0): scales B.",
+                                float_range=(0.0, 1000.0), constraints="> 0"),
+            "eq2_b_thrd": declare(self, "eq2_b_thrd", 8,
+                                  "eq2: batches of at least this many compare variants (below, "
+                                  "the most accurate runs).", int_range=(1, 1024)),
+            "rate_window_ms": declare(self, "rate_window_ms", 50.0,
+                                      "eq2: window of the arrival rate R_t in ms.",
+                                      float_range=(0.0, 60000.0), constraints="> 0"),
+            "fixed_max": declare(self, "fixed_max", 32,
+                                 "fixed: the largest batch (the paper's baseline: 32).",
+                                 int_range=(1, 1024)),
+            "variant_groups": declare(self, "variant_groups", [],
+                                      "Variant groups (paper 001) defined at configure: names "
+                                      "(letters, digits, _), each with variant_group.<name>."
+                                      "models (loaded model names, most accurate first) and "
+                                      "variant_group.<name>.kappas (accuracy factors in (0, 1]).",
+                                      read_only=True, array_of=str),
             "diagnostics_period_s": declare(self, "diagnostics_period_s", 1.0,
                                             "Period of /diagnostics publications (s).",
                                             float_range=(0.05, 60.0)),
@@ -453,6 +515,23 @@ class RuntimeNode(LifecycleNode):
                                     "Publish ~/debug/processing_time_ms and "
                                     "~/debug/pipeline_latency_ms.", read_only=True),
         }
+        for name in p["variant_groups"]:
+            key = f"variant_group.{name}"
+            if not GROUP_NAME.fullmatch(name):
+                self._param_errors.append(
+                    f"variant_groups: {name!r} is not a group name (a letter, then letters, "
+                    "digits or _; at most 64)")
+                continue
+            if self.has_parameter(f"{key}.models"):
+                self._param_errors.append(f"variant_groups names {name!r} twice")
+                continue
+            p[f"{key}.models"] = declare(
+                self, f"{key}.models", [], f"Variant group {name}: its models, most accurate "
+                "first.", read_only=True, array_of=str)
+            p[f"{key}.kappas"] = declare(
+                self, f"{key}.kappas", [], f"Variant group {name}: accuracy factor kappa in "
+                "(0, 1] of each model.", read_only=True, array_of=float)
+        return p
 
     @staticmethod
     def _effective_policy(policy: str, padding: bool) -> str:
@@ -464,10 +543,35 @@ class RuntimeNode(LifecycleNode):
     def _set_cache_budget(self, mb: int) -> None:
         self.runtime.set_cache_budget(int(mb) * 2**20 if mb else None)  # 0: unlimited
 
-    def _set_batching(self, batch_max: int, quantum_ms: float) -> None:
-        """batch_max 1 turns batching off; quantum 0 keeps the runtime's."""
-        self.runtime.set_batching(int(batch_max) > 1, max_batch=int(batch_max),
-                                  quantum=float(quantum_ms) * 1e-3 if quantum_ms else None)
+    def _set_batching(self, p: dict[str, Any]) -> None:
+        """Applies every ``BATCHING`` parameter of ``p`` in one ``Runtime.set_batching``,
+        which validates all of them (the mode's policy against every model and variant
+        group) before it changes anything. batch_max 1 turns batching off (a group's variant
+        is then the best at batch 1, whatever the mode); quantum 0 keeps the runtime's;
+        qos_policy '' is the committed policy."""
+        mode = p["batch_mode"]
+        policy = p["qos_policy"] or (DEFAULT_QOS_POLICY if mode == "qos_rl" else None)
+        self.runtime.set_batching(
+            int(p["batch_max"]) > 1, max_batch=int(p["batch_max"]),
+            quantum=float(p["batch_quantum_ms"]) * 1e-3 if p["batch_quantum_ms"] else None,
+            mode=mode, policy=policy,
+            params={key: p[name] * scale for name, (key, scale) in BATCH_PARAMS.items()})
+
+    def _define_groups(self, p: dict[str, Any]) -> None:
+        """``variant_groups`` -> ``Runtime.define_variant_group`` (which checks that the
+        models are loaded, take the same tensors and have κ in (0, 1])."""
+        for name in p["variant_groups"]:
+            models = list(p[f"variant_group.{name}.models"])
+            kappas = [float(k) for k in p[f"variant_group.{name}.kappas"]]
+            if not models or len(models) != len(kappas) or len(set(models)) != len(models):
+                raise InvalidParameterError(
+                    f"variant group {name!r}: variant_group.{name}.models ({models}) and "
+                    f".kappas ({kappas}) need one kappa per model, distinct models, at "
+                    "least one")
+            self.runtime.define_variant_group(name, dict(zip(models, kappas, strict=True)))
+            self._groups_here.append(name)
+            self.get_logger().info(f"variant group {name}: " + ", ".join(
+                f"{m} (kappa {k:g})" for m, k in zip(models, kappas, strict=True)))
 
     def _startup_settings(self, p: dict[str, Any]) -> None:
         """Applies start-up values the constructor does not take; warns about refused ones."""
@@ -482,8 +586,6 @@ class RuntimeNode(LifecycleNode):
         self.runtime.set_be_min_share(float(p["be_min_share"]))
         if p["cache_budget_mb"]:
             self._set_cache_budget(p["cache_budget_mb"])
-        if p["batch_max"] > 1 or p["batch_quantum_ms"] > 0:
-            self._set_batching(p["batch_max"], p["batch_quantum_ms"])
 
     def _validate(self, name: str, value: Any, merged: dict[str, Any]) -> str | None:
         """None if ``name=value`` may be applied, else the reason it may not."""
@@ -515,6 +617,29 @@ class RuntimeNode(LifecycleNode):
         if name == "diagnostics_period_s":
             ok = isinstance(value, float) and 0.05 <= value <= 60.0
             return None if ok else "diagnostics_period_s must be in [0.05, 60] s"
+        if name == "batch_mode":
+            try:
+                check_batch_mode(value)
+            except InvalidParameterError as exc:
+                return str(exc)
+            return None
+        if name == "qos_policy":
+            if not isinstance(value, str):
+                return "qos_policy must be a path (string)"
+            if value and getattr(self, "runtime", None) is None:  # else set_batching checks
+                try:
+                    load_qos_policy(value)
+                except InvalidParameterError as exc:
+                    return str(exc)
+            return None
+        if name in ("eq2_b_thrd", "fixed_max"):
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            return None if ok else f"{name} must be an integer >= 1, got {value!r}"
+        if name in ("eq2_alpha", "eq2_beta", "rate_window_ms"):
+            ok = isinstance(value, float) and math.isfinite(value) and (
+                0.0 <= value <= 1.0 if name == "eq2_alpha" else value > 0.0)
+            return None if ok else (f"{name} must be in [0, 1]" if name == "eq2_alpha"
+                                    else f"{name} must be > 0, got {value!r}")
         if self.has_parameter(name) and self.describe_parameter(name).read_only:
             return f"{name} is read-only (a restart is needed)"
         return None
@@ -522,8 +647,7 @@ class RuntimeNode(LifecycleNode):
     def _on_set_parameters(self, params: list[Parameter]) -> SetParametersResult:
         merged = {n: self.get_parameter(n).value for n in
                   ("policy", "padding", "c", "edf_preempt", "max_queue_depth", "be_min_share",
-                   "cache_budget_mb", "batch_max", "batch_quantum_ms",
-                   "diagnostics_period_s")}
+                   "cache_budget_mb", *BATCHING, "diagnostics_period_s")}
         changed: dict[str, Any] = {}
         for prm in params:
             merged[prm.name] = prm.value
@@ -571,10 +695,10 @@ class RuntimeNode(LifecycleNode):
                 undo.append((self._set_cache_budget,
                              (self.get_parameter("cache_budget_mb").value,)))
                 self._set_cache_budget(changed["cache_budget_mb"])
-            if rt is not None and ("batch_max" in changed or "batch_quantum_ms" in changed):
-                undo.append((self._set_batching, (self.get_parameter("batch_max").value,
-                                                  self.get_parameter("batch_quantum_ms").value)))
-                self._set_batching(merged["batch_max"], merged["batch_quantum_ms"])
+            if rt is not None and any(k in changed for k in BATCHING):
+                undo.append((self._set_batching,
+                             ({k: self.get_parameter(k).value for k in BATCHING},)))
+                self._set_batching(merged)
         except Exception:
             for fn, args in reversed(undo):
                 try:
@@ -603,13 +727,20 @@ class RuntimeNode(LifecycleNode):
         return name
 
     def _publish_models(self) -> None:
-        names = tuple(sorted(self.runtime.models())) if self.runtime is not None else ()
-        if names == self._published_models:
+        """The latched model table: each model's specs, and each variant group's variants
+        (model -> kappa) and specs, so remote clients can name a group."""
+        rt = self.runtime
+        names = tuple(sorted(rt.models())) if rt is not None else ()
+        groups = rt.variant_groups() if rt is not None else {}
+        key = (names, tuple(sorted((g, tuple(v.items())) for g, v in groups.items())))
+        if key == self._published_models:
             return
         table = {"device": self.device,
-                 "models": {n: describe_model(self.runtime, n) for n in names}}
+                 "models": {n: describe_model(rt, n) for n in names},
+                 "variant_groups": {g: {"variants": v, **describe_model(rt, g)}
+                                    for g, v in groups.items()}}
         self._models_pub.publish(String(data=json.dumps(table)))
-        self._published_models = names
+        self._published_models = key
 
     def _service_refusal(self) -> tuple[str, str] | None:
         if not self.p["model_services"]:
@@ -841,21 +972,25 @@ def _flatten(prefix: str, value: Any, out: list[KeyValue]) -> None:
 def diagnostic_statuses(stats: dict[str, Any], device: str, rt: Any,
                         last_misses: dict[str, int], device_reason: str = "",
                         device_fallback: bool = False) -> list[DiagnosticStatus]:
-    """Runtime.stats() -> one status for the runtime, one per client, one per model.
+    """Runtime.stats() -> one status for the runtime, one per client, one per model, one
+    per variant group.
 
-    The runtime's status names the device and why it was chosen (``device_reason``); it is
-    WARN while ``device_fallback`` (device=auto found no usable GPU and runs on cpu). A
-    client's status is WARN when it missed deadlines since the previous publication.
+    The runtime's status names the device and why it was chosen (``device_reason``) and the
+    batch mode; it is WARN while ``device_fallback`` (device=auto found no usable GPU and
+    runs on cpu). A client's status is WARN when it missed deadlines since the previous
+    publication. A variant group's says which share of its answers each variant served
+    and their mean utility κ·V (paper 001; ``stats()["variant_groups"]``).
     """
     statuses: list[DiagnosticStatus] = []
     policy = getattr(rt, "policy", "?")
+    batch_mode = (stats.get("batching") or {}).get("mode", "?")
     head: list[KeyValue] = [_kv("device", device), _kv("device_reason", device_reason),
                             _kv("device_fallback", device_fallback), _kv("policy", policy),
-                            _kv("c", getattr(rt, "c", "?"))]
+                            _kv("c", getattr(rt, "c", "?")), _kv("batch_mode", batch_mode)]
     for key, value in stats.items():
-        if key not in ("clients", "models"):
+        if key not in ("clients", "models", "variant_groups"):
             _flatten(key, value, head)
-    text = f"{device}, policy {policy}"
+    text = f"{device}, policy {policy}, batch mode {batch_mode}"
     if device_fallback:
         text += f"; {device_reason}"
     level = DiagnosticStatus.WARN if device_fallback else DiagnosticStatus.OK
@@ -881,6 +1016,17 @@ def diagnostic_statuses(stats: dict[str, Any], device: str, rt: Any,
         _flatten("", ms, values)
         statuses.append(DiagnosticStatus(level=DiagnosticStatus.OK, name=f"av_infer: model {name}",
                                          message="loaded", hardware_id=device, values=values))
+    for name, gs in sorted((stats.get("variant_groups") or {}).items()):
+        values = []
+        _flatten("", gs, values)
+        shares = gs.get("share") or {}
+        mean = gs.get("mean_utility")
+        text = ", ".join(f"{m} {100 * v:.1f} %" for m, v in shares.items() if v is not None)
+        text = (f"{text or 'none served'}; mean utility {mean:.3f}" if mean is not None
+                else "no completed requests")
+        statuses.append(DiagnosticStatus(level=DiagnosticStatus.OK,
+                                         name=ros_text(f"av_infer: variant group {name}"),
+                                         message=text, hardware_id=device, values=values))
     return statuses
 
 

@@ -96,3 +96,18 @@ def test_one_member_of_a_batch_is_dropped_the_others_complete() -> None:
     s = rt.stats()["clients"]["m"]
     assert s["submitted"] == 12 and s["completed"] == 7 and s["failed"] == 5
     rt.close()
+
+
+def test_a_be_request_already_past_its_hard_deadline_never_starts() -> None:
+    """An idle stream would start it at once, before the late-heap timer fires: the start
+    itself checks the hard deadline (BE only; RT is never dropped by it)."""
+    rt = group_runtime(factor=20.0)
+    t0 = rt.now()
+    be = rt.submit("full", x(), client="be", hard_deadline=t0 - 1.0)
+    rt_req = rt.submit("full", x(), client="rt", priority="RT", deadline=t0 + 10.0,
+                       hard_deadline=t0 + 10.0)
+    rt.device.run()
+    _missed(be, "before it could start")
+    assert rt_req.result().outputs
+    assert be.done()  # answered, with the typed error
+    assert rt.stats()["clients"]["be"]["completed"] == 0

@@ -66,6 +66,12 @@ def test_read_control_reads_fields_not_payload():
                                               client=""))
     assert no_deadline.deadline_s is None and no_deadline.priority == "BE"
     assert no_deadline.client == "remote"
+    assert ctrl.hard_deadline_s is None and ctrl.variant_group is None  # absent: none
+    qos = codec.read_control(_request(hard_deadline=NS(sec=1, nanosec=500_000_000),
+                                      variant_group="det"))
+    assert qos.hard_deadline_s == pytest.approx(1.5) and qos.variant_group == "det"
+    zero = codec.read_control(_request(hard_deadline=NS(sec=0, nanosec=0), variant_group=""))
+    assert zero.hard_deadline_s is None and zero.variant_group is None
 
 
 @pytest.mark.parametrize("field, value, words, rid", [
@@ -74,6 +80,9 @@ def test_read_control_reads_fields_not_payload():
     ("model", "", "'model'", "r-1"),
     ("priority", 7, "priority", "r-1"),
     ("deadline", NS(sec=-1, nanosec=0), "deadline", "r-1"),
+    ("hard_deadline", NS(sec=-1, nanosec=0), "hard_deadline", "r-1"),
+    ("hard_deadline", NS(sec=0, nanosec=10**9), "hard_deadline", "r-1"),
+    ("variant_group", "g" * 129, "variant_group", "r-1"),
 ])
 def test_bad_control_fields_raise_with_the_id(field, value, words, rid):
     with pytest.raises(codec.CodecError, match=words) as ei:

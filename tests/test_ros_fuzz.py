@@ -6,7 +6,8 @@ What is generated (``fuzz_case``): valid requests (normal and random-bit inputs,
 values included) and every field varied within what the message types can carry: ids
 (UUID-like, unicode, exactly ``MAX_ID_LEN``, and unusable ones: empty, too long), models
 (unknown, empty), priorities (any int8), deadlines (negative seconds, nanoseconds out of
-range, zero, tiny, huge), ``drop_late``, clients and frame ids (empty, unicode, very long),
+range, zero, tiny, huge), hard deadlines (the same, and before the soft one), variant
+groups (unknown, too long), ``drop_late``, clients and frame ids (empty, unicode, very long),
 stamps (zero, far past, far future); tensors that pass the metadata checks but do not fit
 the model (any data type, rank 0..``MAX_RANK``, wrong and extra names) and ones the host
 must refuse before allocating: a count over ``max_request_tensors``, a declared size over
@@ -92,6 +93,8 @@ class Case:
     priority: int = 0
     deadline: tuple[int, int] = (0, 0)
     drop_late: bool = False
+    hard_deadline: tuple[int, int] = (0, 0)
+    variant_group: str = ""
     client: str = "fuzz"
     frame_id: str = ""
     stamp: tuple[int, int] = (0, 0)
@@ -138,7 +141,9 @@ def _tensor_failure(tensors: list[TensorCase]) -> str | None:
 def expected_codes(c: Case) -> frozenset[str]:
     """Control fields first, then tensor metadata, then the model, then its input spec."""
     if not c.id or len(c.id) > MAX_ID_LEN or not c.model or c.priority not in (0, 1) \
-            or c.deadline[0] < 0 or not 0 <= c.deadline[1] < 1_000_000_000:
+            or any(d[0] < 0 or not 0 <= d[1] < 1_000_000_000
+                   for d in (c.deadline, c.hard_deadline)) \
+            or len(c.variant_group) > MAX_ID_LEN:
         return frozenset({codec.MALFORMED})
     bad = _tensor_failure(c.tensors)
     if bad is not None:
@@ -150,7 +155,14 @@ def expected_codes(c: Case) -> frozenset[str]:
             and c.tensors[0].shape == SHAPE)
     if not fits:
         return frozenset({"invalid_input"})
+    if c.variant_group:  # the host defines no groups
+        return frozenset({"unknown_model"})
     has_deadline = c.deadline != (0, 0)
+    if c.hard_deadline != (0, 0):
+        if has_deadline and c.hard_deadline < c.deadline:
+            return frozenset({"invalid_parameter"})
+        # from receipt, a few seconds: a BE request is dropped if the host is that slow
+        return frozenset({"ok", "deadline_missed"})
     if c.drop_late and has_deadline:
         if c.stamp == (1, 0):  # due decades ago
             return frozenset({"deadline_missed"})
@@ -161,8 +173,9 @@ def expected_codes(c: Case) -> frozenset[str]:
 
 def build(c: Case, rng: np.random.Generator) -> InferRequest:
     msg = InferRequest(id=c.id, model=c.model, priority=c.priority, drop_late=c.drop_late,
-                       client=c.client)
+                       client=c.client, variant_group=c.variant_group)
     msg.deadline.sec, msg.deadline.nanosec = c.deadline
+    msg.hard_deadline.sec, msg.hard_deadline.nanosec = c.hard_deadline
     msg.header.stamp.sec, msg.header.stamp.nanosec = c.stamp
     msg.header.frame_id = c.frame_id
     for t in c.tensors:
@@ -211,7 +224,7 @@ def tensor_case(draw) -> TensorCase:
 def fuzz_case(draw) -> Case:
     kind = draw(st.sampled_from(["valid", "valid", "valid", "id", "model", "priority",
                                  "deadline", "stamp", "strings", "tensors", "tensors",
-                                 "count"]))
+                                 "count", "qos"]))
     c = Case(id=f"f-{uuid.uuid4()}", kind=kind,
              tensors=[TensorCase(INPUT, codec.DATA_TYPE_OF[DTYPE], list(SHAPE),
                                  nan=draw(st.booleans()))])
@@ -240,6 +253,11 @@ def fuzz_case(draw) -> Case:
         c.frame_id = draw(_text | st.just("f" * 5000))
     elif kind == "tensors":
         c.tensors = draw(st.lists(tensor_case(), min_size=0, max_size=MAX_TENSORS))
+    elif kind == "qos":  # paper 001's fields: the hard deadline and the variant group
+        c.hard_deadline = draw(st.sampled_from([(0, 0), (-1, 0), (0, 10**9)])
+                               | st.tuples(st.integers(0, 5), st.integers(0, 999).map(
+                                   lambda ms: ms * 1_000_000)))
+        c.variant_group = draw(st.sampled_from(["", "", "nope", "g" * (MAX_ID_LEN + 1)]))
     elif kind == "count":
         c.tensors = [TensorCase(f"t{i}", 2, [1]) for i in range(
             draw(st.integers(MAX_TENSORS + 1, 3 * MAX_TENSORS)))]

@@ -858,6 +858,11 @@ class Scheduler:
         if req.drop_late and not t.allocated and now > req.deadline:  # never-started only
             self._miss(t, now)
             return False
+        if not t.rt and not t.allocated and t.members is None and now > req.hard_deadline:
+            # past its hard deadline before it could start (worth 0, paper 001): the late
+            # heap's timer may not have fired yet when a stream frees at once
+            self._miss(t, now, req.hard_deadline)
+            return False
         if not t.allocated:
             handle = t.entry.handle
             if self.ext is not None:  # cache hook: retain the model, or park t until loaded
