@@ -21,6 +21,11 @@ def test_cpu_tiny_run_writes_valid_json(tmp_path) -> None:
     for p in doc["policies"].values():
         assert p["rt"]["count"] > 0 and p["rt"]["failed"] == 0
     assert doc["policies"]["rt_only"]["be"]["count"] == 0
+    # the same metrics at segment grain (cpu): applicable under reef, not under rt_only
+    pre = doc["policies"]["reef"]["preemption_latency_us"]
+    assert pre["applicable"] and pre["grain"] == "segment" and "p99" in pre
+    assert doc["policies"]["rt_only"]["preemption_latency_us"]["applicable"] is False
+    assert doc["policies"]["reef"]["rt_slowdown"]["count"] > 0
 
 
 def test_bad_workload_is_a_clear_error(tmp_path, capsys) -> None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from av_infer.bench.metrics import Record, standalone_stats, summarize
+from av_infer.bench.metrics import Record, Residency, standalone_stats, summarize
 
 
 def _rt(arrival: float, lat: float, fk: float = 0.0001, client: str = "cam",
@@ -54,12 +54,12 @@ def test_throughput_counts_window_completions() -> None:
     assert out["throughput_rps"] == pytest.approx(12.0)
 
 
-def test_preemption_latency_only_counts_contended_arrivals() -> None:
+def test_dispatch_latency_only_counts_contended_arrivals() -> None:
     recs = [_rt(0.1, 0.01, fk=50e-6), _rt(0.7, 0.01, fk=5e-6)]
     recs.append(_be(0.0, 0.5, preempted=1, kernels_reexecuted=3))
     out = summarize(recs, 1.0, {"m": {"p50_s": 0.01, "p99_s": 0.01}}, preemptions=1)
-    assert out["preemption_us"]["count"] == 1
-    assert out["preemption_us"]["p50"] == pytest.approx(50.0)
+    assert out["dispatch_latency_us"]["count"] == 1
+    assert out["dispatch_latency_us"]["p50"] == pytest.approx(50.0)
     assert out["first_kernel_us"]["count"] == 2
     assert out["preemptions"] == 1 and out["preempted_requests"] == 1
     assert out["kernels_reexecuted"] == 3
@@ -70,7 +70,7 @@ def test_failed_requests_are_misses_and_empty_is_null() -> None:
     bad = Record(client="cam", model="m", rt=True, arrival=0.0, error="DeadlineMissedError: x")
     out = summarize([bad], 1.0, {"m": {"p50_s": 0.01, "p99_s": 0.01}})
     assert out["rt"]["deadline_misses"] == 1 and out["rt"]["failed"] == 1
-    assert out["rt"]["p50_ms"] is None and out["preemption_us"]["p50"] is None
+    assert out["rt"]["p50_ms"] is None and out["dispatch_latency_us"]["p50"] is None
 
 
 def test_standalone_stats() -> None:
@@ -78,12 +78,42 @@ def test_standalone_stats() -> None:
     assert s["p50_s"] == pytest.approx(0.01) and s["n"] == 10
 
 
-def test_preemption_latency_excludes_queueing_behind_rt() -> None:
+def test_dispatch_latency_excludes_queueing_behind_rt() -> None:
     # The second RT request arrives while the first runs: it becomes runnable when the
     # first completes (0.02), its first kernel starts 30 us later.
     first = _rt(0.0, 0.02, fk=10e-6)
     second = Record(client="cam", model="m", rt=True, arrival=0.01, start=0.02,
                     first_kernel_start=0.02003, end=0.04, kernels=10)
     out = summarize([first, second, _be(0.0, 0.5)], 1.0, {"m": {"p50_s": 0.02, "p99_s": 0.02}})
-    assert out["preemption_us"]["count"] == 2
-    assert out["preemption_us"]["max"] == pytest.approx(30.0)
+    assert out["dispatch_latency_us"]["count"] == 2
+    assert out["dispatch_latency_us"]["max"] == pytest.approx(30.0)
+
+
+def test_preemption_latency_is_until_the_last_resident_be_work_left() -> None:
+    # RT runnable at 0.1 and 0.7; BE batches [0.05, 0.10012) and [0.09, 0.10020) are
+    # resident at 0.1 (the later one leaves 200 us after), [0.2, 0.3) is not; nothing is
+    # resident at 0.7.
+    recs = [_rt(0.1, 0.01), _rt(0.7, 0.01), _be(0.0, 0.9)]
+    res = Residency.of([0.05, 0.09, 0.2, 0.69], [0.10012, 0.10020, 0.3, 0.7], "block batch")
+    out = summarize(recs, 1.0, {"m": {"p50_s": 0.01, "p99_s": 0.01}}, residency=res)
+    pl = out["preemption_latency_us"]
+    assert pl["applicable"] and pl["grain"] == "block batch"
+    assert pl["count"] == 1 and pl["arrivals"] == 2
+    assert pl["max"] == pytest.approx(200.0)
+
+
+def test_preemption_latency_not_applicable_without_preemption() -> None:
+    res = Residency.of([0.0], [1.0], "kernel")
+    out = summarize([_rt(0.1, 0.01)], 1.0, {"m": {"p50_s": 0.01, "p99_s": 0.01}},
+                    residency=res, preempts=False)
+    assert out["preemption_latency_us"]["applicable"] is False
+    assert "p99" not in out["preemption_latency_us"]
+
+
+def test_rt_slowdown_is_device_time_over_standalone_device_time() -> None:
+    ref = {"m": standalone_stats([0.0101] * 5, device_s=[0.01] * 5)}
+    recs = [_rt(0.0, 0.0201, fk=0.0001), _rt(0.1, 0.0101, fk=0.0001)]  # device 20 and 10 ms
+    out = summarize(recs, 1.0, ref)
+    assert out["rt_slowdown"]["max"] == pytest.approx(2.0)
+    assert out["rt_slowdown"]["p50"] == pytest.approx(1.5)
+    assert out["rt_slowdown"]["count"] == 2

@@ -30,6 +30,6 @@ def test_cdf_throughput_timeline_sweep(tmp_path) -> None:
         (0, 9, 0, True, 1.00003, 1.0006, True)])
     _check(plots.timeline(tl, tmp_path / "tl.png"))
     _check(plots.timeline(None, tmp_path / "none.png"))
-    res = [{"preemption_us": {"p50": 10.0 * c, "p99": 20.0 * c},
+    res = [{"preemption_latency_us": {"p50": 10.0 * c, "p99": 20.0 * c},
             "be": {"throughput_rps": 50.0 + c}} for c in (1, 2, 4, 8)]
     _check(plots.sweep_plot([1, 2, 4, 8], res, tmp_path / "sweep.png"))

@@ -66,8 +66,24 @@ def test_streams_is_clearly_worse_on_rt_latency(report_a: dict) -> None:
 
 def test_reef_preempts_faster_than_wait(report_a: dict) -> None:
     pol = report_a["policies"]
-    assert pol["reef"]["preemption_us"]["count"] > 0
-    assert pol["reef"]["preemption_us"]["p99"] < pol["wait"]["preemption_us"]["p99"]
+    assert pol["reef"]["dispatch_latency_us"]["count"] > 0
+    assert pol["reef"]["dispatch_latency_us"]["p99"] < pol["wait"]["dispatch_latency_us"]["p99"]
+    pre, wait = pol["reef"]["preemption_latency_us"], pol["wait"]["preemption_latency_us"]
+    assert pre["applicable"] and pre["grain"] == "block batch" and pre["count"] > 0
+    assert pre["p99"] <= wait["p99"]
+
+
+def test_preemption_latency_is_not_dispatch_latency(report_a: dict) -> None:
+    # Starting RT takes a few us; the BE blocks resident at its arrival leave much later
+    # (running blocks cannot be killed): the two metrics differ by an order of magnitude.
+    pol = report_a["policies"]
+    pre, disp = pol["reef"]["preemption_latency_us"], pol["reef"]["dispatch_latency_us"]
+    assert pre["p50"] > 5 * disp["p50"]
+    for name in ("streams", "prio_streams", "seq", "rt_only"):
+        assert pol[name]["preemption_latency_us"] == {
+            "applicable": False, "why": "the policy never preempts BE work"}, name
+    assert pol["rt_only"]["rt_slowdown"]["p50"] == pytest.approx(1.0, abs=1e-3)
+    assert pol["streams"]["rt_slowdown"]["p50"] > 1.2  # calibrated contention
 
 
 def test_models_say_their_source(report_a: dict) -> None:
@@ -97,8 +113,13 @@ def test_json_schema(report_a: dict) -> None:
         assert isinstance(rt["clients"], dict) and "vgg19_rt" in rt["clients"]
         assert _num(p["be"]["throughput_rps"]) and isinstance(p["be"]["count"], int)
         assert _num(p["throughput_rps"])
-        assert set(p["preemption_us"]) >= {"p50", "p99", "max", "count"}
-        assert all(_num(v) for v in p["preemption_us"].values())
+        assert set(p["dispatch_latency_us"]) >= {"p50", "p99", "max", "count"}
+        assert all(_num(v) for v in p["dispatch_latency_us"].values())
+        assert set(p["rt_slowdown"]) >= {"p50", "p99", "max", "count"}
+        pl = p["preemption_latency_us"]
+        if pl["applicable"]:
+            assert set(pl) >= {"p50", "p99", "max", "count", "grain"}, name
+            assert all(_num(pl[k]) for k in ("p50", "p99", "max", "count")), name
         assert isinstance(p["kernels_reexecuted"], int)
         assert _num(p["padded_fraction"])
 
@@ -146,3 +167,34 @@ def test_trace_driven_run(tmp_path) -> None:
     for p in doc["policies"].values():
         assert p["rt"]["count"] == 6
     assert doc["policies"]["reef"]["be"]["count"] > 0
+
+
+def test_forecast_keeps_be_off_the_device_across_periodic_rt_arrivals() -> None:
+    # DISB A at H100 scale, calibrated contention: BE blocks resident at an RT arrival
+    # slow its first kernels (reef ~ +2 % p99). With the forecast quiet windows, BE kernels
+    # that would still run at the (periodic) arrival wait: RT p99 within 1 % of rt_only.
+    cfg = BenchConfig(device="sim", duration=1.0, gpu="h100", progress=False, standalone_n=3,
+                      timeline=False)
+    bench = Bench(load_workload("A"), cfg)
+    runs = [bench.run_policy("rt_only"), bench.run_policy("streams"),
+            bench.run_policy("reef"), bench.run_policy("reef", rt_forecast=True)]
+    pol = build_report(bench, runs)["policies"]
+    assert set(pol) == {"rt_only", "streams", "reef", "reef+forecast"}
+    ref = pol["rt_only"]["rt"]["p99_ms"]
+    fc, reef = pol["reef+forecast"], pol["reef"]
+    assert fc["rt_forecast"] and not reef["rt_forecast"]
+    assert fc["rt"]["p99_ms"] <= 1.01 * ref < reef["rt"]["p99_ms"]
+    assert fc["preemption_latency_us"]["count"] < reef["preemption_latency_us"]["count"]
+    assert fc["throughput_rps"] >= 0.9 * pol["streams"]["throughput_rps"]
+
+
+def test_json_dash_prints_the_report_on_stdout(capsys) -> None:
+    rc = main(["bench", "--workload", "A", "--policy", "rt_only,streams,reef,reef_dkp",
+               "--device", "sim", "--gpu", "h100", "--duration", "0.3", "--standalone-n", "3",
+               "--no-progress", "--json", "-"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["contention"] == "calibrated" and doc["dkp_placement"] == "faithful"
+    for name, p in doc["policies"].items():
+        assert {"dispatch_latency_us", "preemption_latency_us", "rt_slowdown"} <= set(p)
+        assert p["preemption_latency_us"]["applicable"] is (name in ("reef", "reef_dkp"))

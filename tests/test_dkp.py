@@ -247,9 +247,16 @@ def test_sim_switches_between_reef_and_reef_dkp_at_runtime() -> None:
 # -- with the REEF traces ----------------------------------------------------------------------
 
 
+# Issue 13: the simulator places a padded grid's blocks as CUDA places any grid
+# ("faithful"), so BE blocks share the RT kernel's SMs. The results below the first two
+# tests held for the old placement, which is now the explicit what-if "reserved" (BE blocks
+# on the SMs the RT kernel leaves free: more than a CUDA padded launch can promise).
+
+
 @needs_traces
-def test_vgg_padded_with_resnet152_gains_be_throughput_at_rt_latency() -> None:
-    reef, dkp = pair("vgg", "resnet152", "reef"), pair("vgg", "resnet152", "reef_dkp")
+def test_vgg_padded_with_resnet152_gains_be_throughput_at_rt_latency_reserved_whatif() -> None:
+    reef = pair("vgg", "resnet152", "reef", dkp_placement="reserved")
+    dkp = pair("vgg", "resnet152", "reef_dkp", dkp_placement="reserved")
     for q in ("p50", "p99"):
         assert dkp[q] <= reef[q] * 1.01, (q, dkp, reef)
     assert dkp["rt"] >= reef["rt"] * 0.99
@@ -259,10 +266,21 @@ def test_vgg_padded_with_resnet152_gains_be_throughput_at_rt_latency() -> None:
 
 
 @needs_traces
-def test_disb_a_padding_raises_be_throughput_at_reef_rt_latency() -> None:
+def test_faithful_padding_still_gains_be_work_but_costs_rt_latency() -> None:
+    # BE blocks co-located with RT blocks run slower than planned and the padded launch
+    # ends with its last BE block: RT pays (+1.5 % p50 here), the gain stays.
+    reef, dkp = pair("vgg", "resnet152", "reef"), pair("vgg", "resnet152", "reef_dkp")
+    assert reef["be"] == 0 and dkp["be"] >= 5 and dkp["padded"] > 0, (dkp, reef)
+    assert dkp["p50"] > reef["p50"] * 1.005, (dkp, reef)
+    assert dkp["p50"] <= reef["p50"] * 1.05, (dkp, reef)
+
+
+@needs_traces
+def test_disb_a_padding_raises_be_throughput_at_reef_rt_latency_reserved_whatif() -> None:
     from tests.test_sim_scheduler import disb_a
 
-    reef, dkp = disb_a("reef"), disb_a("reef_dkp")
+    reef = disb_a("reef", dkp_placement="reserved")
+    dkp = disb_a("reef_dkp", dkp_placement="reserved")
     assert dkp["n"] == reef["n"] == 200
     for q in ("p50", "p99"):
         assert dkp[q] <= reef[q] * 1.01, (q, dkp, reef)

@@ -273,3 +273,31 @@ def test_unknown_profile_is_derived_from_geometry() -> None:
     assert len(h.profile.kernels) == 3 and h.profile.device == "h100"
     with pytest.raises(ValueError, match="kernels"):
         SimDevice("mi50", {"g": make_profile("g", 2, 10.0)}).load_plan(make_plan("g", 3))
+
+
+def test_completions_equal_what_the_dataclass_constructor_builds() -> None:
+    # sim_core builds Completion without calling its __init__ (speed): same object, fields
+    # in order, defaults (t_stop) included, hashable and comparable like any other
+    h = Harness({"m": (3, 20.0, 60, 1)})
+    s = h.dev.open_stream(0)
+    h.dev.enqueue(s, h.task("m"), 0, 2)
+    h.dev.run()
+    assert len(h.done) == 3
+    for c in h.done:
+        ref = Completion(c.stream, c.task, c.kernel, c.executed, c.t_start, c.t_end, c.parts)
+        assert type(c) is Completion and c == ref and hash(c) == hash(ref)
+        assert c.parts == () and c.t_stop != c.t_stop  # NaN: not a killed cpu segment
+
+
+def test_stats_and_device_state_are_readable_between_runs() -> None:
+    h = Harness({"m": (2, 20.0, 60, 1)})
+    s = h.dev.open_stream(0)
+    h.dev.enqueue(s, h.task("m"), 0, 1)
+    h.dev.run(until=1e-6)
+    assert h.dev.in_flight(s) == 2 and h.dev.now() == pytest.approx(1e-6)
+    h.dev.run()
+    st = h.dev.stats
+    assert st["kernels"] == 2 and st["batches"] == 2 and st["evicted"] == 0
+    assert st["busy_s"] == pytest.approx(40e-6, rel=0.01) and h.dev.idle()
+    st["kernels"] = 99  # a snapshot: the device's counters are its own
+    assert h.dev.stats["kernels"] == 2

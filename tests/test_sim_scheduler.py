@@ -148,11 +148,12 @@ def test_fig15a_normal_execution_time_falls_with_c() -> None:
 # -- DISB workload A on the traces ---------------------------------------------------------
 
 
-def disb_a(policy: str, seconds: float = 2.0, rt_hz: float = 100.0) -> dict[str, float]:
+def disb_a(policy: str, seconds: float = 2.0, rt_hz: float = 100.0,
+           dkp_placement: str = "faithful") -> dict[str, float]:
     """vgg RT at ``rt_hz`` (uniform), resnet152 BE closed loop; RT latencies in us."""
     vgg, p_vgg = load_reef_trace("vgg")
     r152, p_r152 = load_reef_trace("resnet152")
-    dev = SimDevice("mi50", {"vgg": p_vgg, "resnet152": p_r152})
+    dev = SimDevice("mi50", {"vgg": p_vgg, "resnet152": p_r152}, dkp_placement=dkp_placement)
     rt = Runtime(device=dev, policy=policy, c=4)
     rt.load_model("vgg", vgg)
     rt.load_model("resnet152", r152)

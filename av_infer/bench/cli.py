@@ -38,6 +38,18 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="reef: start RT only after the <= c launched BE kernels drained "
                    "(REEF-N's literal order; Runtime(preempt_drain=True))")
     p.add_argument("--gpu", default="mi50", help="simulated GPU (sim only): mi50, h100, orin")
+    p.add_argument("--contention", default="calibrated",
+                   help="sim: memory-side contention model: calibrated (default; streams on "
+                   "DISB A at REEF's 1.84x), bandwidth (uncalibrated), none (SM sharing "
+                   "only), beta=X (docs/bench.md)")
+    p.add_argument("--dkp-placement", choices=["faithful", "reserved"], default="faithful",
+                   help="sim: padded grids placed as CUDA places any grid (default), or the "
+                   "'reserved' what-if (BE blocks on SMs the RT kernel leaves free)")
+    p.add_argument("--be-min-share", type=float, default=0.0,
+                   help="Runtime be_min_share (default 0: REEF's strict RT priority)")
+    p.add_argument("--rt-forecast", action="store_true",
+                   help="policies that preempt: hold BE kernels across forecast RT arrivals "
+                   "(sched.rt_forecast; report rows named POLICY+forecast)")
     p.add_argument("--deadline-ms", type=float, default=None,
                    help="relative deadline of every RT client (default: its period)")
     p.add_argument("--standalone-n", type=int, default=20,
@@ -120,7 +132,7 @@ def _tag(wl_name: str) -> str:
 
 def write_plots(doc: dict[str, Any], runs: list[PolicyRun], cdf_path: Path) -> list[Path]:
     """CDF at ``cdf_path``; throughput and timeline beside it."""
-    lat = {r.policy: [rec.latency * 1e3 for rec in r.records if rec.rt and rec.ok]
+    lat = {(r.label or r.policy): [rec.latency * 1e3 for rec in r.records if rec.rt and rec.ok]
            for r in runs}
     base = cdf_path.with_suffix("")
     name = base.name[:-4] if base.name.endswith("_cdf") else base.name
@@ -203,9 +215,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg = BenchConfig(device=args.device, duration=args.duration, seed=args.seed,
                       scale=args.scale, c=args.c, preempt_drain=args.preempt_drain,
                       gpu=args.gpu, deadline_ms=args.deadline_ms,
-                      standalone_n=args.standalone_n, progress=not args.no_progress)
+                      standalone_n=args.standalone_n, progress=not args.no_progress,
+                      contention=args.contention, dkp_placement=args.dkp_placement,
+                      be_min_share=args.be_min_share, rt_forecast=args.rt_forecast)
     if args.c < 1:
         raise SystemExit("bench: --c must be >= 1")
+    if not 0.0 <= args.be_min_share < 1.0:
+        raise SystemExit("bench: --be-min-share must be in [0, 1)")
+    if args.device == "sim":
+        from av_infer.devices.sim_contention import check_model
+
+        try:
+            check_model(args.contention, args.gpu)
+        except ValueError as e:
+            raise SystemExit(f"bench: --contention: {e}") from None
     sweep = _parse_sweep(args.sweep) if args.sweep else None
     policies = _policies(args.sweep_policy if sweep else args.policy, args.device)
     try:
@@ -219,6 +242,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     several = len(workloads) > 1
+    to_stdout = args.json == "-"  # JSON on stdout, tables on stderr
+    tables = sys.stderr if to_stdout else sys.stdout
+    docs: list[dict[str, Any]] = []
     for wl in workloads:
         tag = _tag(wl.name)
         bench = Bench(wl, cfg)
@@ -230,8 +256,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 print(f"[{wl.name}] {policies[0]} c={v}", file=sys.stderr)
                 runs.append(bench.run_policy(policies[0], c=v))
             doc = sweep_report(bench, param, values, runs)
-            print(header(doc))
-            print(sweep_table(doc))
+            print(header(doc), file=tables)
+            print(sweep_table(doc), file=tables)
         else:
             runs = []
             for pol in policies:
@@ -239,12 +265,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     print(f"[{wl.name}] {pol}", file=sys.stderr)
                 runs.append(bench.run_policy(pol))
             doc = build_report(bench, runs)
-            print(header(doc))
-            print(table(doc))
-        print()
+            print(header(doc), file=tables)
+            print(table(doc), file=tables)
+        print(file=tables)
         written: list[Path] = []
         jtag = tag if several else None
-        if args.json:
+        if to_stdout:
+            docs.append(doc)
+        elif args.json:
             written.append(write_json(doc, _suffixed(args.json, jtag)))
         if args.out:
             out = Path(args.out)
@@ -263,4 +291,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 written += write_plots(doc, runs, _suffixed(args.plot, jtag))
         for p in written:
             print(f"wrote {p}", file=sys.stderr)
+    if to_stdout:
+        import json
+
+        print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
     return 0

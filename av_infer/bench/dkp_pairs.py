@@ -95,12 +95,15 @@ def format_table(rows: Sequence[Mapping[str, Any]], models: Sequence[str]) -> st
 
 # -- the simulator ------------------------------------------------------------------------------
 def pair(rt_model: str, be_model: str | tuple[Plan, ModelProfile], policy: str,
-         seconds: float = 1.0) -> dict[str, float]:
+         seconds: float = 1.0, dkp_placement: str = "faithful",
+         contention: str = "none") -> dict[str, float]:
     """RT ``rt_model`` closed loop (high contention, REEF §7.4) next to a closed-loop BE
-    client; RT latencies in µs, BE requests completed, BE kernels completed by padding."""
+    client; RT latencies in µs, BE requests completed, BE kernels completed by padding.
+    ``dkp_placement``/``contention``: the simulator's (``SimDevice``)."""
     plans = {"rt": load_reef_trace(rt_model),
              "be": load_reef_trace(be_model) if isinstance(be_model, str) else be_model}
-    dev = SimDevice("mi50", {plan.name: prof for plan, prof in plans.values()})
+    dev = SimDevice("mi50", {plan.name: prof for plan, prof in plans.values()},
+                    dkp_placement=dkp_placement, contention=contention)
     rt = Runtime(device=dev, policy=policy, c=4)
     for role, (plan, _) in plans.items():
         rt.load_model(role, plan)
@@ -133,12 +136,15 @@ def sim_be_work(run: Mapping[str, float], be_model: str) -> float:
     return run["padded"] / max(len(be_plan.kernels), 1)
 
 
-def table(seconds: float = 1.0) -> list[dict[str, float | str]]:
+def table(seconds: float = 1.0, dkp_placement: str = "faithful",
+          contention: str = "none") -> list[dict[str, float | str]]:
     """The simulated table over :data:`TRACE_MODELS` (REEF trace latencies as standalone)."""
     rows = []
+    kw = {"dkp_placement": dkp_placement, "contention": contention}
     for rt_m in TRACE_MODELS:
         for be_m in TRACE_MODELS:
-            reef, dkp = pair(rt_m, be_m, "reef", seconds), pair(rt_m, be_m, "reef_dkp", seconds)
+            reef = pair(rt_m, be_m, "reef", seconds, **kw)
+            dkp = pair(rt_m, be_m, "reef_dkp", seconds, **kw)
             for run in (reef, dkp):
                 run["be_work"] = sim_be_work(run, be_m)
             rows.append(pair_row(rt_m, be_m, reef, dkp, load_reef_trace(rt_m)[1].total_us,
@@ -151,8 +157,13 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=1.0, help="virtual seconds per run")
     ap.add_argument("--json", help="write the rows as JSON")
+    ap.add_argument("--dkp-placement", choices=["faithful", "reserved"], default="faithful",
+                    help="the simulator's padded-grid placement ('reserved': the what-if "
+                    "CUDA cannot do, the model before issue 13)")
+    ap.add_argument("--contention", default="none",
+                    help="the simulator's contention model (none, bandwidth, calibrated)")
     args = ap.parse_args()
-    rows = table(args.seconds)
+    rows = table(args.seconds, args.dkp_placement, args.contention)
     print(format_table(rows, TRACE_MODELS))
     if args.json:
         with open(args.json, "w") as f:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from av_infer.bench.metrics import Record, standalone_stats
+from av_infer.bench.metrics import Record, Residency, standalone_stats
 from av_infer.bench.plots import Timeline
 from av_infer.bench.workload import BenchTask, Workload
 from av_infer.devices import DEVICE_NAMES
@@ -67,6 +67,18 @@ class BenchConfig:
     warmup: int = 3
     progress: bool = True
     timeline: bool = True  # capture kernels around one preemption
+    #: sim: memory-side contention model (devices.sim_contention.MODELS)
+    contention: str = "calibrated"
+    #: sim: where a padded grid's blocks go ("faithful"; "reserved" is a what-if)
+    dkp_placement: str = "faithful"
+    #: Runtime(be_min_share=...): 0 is REEF's strict RT priority (what DISB compares);
+    #: the runtime's own default (0.1) grants BE a share while RT is over capacity
+    be_min_share: float = 0.0
+    #: hold BE kernels across forecast RT arrivals (sched.rt_forecast.QuietWindows);
+    #: only under policies that preempt
+    rt_forecast: bool = False
+    #: the quiet windows' RT latency budget (sched.rt_forecast.BUDGET by default)
+    forecast_budget: float | None = None
 
     @property
     def variant(self) -> str:
@@ -103,6 +115,13 @@ class PolicyRun:
     events: dict[str, int] = field(default_factory=dict)
     timeline: Timeline | None = None
     wall_s: float = 0.0
+    #: when BE work occupied the device (preemption latency); None if not observed
+    residency: Residency | None = None
+    #: device telemetry at the end of the run (sim: batches, contention, placement)
+    device: dict[str, Any] = field(default_factory=dict)
+    #: the run's name in the report: the policy, "+forecast" with quiet windows
+    label: str = ""
+    rt_forecast: bool = False
 
 
 class TimelineCapture:
@@ -225,11 +244,15 @@ class Bench:
             from av_infer.devices.sim import SimDevice
 
             profs = {m: s.profile for m, s in self.sources.items()}
-            sim = SimDevice(gpu=self.cfg.gpu, profiles=profs, seed=self.cfg.seed)
-            rt = Runtime(device=sim, policy=policy, c=c, preempt_drain=self.cfg.preempt_drain)
+            sim = SimDevice(gpu=self.cfg.gpu, profiles=profs, seed=self.cfg.seed,
+                            contention=self.cfg.contention,
+                            dkp_placement=self.cfg.dkp_placement, record_residency=True)
+            rt = Runtime(device=sim, policy=policy, c=c, preempt_drain=self.cfg.preempt_drain,
+                         be_min_share=self.cfg.be_min_share)
         else:
             rt = Runtime(device=self.cfg.device, policy=policy, c=c,
-                         preempt_drain=self.cfg.preempt_drain)
+                         preempt_drain=self.cfg.preempt_drain,
+                         be_min_share=self.cfg.be_min_share)
         for m, s in self.sources.items():
             info = rt.load_model(m, s.plan if s.plan is not None else s.path)
             plan = getattr(info, "plan", None)
@@ -262,13 +285,14 @@ class Bench:
         try:
             for m in models:
                 lats: list[float] = []
+                dev_t: list[float] = []
                 n_total = self.cfg.warmup + self.cfg.standalone_n
                 done = threading.Event()
                 inputs = self._input(rt, m)
 
                 def submit_next(m: str = m, lats: list[float] = lats,
                                 inputs: dict = inputs, done: threading.Event = done,
-                                n_total: int = n_total) -> None:
+                                n_total: int = n_total, dev_t: list[float] = dev_t) -> None:
                     now = rt.now()
                     fut = rt.submit(m, inputs, priority=Priority.RT, client=f"standalone_{m}",
                                     arrival=now)
@@ -278,7 +302,9 @@ class Bench:
                         if exc is not None:
                             done.set()
                             return
-                        lats.append(f.result().timings.latency)
+                        tm = f.result().timings
+                        lats.append(tm.latency)
+                        dev_t.append(tm.end - tm.first_kernel_start)
                         if len(lats) >= n_total:
                             done.set()
                         else:
@@ -295,18 +321,24 @@ class Bench:
                 meas = lats[self.cfg.warmup:]
                 if not meas:
                     raise RuntimeError(f"standalone run of {m} produced no results")
-                self.standalone_ref[m] = standalone_stats(meas)
+                self.standalone_ref[m] = standalone_stats(meas, dev_t[self.cfg.warmup:])
         finally:
             rt.close(drain=False)
         return self.standalone_ref
 
     # -- one policy ----------------------------------------------------------------------
-    def run_policy(self, policy: str, c: int | None = None) -> PolicyRun:
-        """The workload's mix under ``policy`` for ``duration`` seconds."""
+    def run_policy(self, policy: str, c: int | None = None,
+                   rt_forecast: bool | None = None) -> PolicyRun:
+        """The workload's mix under ``policy`` for ``duration`` seconds (``rt_forecast``:
+        override ``cfg.rt_forecast``; it only applies to policies that preempt)."""
+        from av_infer.sched.policies import get_policy
         from av_infer.sched.request import Priority
+        from av_infer.sched.rt_forecast import BUDGET, QuietWindows, RtForecast
 
         cfg = self.cfg
         c = cfg.c if c is None else c
+        forecast = (cfg.rt_forecast if rt_forecast is None else rt_forecast) and \
+            get_policy(policy).preempt != "none"
         ref = self.standalone()
         offsets = self.wl.periodic_offsets({m: v["p50_s"] for m, v in ref.items()})
         tasks = [t for t in self.wl.tasks if t.rt or policy != "rt_only"]
@@ -317,13 +349,24 @@ class Bench:
         counts: dict[str, int] = {}
         pending = [0]
         all_done = threading.Event()
+        be_streams: set[int] = set()
+        be_kernels: tuple[list[float], list[float]] = ([], [])
         try:
             def listener(event: str, data: dict[str, Any]) -> None:
                 if event == "preempt" and data.get("kind") == "edf":
                     event = "rt_switch"  # EDF switch between RT tasks, not a BE preemption
+                elif event == "dispatch" and data.get("priority") == "BE":
+                    be_streams.add(int(data["stream"]))
+                elif event == "kernel" and sim is None and data.get("stream") in be_streams:
+                    t_stop = data.get("t_stop", math.nan)  # a killed cpu segment's stop
+                    be_kernels[0].append(float(data["t_start"]))
+                    be_kernels[1].append(float(data["t_end"] if math.isnan(t_stop) else t_stop))
                 counts[event] = counts.get(event, 0) + 1
 
             rt.add_listener(listener)
+            if forecast:
+                rt.add_listener(QuietWindows(rt.device, RtForecast(
+                    budget=BUDGET if cfg.forecast_budget is None else cfg.forecast_budget)))
             deadlines: dict[str, float | None] = {}
             for t in tasks:
                 dl = None
@@ -398,11 +441,30 @@ class Bench:
                                  pending, lock, all_done)
             events = dict(counts)
             tl = capture.result() if capture is not None else None
+            residency = self._residency(sim, be_streams, be_kernels)
+            device = rt.device.telemetry() if sim is not None else {}
         finally:
             rt.close(drain=False)
         return PolicyRun(policy=policy, c=c, records=records, t0=t0, duration=cfg.duration,
                          preemptions=events.get("preempt", 0), events=events, timeline=tl,
-                         wall_s=time.perf_counter() - wall0)
+                         wall_s=time.perf_counter() - wall0, residency=residency,
+                         device=device, label=policy + ("+forecast" if forecast else ""),
+                         rt_forecast=forecast)
+
+    def _residency(self, sim: Any, be_streams: set[int],
+                   be_kernels: tuple[list[float], list[float]]) -> Residency:
+        """BE work on the device: the simulator's block batches of the BE streams, else
+        the BE kernels the runtime reported (segments on cpu, kernels on cuda)."""
+        if sim is not None:
+            starts: list[float] = []
+            ends: list[float] = []
+            for s in sorted(be_streams):
+                st, en = sim.residency(s)
+                starts += st
+                ends += en
+            return Residency.of(starts, ends, "block batch")
+        grain = "segment" if self.cfg.device == "cpu" else "kernel"
+        return Residency.of(be_kernels[0], be_kernels[1], grain)
 
     def _warmup(self, rt: Any, sim: Any, tasks: list[BenchTask]) -> None:
         """A few requests per model so first-use costs stay out of the window."""

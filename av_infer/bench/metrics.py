@@ -3,12 +3,21 @@
 Definitions (DESIGN.md, Metrics; docs/bench.md spells out every JSON field):
 
 * RT latency = ``end - arrival`` with ``arrival`` the *scheduled* arrival.
-* Preemption latency = RT arrival -> start of the RT task's first kernel on the device,
-  where "arrival" is when the request became runnable: ``max(arrival, completion of the
-  RT request before it)`` (RT requests run one at a time; waiting behind another RT
-  request is RT queueing, not preemption). Over RT requests that became runnable while
-  best-effort work was in progress (a BE request dispatched and not finished): the ones
-  that had to get BE out of the way. ``first_kernel_us``: the same over every RT request.
+* Dispatch latency (``dispatch_latency_us``) = RT arrival -> start of the RT task's first
+  kernel on the device, where "arrival" is when the request became runnable:
+  ``max(arrival, completion of the RT request before it)`` (RT requests run one at a time;
+  waiting behind another RT request is RT queueing, not preemption). Over RT requests that
+  became runnable while best-effort work was in progress (a BE request dispatched and not
+  finished). ``first_kernel_us``: the same over every RT request. (Before issue 13 this
+  was called ``preemption_us``; it says when RT started, not when BE had left.)
+* Preemption latency (``preemption_latency_us``) = RT arrival (as above) -> the moment the
+  last BE work *resident on the device at that arrival* has left it (evicted or done):
+  REEF's, XSched's and GPreempt's meaning. Resident work comes from
+  :class:`Residency` (block batches on ``sim``, BE kernels/segments elsewhere). Over the
+  arrivals that had BE resident; only for policies that preempt (``streams`` never does:
+  ``{"applicable": false}``).
+* RT slowdown (``rt_slowdown``) = an RT request's device time (first kernel start ->
+  completion) over its model's standalone device time (p50 of the same alone).
 * Latency increase = ``(p50_load - p50_standalone) / p50_standalone`` (and the same with
   p99 for ``increase_p99_pct``), per client against its model's standalone latency; for
   several RT clients, each request's latency is first divided by its own model's standalone
@@ -57,6 +66,43 @@ class Record:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class Residency:
+    """When BE work occupied the device: ``[start, end)`` intervals (any order, overlaps
+    allowed), at the finest grain the device reports: block batches (sim), kernels
+    (cuda: completion events), segments (cpu: ``t_stop`` of a killed segment)."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    grain: str = "kernel"
+
+    @classmethod
+    def of(cls, starts: Sequence[float], ends: Sequence[float], grain: str) -> Residency:
+        """Intervals with a finite start and end (a device that cannot time a launch
+        reports NaN: it says nothing about residency)."""
+        st = np.asarray(starts, dtype=float)
+        en = np.asarray(ends, dtype=float)
+        ok = np.isfinite(st) & np.isfinite(en)
+        return cls(st[ok], en[ok], grain)
+
+    def drain_after(self, times: np.ndarray) -> np.ndarray:
+        """Per time ``t``: when the last interval resident at ``t`` (``start <= t < end``)
+        ended, minus ``t``; NaN where nothing was resident. ``O((n + m) log n)``."""
+        out = np.full(times.shape, np.nan)
+        if self.starts.size == 0 or times.size == 0:
+            return out
+        order = np.argsort(self.starts, kind="stable")
+        st = self.starts[order]
+        last_end = np.maximum.accumulate(self.ends[order])  # latest end among starts <= t
+        i = np.searchsorted(st, times, side="right") - 1
+        ok = i >= 0
+        drain = np.full(times.shape, -np.inf)
+        drain[ok] = last_end[i[ok]]
+        hit = drain > times
+        out[hit] = drain[hit] - times[hit]
+        return out
 
 
 def pct(values: Sequence[float] | np.ndarray, q: float) -> float | None:
@@ -136,11 +182,16 @@ def summarize(
     standalone: dict[str, dict[str, float]],
     t0: float = 0.0,
     preemptions: int = 0,
+    residency: Residency | None = None,
+    preempts: bool = True,
 ) -> dict[str, Any]:
     """The ``policies.<name>`` section of the report (see docs/bench.md).
 
-    ``standalone[model]`` holds ``p50_s`` and ``p99_s``; ``t0`` is the window's start on
-    the runtime clock; ``preemptions`` the number of "preempt" events the runtime emitted.
+    ``standalone[model]`` holds ``p50_s`` and ``p99_s`` (and ``device_p50_s`` for
+    ``rt_slowdown``); ``t0`` is the window's start on the runtime clock; ``preemptions``
+    the number of "preempt" events the runtime emitted; ``residency`` when BE work was on
+    the device (None: ``preemption_latency_us`` not measured); ``preempts``: whether the
+    policy preempts BE work at all (else the preemption latency is not applicable).
     """
     t_end = t0 + duration
     rt = [r for r in records if r.rt]
@@ -201,6 +252,26 @@ def summarize(
         return {"p50": _r(d["p50"], 2), "p99": _r(d["p99"], 2), "max": _r(d["max"], 2),
                 "mean": _r(d["mean"], 2), "count": int(x.size)}
 
+    if not preempts:
+        pl: dict[str, Any] = {"applicable": False,
+                              "why": "the policy never preempts BE work"}
+    elif residency is None:
+        pl = {"applicable": True, "measured": False,
+              "why": "the device reported no BE residency"}
+    else:
+        drain = residency.drain_after(ready) * 1e6
+        pl = {"applicable": True, "grain": residency.grain,
+              **_pdist(drain[~np.isnan(drain)]), "arrivals": int(ready.size)}
+
+    dev_t = np.array([r.end - r.first_kernel_start for r in rt_ok], dtype=float)
+    dev_ref = np.array([standalone.get(r.model, {}).get("device_p50_s", math.nan)
+                        for r in rt_ok], dtype=float)
+    ratio = dev_t / dev_ref
+    ratio = ratio[np.isfinite(ratio)]
+    sd = dist(ratio)
+    slowdown = {"p50": _r(sd["p50"]), "p99": _r(sd["p99"]), "max": _r(sd["max"]),
+                "mean": _r(sd["mean"]), "count": int(ratio.size)}
+
     be_kernels = sum(r.kernels + r.kernels_reexecuted for r in be if r.ok)
     padded = sum(r.kernels_padded for r in be)
     total_done = sum(1 for r in rt_ok if r.end <= t_end) + len(be_done)
@@ -208,7 +279,9 @@ def summarize(
         "rt": rt_sec,
         "be": be_sec,
         "throughput_rps": _r(total_done / duration, 3),
-        "preemption_us": _pdist(pre),
+        "dispatch_latency_us": _pdist(pre),
+        "preemption_latency_us": pl,
+        "rt_slowdown": slowdown,
         "first_kernel_us": _pdist(allfk),
         "preemptions": int(preemptions),
         "preempted_requests": sum(1 for r in be if r.preempted),
@@ -217,8 +290,13 @@ def summarize(
     }
 
 
-def standalone_stats(latencies_s: Sequence[float]) -> dict[str, float]:
-    """Reference numbers of one model measured alone (seconds)."""
+def standalone_stats(latencies_s: Sequence[float],
+                     device_s: Sequence[float] | None = None) -> dict[str, float]:
+    """Reference numbers of one model measured alone (seconds); ``device_s``: its device
+    times (first kernel start -> completion), the reference of ``rt_slowdown``."""
     arr = np.asarray(latencies_s, dtype=float)
-    return {"p50_s": float(np.percentile(arr, 50)), "p99_s": float(np.percentile(arr, 99)),
-            "mean_s": float(arr.mean()), "n": int(arr.size)}
+    out = {"p50_s": float(np.percentile(arr, 50)), "p99_s": float(np.percentile(arr, 99)),
+           "mean_s": float(arr.mean()), "n": int(arr.size)}
+    if device_s is not None and len(device_s):
+        out["device_p50_s"] = float(np.percentile(np.asarray(device_s, dtype=float), 50))
+    return out

@@ -139,8 +139,9 @@ def sweep_plot(values: Sequence[float], results: Sequence[dict[str, Any]], path:
     """REEF Fig. 15a: preemption latency (p50, p99) and BE throughput against ``param``."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(FIG_W, FIG_H))
-    p50 = [r["preemption_us"]["p50"] or 0.0 for r in results]
-    p99 = [r["preemption_us"]["p99"] or 0.0 for r in results]
+    pre = [r.get("preemption_latency_us", {}) for r in results]
+    p50 = [p.get("p50") or 0.0 for p in pre]
+    p99 = [p.get("p99") or 0.0 for p in pre]
     ax.plot(values, p50, "o-", color="#d62728", label="preemption p50 (µs)")
     ax.plot(values, p99, "s--", color="#ff7f0e", label="preemption p99 (µs)")
     ax.set_xlabel(param)

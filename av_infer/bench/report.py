@@ -11,6 +11,7 @@ from typing import Any
 
 from av_infer.bench.harness import Bench, PolicyRun
 from av_infer.bench.metrics import summarize
+from av_infer.sched.policies import get_policy
 
 SCHEMA_VERSION = 1
 
@@ -36,10 +37,11 @@ def build_report(bench: Bench, runs: list[PolicyRun]) -> dict[str, Any]:
                       "deadline_ms": round(dl * 1e3, 4) if dl else None})
     policies: dict[str, Any] = {}
     for run in runs:
-        sec = summarize(run.records, run.duration, ref, t0=run.t0, preemptions=run.preemptions)
+        sec = _summary(run, ref)
         sec["c"] = run.c
         sec["wall_s"] = round(run.wall_s, 3)
-        policies[run.policy] = sec
+        sec["rt_forecast"] = run.rt_forecast
+        policies[run.label or run.policy] = sec
     doc: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "workload": bench.wl.name,
@@ -50,6 +52,8 @@ def build_report(bench: Bench, runs: list[PolicyRun]) -> dict[str, Any]:
         "seed": cfg.seed,
         "c": cfg.c,
         "preempt_drain": cfg.preempt_drain,
+        "contention": cfg.contention if cfg.device == "sim" else None,
+        "dkp_placement": cfg.dkp_placement if cfg.device == "sim" else None,
         "scale": cfg.variant if cfg.device != "sim" else cfg.scale,
         "deadline_ms": cfg.deadline_ms,
         "rate_scale": bench.wl.rate_scale,
@@ -60,6 +64,16 @@ def build_report(bench: Bench, runs: list[PolicyRun]) -> dict[str, Any]:
     return doc
 
 
+def _summary(run: PolicyRun, ref: dict[str, dict[str, float]]) -> dict[str, Any]:
+    sec = summarize(run.records, run.duration, ref, t0=run.t0, preemptions=run.preemptions,
+                    residency=run.residency,
+                    preempts=get_policy(run.policy).preempt != "none")
+    if run.device:
+        sec["device"] = {k: run.device.get(k) for k in (
+            "contention", "dkp_placement", "batches", "padded_launches", "padded_blocks")}
+    return sec
+
+
 def sweep_report(bench: Bench, param: str, values: list[int], runs: list[PolicyRun]
                  ) -> dict[str, Any]:
     """A ``--sweep`` document: the usual report plus ``sweep.results[i]`` per value."""
@@ -67,7 +81,7 @@ def sweep_report(bench: Bench, param: str, values: list[int], runs: list[PolicyR
     ref = bench.standalone()
     results = []
     for v, run in zip(values, runs):
-        sec = summarize(run.records, run.duration, ref, t0=run.t0, preemptions=run.preemptions)
+        sec = _summary(run, ref)
         results.append({param: v, "policy": run.policy, **sec})
     doc["sweep"] = {"param": param, "policy": runs[0].policy if runs else None,
                     "values": values, "results": results}
@@ -80,21 +94,25 @@ def _f(x: Any, fmt: str = "{:.2f}") -> str:
 
 def table(doc: dict[str, Any]) -> str:
     """A plain-text table, one row per policy."""
-    head = (f"{'policy':<13}{'RT p50':>9}{'p99':>9}{'p99.9':>9}{'max':>9}{'+p50%':>8}"
-            f"{'+p99%':>8}{'miss':>10}{'RT/s':>8}{'BE/s':>8}{'tot/s':>8}{'pre p50us':>10}"
-            f"{'p99us':>9}{'#pre':>7}{'reexec':>7}")
+    head = (f"{'policy':<18}{'RT p50':>9}{'p99':>9}{'p99.9':>9}{'max':>9}{'+p50%':>8}"
+            f"{'+p99%':>8}{'miss':>10}{'RT/s':>8}{'BE/s':>8}{'tot/s':>8}{'disp p99':>9}"
+            f"{'pre p50us':>10}{'p99us':>9}{'slow p99':>9}{'#pre':>7}{'reexec':>7}")
     lines = [head, "-" * len(head)]
     for name, p in doc["policies"].items():
         r = p["rt"]
-        pre = p["preemption_us"]
+        pre = p["preemption_latency_us"]
+        na = "n/a" if not pre.get("applicable", True) else None
         lines.append(
-            f"{name:<13}{_f(r['p50_ms']):>9}{_f(r['p99_ms']):>9}{_f(r['p999_ms']):>9}"
+            f"{name:<18}{_f(r['p50_ms']):>9}{_f(r['p99_ms']):>9}{_f(r['p999_ms']):>9}"
             f"{_f(r['max_ms']):>9}{_f(r['increase_pct'], '{:.1f}'):>8}"
             f"{_f(r['increase_p99_pct'], '{:.1f}'):>8}"
             f"{str(r['deadline_misses']) + '/' + str(r['count']):>10}"
             f"{_f(r['throughput_rps'], '{:.1f}'):>8}{_f(p['be']['throughput_rps'], '{:.1f}'):>8}"
-            f"{_f(p['throughput_rps'], '{:.1f}'):>8}{_f(pre['p50'], '{:.1f}'):>10}"
-            f"{_f(pre['p99'], '{:.1f}'):>9}{p['preemptions']:>7}{p['kernels_reexecuted']:>7}")
+            f"{_f(p['throughput_rps'], '{:.1f}'):>8}"
+            f"{_f(p['dispatch_latency_us']['p99'], '{:.1f}'):>9}"
+            f"{na or _f(pre.get('p50'), '{:.1f}'):>10}{na or _f(pre.get('p99'), '{:.1f}'):>9}"
+            f"{_f(p['rt_slowdown']['p99'], '{:.3f}'):>9}"
+            f"{p['preemptions']:>7}{p['kernels_reexecuted']:>7}")
     return "\n".join(lines)
 
 
@@ -119,11 +137,11 @@ def sweep_table(doc: dict[str, Any]) -> str:
             f"{'pre max':>9}{'BE/s':>9}{'tot/s':>9}{'reexec':>8}")
     lines = [f"sweep of {param} under {sw['policy']}", head, "-" * len(head)]
     for r in sw["results"]:
-        pre = r["preemption_us"]
+        pre = r["preemption_latency_us"]
         lines.append(
             f"{r[param]:>4}{_f(r['rt']['p50_ms']):>9}{_f(r['rt']['p99_ms']):>9}"
-            f"{_f(pre['p50'], '{:.1f}'):>11}{_f(pre['p99'], '{:.1f}'):>11}"
-            f"{_f(pre['max'], '{:.1f}'):>9}{_f(r['be']['throughput_rps'], '{:.1f}'):>9}"
+            f"{_f(pre.get('p50'), '{:.1f}'):>11}{_f(pre.get('p99'), '{:.1f}'):>11}"
+            f"{_f(pre.get('max'), '{:.1f}'):>9}{_f(r['be']['throughput_rps'], '{:.1f}'):>9}"
             f"{_f(r['throughput_rps'], '{:.1f}'):>9}{r['kernels_reexecuted']:>8}")
     return "\n".join(lines)
 
