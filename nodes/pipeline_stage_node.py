@@ -188,6 +188,10 @@ class RemoteLane:
         self._cv = threading.Condition()
         self._loaded: set[str] = set()
         self._inflight: dict[str, Future] = {}
+        #: request id -> when it is failed if still unanswered (its deadline, else wait_s,
+        #: plus dead_after_s): a request or response lost on the wire is still answered
+        self._expiry: dict[str, float] = {}
+        self.expired = 0
         # at most `window` requests on the wire: the request/response topics keep the last
         # REQUEST_QOS.depth samples, so a larger burst could overwrite unacknowledged ones
         self.window = max(1, min(int(window), REQUEST_QOS.depth // 2))
@@ -247,9 +251,9 @@ class RemoteLane:
             deadline_in_s: float) -> Future:
         fut: Future = Future()
         rid = f"{self.name}-{next(self._ids)}"
-        if self._dead:
-            fut.set_exception(StageFailedError(f"stage {self.name} is dead"))
-            return fut
+        finite = deadline_in_s != float("inf") and deadline_in_s > 0
+        expiry = time.monotonic() + (deadline_in_s if finite else self.wait_s) \
+            + self.dead_after_s
         msg = InferRequest(id=rid, model=stage, client="pipeline",
                            priority=codec.PRIORITY_OF[priority])
         if deadline_in_s != float("inf") and deadline_in_s > 0:
@@ -257,7 +261,11 @@ class RemoteLane:
             msg.deadline = Duration(sec=sec, nanosec=int((deadline_in_s - sec) * 1e9))
         msg.tensors = [codec.fill_tensor(Tensor(), n, np.ascontiguousarray(v))
                        for n, v in inputs.items()]
-        with self._cv:
+        with self._cv:  # the death check under the lock: _watch fails what it finds here
+            if self._dead:
+                fut.set_exception(StageFailedError(f"stage {self.name} is dead"))
+                return fut
+            self._expiry[rid] = expiry
             if len(self._inflight) >= self.window:
                 self._backlog.append((rid, msg, fut))
                 return fut
@@ -292,9 +300,10 @@ class RemoteLane:
     def _on_response(self, msg: InferResponse) -> None:
         with self._cv:
             fut = self._inflight.pop(msg.id, None)
-            if fut is None:  # not ours, a duplicate, or failed already when the lane died
+            if fut is None:  # not ours, a duplicate, or failed already (death, expiry)
                 self.unmatched += 1
                 return
+            self._expiry.pop(msg.id, None)
         self._send_backlog()
         if msg.code == "ok":
             fut.set_result({k: np.array(v) for k, v in codec.tensors_dict(msg.tensors).items()})
@@ -302,14 +311,27 @@ class RemoteLane:
             fut.set_exception(error_from_code(msg.code, msg.message))
 
     def _watch(self) -> None:
+        now = time.monotonic()
+        with self._cv:
+            overdue = [rid for rid, t in self._expiry.items() if t < now and rid in self._inflight]
+            late = {rid: self._inflight.pop(rid) for rid in overdue}
+            for rid in overdue:
+                self._expiry.pop(rid, None)
+            self.expired += len(late)
+        for rid, fut in late.items():  # lost on the wire (or the stage lost it): answered
+            fut.set_exception(StageFailedError(
+                f"stage {self.name}: no response to {rid} by its deadline"))
+        if late:
+            self._send_backlog()
         with self._cv:
             beat = self._last_beat
-            if self._dead or beat is None or time.monotonic() - beat < self.dead_after_s:
+            if self._dead or beat is None or now - beat < self.dead_after_s:
                 return
             self._dead = True
             lost, self._inflight = self._inflight, {}
             lost.update({rid: f for rid, _, f in self._backlog})
             self._backlog.clear()
+            self._expiry.clear()
             self._cv.notify_all()
         err = StageFailedError(f"stage {self.name}: no heartbeat for {self.dead_after_s:g} s")
         for fut in lost.values():
