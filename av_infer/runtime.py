@@ -381,11 +381,17 @@ class Runtime:
     def model_info(self, name: str) -> ModelInfo:
         return self._info(self._entry(name))
 
+    def _find(self, name: str) -> ModelEntry | None:
+        """The entry a request names: a loaded model, or a variant group's (caller holds
+        ``_lock``)."""
+        e = self._models.get(name)
+        if e is None and name in self._groups:
+            e = self._groups[name][1]
+        return e
+
     def _entry(self, name: str) -> ModelEntry:
         with self._lock:
-            e = self._models.get(name)
-            if e is None and name in self._groups:
-                e = self._groups[name][1]
+            e = self._find(name)
         if e is None:
             raise UnknownModelError(f"unknown model {name!r}; loaded: {self.models()}")
         return e
@@ -612,10 +618,7 @@ class Runtime:
                 self._count_submit_error(err)
                 fut.set_exception(err)
                 return fut
-            entry = self._models.get(req.model)
-            grp = self._groups.get(req.model)
-            if grp is not None:
-                entry = grp[1]
+            entry = self._find(req.model)
             if entry is None:  # unloaded meanwhile
                 err = UnknownModelError(f"unknown model {model!r}; loaded: {list(self._models)}")
                 self._count_submit_error(err)
@@ -623,7 +626,7 @@ class Runtime:
                 return fut
         if self._utility.deadlines(req.client) is not None:
             fut.add_done_callback(lambda f, c=req.client: self._record_utility(c, f))
-        if grp is not None:
+        if entry.variants is not None:
             fut.add_done_callback(lambda f, g=req.model: self._record_quality(g, f))
         fut.helper = lambda f, r=req: self._help(r, f)
         # caller_runs: an enqueue made on this thread while it handles its own arrival skips

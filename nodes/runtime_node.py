@@ -39,6 +39,7 @@ import re
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -749,58 +750,56 @@ class RuntimeNode(LifecycleNode):
             return ("inactive", "the runtime host is not active (lifecycle state)")
         return None
 
-    def _on_load_model(self, req: LoadModel.Request, resp: LoadModel.Response
-                       ) -> LoadModel.Response:
+    def _serve(self, resp: Any, body: Callable[[Any], None]) -> Any:
+        """One model service call, answered exactly once: refused with a typed code while
+        the services are off or the host is inactive; ``body(resp)`` fills a success; an
+        av_infer error becomes its code (and an unsupported model its operators), anything
+        else ``internal_error`` (never raised into rclpy)."""
         refusal = self._service_refusal()
         if refusal is not None:
             resp.code, resp.message = refusal
             return resp
         try:
-            shapes = parse_input_shapes(list(req.input_shapes))
-            name = req.name or Path(req.path).stem
-            loaded = self.admin.load(name, req.path, shapes, pin=bool(req.pin))
+            body(resp)
         except AvInferError as exc:
             resp.code, resp.message = exc.code, ros_text(str(exc))
             unsupported = getattr(exc, "unsupported", None) or {}
-            resp.unsupported = [ros_text(f"{op}: {', '.join(nodes)}")
-                                for op, nodes in unsupported.items()]
-            return resp
+            if hasattr(resp, "unsupported"):
+                resp.unsupported = [ros_text(f"{op}: {', '.join(nodes)}")
+                                    for op, nodes in unsupported.items()]
         except Exception as exc:  # noqa: BLE001 - answered, never raised into rclpy
             resp.code, resp.message = "internal_error", ros_text(f"{type(exc).__name__}: {exc}")
-            return resp
-        resp.success, resp.code, resp.message = True, "ok", f"loaded {loaded.name}"
-        resp.model = model_info_msg(loaded)
-        self._publish_models()
         return resp
+
+    def _on_load_model(self, req: LoadModel.Request, resp: LoadModel.Response
+                       ) -> LoadModel.Response:
+        def load(resp: LoadModel.Response) -> None:
+            shapes = parse_input_shapes(list(req.input_shapes))
+            name = req.name or Path(req.path).stem
+            loaded = self.admin.load(name, req.path, shapes, pin=bool(req.pin))
+            resp.success, resp.code, resp.message = True, "ok", f"loaded {loaded.name}"
+            resp.model = model_info_msg(loaded)
+            self._publish_models()
+        return self._serve(resp, load)
 
     def _on_unload_model(self, req: UnloadModel.Request, resp: UnloadModel.Response
                          ) -> UnloadModel.Response:
-        refusal = self._service_refusal()
-        if refusal is not None:
-            resp.code, resp.message = refusal
-            return resp
-        try:
+        def unload(resp: UnloadModel.Response) -> None:
             self.admin.unload(req.name)
-        except AvInferError as exc:
-            resp.code, resp.message = exc.code, ros_text(str(exc))
-            return resp
-        with self._lock:
-            self.model_info.pop(req.name, None)
-            if req.name in self._loaded_here:
-                self._loaded_here.remove(req.name)
-        resp.success, resp.code, resp.message = True, "ok", f"unloaded {req.name}"
-        self._publish_models()
-        return resp
+            with self._lock:
+                self.model_info.pop(req.name, None)
+                if req.name in self._loaded_here:
+                    self._loaded_here.remove(req.name)
+            resp.success, resp.code, resp.message = True, "ok", f"unloaded {req.name}"
+            self._publish_models()
+        return self._serve(resp, unload)
 
     def _on_list_models(self, req: ListModels.Request, resp: ListModels.Response
                         ) -> ListModels.Response:
-        refusal = self._service_refusal()
-        if refusal is not None:
-            resp.code, resp.message = refusal
-            return resp
-        resp.models = [model_info_msg(m) for m in self.admin.list()]
-        resp.success, resp.code, resp.device = True, "ok", str(self.device)
-        return resp
+        def listing(resp: ListModels.Response) -> None:
+            resp.models = [model_info_msg(m) for m in self.admin.list()]
+            resp.success, resp.code, resp.device = True, "ok", str(self.device)
+        return self._serve(resp, listing)
 
     # -- request/response endpoint -------------------------------------------------------
     def _on_request(self, msg: InferRequest) -> None:
