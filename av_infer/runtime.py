@@ -397,7 +397,7 @@ class Runtime:
         return e
 
     def input_spec(self, name: str) -> Spec:
-        return self._entry(name).plan.input_spec()
+        return dict(self._entry(name).input_spec)
 
     def output_spec(self, name: str) -> Spec:
         return self._entry(name).plan.output_spec()
@@ -596,18 +596,24 @@ class Runtime:
         """Submit and wait: the result, or the typed error raised. The same request as
         ``submit`` (same queues, priorities and preemption), but the calling thread, which
         waits anyway, runs the request's launches itself when its lane is idle, so a
-        request costs no thread hand-off (the synchronous call for a thread per client)."""
+        request costs no thread hand-off (the synchronous call for a thread per client).
+
+        Without a ``timeout`` the input arrays are *borrowed*, not copied: the request reads
+        them in place until ``infer`` returns (ONNX Runtime's ``InferenceSession.run``
+        contract: do not change them from another thread meanwhile). With a ``timeout`` the
+        request may outlive the call, so they are copied as ``submit`` copies them."""
         fut = self._submit(model, inputs, priority, deadline, client, arrival, True,
-                           drop_late, hard_deadline, variant_group)
+                           drop_late, hard_deadline, variant_group, borrow=timeout is None)
         return fut.result(timeout)
 
     def _submit(self, model: str, inputs: Any, priority: Any, deadline: Any, client: Any,
                 arrival: Any, caller_runs: bool, drop_late: Any = None,
-                hard_deadline: Any = None, variant_group: Any = None) -> Future[Result]:
+                hard_deadline: Any = None, variant_group: Any = None,
+                borrow: bool = False) -> Future[Result]:
         fut: RequestFuture = RequestFuture(self._driver)
         try:
             req = self._make_request(model, inputs, priority, deadline, client, arrival, fut,
-                                     drop_late, hard_deadline, variant_group)
+                                     drop_late, hard_deadline, variant_group, borrow)
         except AvInferError as e:
             self._count_submit_error(e)
             fut.set_exception(e)
@@ -664,7 +670,7 @@ class Runtime:
     def _make_request(self, model: str, inputs: Any, priority: Any, deadline: Any,
                       client: Any, arrival: Any, fut: Future,
                       drop_late: Any = None, hard_deadline: Any = None,
-                      variant_group: Any = None) -> Request:
+                      variant_group: Any = None, borrow: bool = False) -> Request:
         if self._closed:
             raise RuntimeClosedError("runtime is closed")
         if not isinstance(client, str) or not client:
@@ -689,7 +695,7 @@ class Runtime:
                 prio = Priority.parse(priority)
             except (ValueError, TypeError) as e:
                 raise InvalidParameterError(str(e)) from None
-        copied = _validate_inputs(model, entry.plan.input_spec(), inputs)
+        copied = _validate_inputs(model, entry.input_spec, inputs, borrow)
         if arrival is None:
             arrival = self._device.now()
         else:
@@ -984,8 +990,10 @@ def _number(what: str, v: Any, allow_inf: bool = False) -> float:
     return x
 
 
-def _validate_inputs(model: str, spec: Spec, inputs: Any) -> dict[str, np.ndarray]:
-    """Exact names, shapes and dtypes (no silent casts); returns private copies."""
+def _validate_inputs(model: str, spec: Spec, inputs: Any,
+                     borrow: bool = False) -> dict[str, np.ndarray]:
+    """Exact names, shapes and dtypes (no silent casts); returns private copies, or with
+    ``borrow`` (``Runtime.infer``: the caller waits) the C-contiguous arrays themselves."""
     if not isinstance(inputs, Mapping):
         raise InvalidInputError(
             f"model {model!r}: inputs must be a dict of name -> numpy array, "
@@ -1011,8 +1019,12 @@ def _validate_inputs(model: str, spec: Spec, inputs: Any) -> dict[str, np.ndarra
             raise InvalidInputError(
                 f"model {model!r} input {name!r}: expected {dtype}{list(shape)}, "
                 f"got {v.dtype}{list(v.shape)}")
-        out[name] = v.copy(order="C") if not isinstance(inputs, InputBuffers) \
-            else inputs.take(name, v)
+        if isinstance(inputs, InputBuffers):
+            out[name] = inputs.take(name, v)
+        elif borrow and v.flags.c_contiguous:
+            out[name] = v
+        else:
+            out[name] = v.copy(order="C")
     return out
 
 

@@ -232,6 +232,49 @@ def test_infer_runs_on_the_calling_thread_and_submit_on_a_lane():
         assert threads[-1].startswith("av_infer-cpu-lane")
 
 
+class _InputsSeen(CpuDevice):
+    """Records the arrays each task's inputs are written from (test only)."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.seen: list[dict[str, np.ndarray]] = []
+
+    def write_inputs(self, task: int, inputs: dict[str, np.ndarray]) -> None:
+        self.seen.append(dict(inputs))
+        super().write_inputs(task, inputs)
+
+
+def test_infer_borrows_the_callers_arrays_and_submit_copies_them():
+    """``infer`` without a timeout reads the caller's C-contiguous arrays in place (no copy,
+    like ``InferenceSession.run``); ``submit`` and ``infer`` with a timeout (the request may
+    outlive the call) take private copies, so a caller changing its array afterwards
+    changes nothing; a non-contiguous array is copied. Every result is the same."""
+    dev = _InputsSeen()
+    with Runtime(dev) as rt:
+        rt.load_model("m", zoo.path("tiny_cnn"))
+        x = zoo.sample_inputs("tiny_cnn")
+        name = next(iter(x))
+        want = rt.infer("m", {k: v.copy() for k, v in x.items()}).outputs
+
+        got = rt.infer("m", x).outputs
+        assert dev.seen[-1][name] is x[name]
+
+        got_t = rt.infer("m", x, timeout=60).outputs
+        assert dev.seen[-1][name] is not x[name]
+
+        fut = rt.submit("m", x)
+        out_s = fut.result(60).outputs
+        assert dev.seen[-1][name] is not x[name]
+
+        nc = {name: np.asfortranarray(x[name])}
+        assert not nc[name].flags.c_contiguous
+        got_nc = rt.infer("m", nc).outputs
+        assert dev.seen[-1][name] is not nc[name]
+    for out in (got, got_t, out_s, got_nc):
+        assert out.keys() == want.keys()
+        assert all(np.array_equal(out[k], want[k]) for k in want)
+
+
 def test_done_callbacks_run_on_the_callback_thread():
     with Runtime("cpu") as rt:
         rt.load_model("m", zoo.path("tiny_mlp"))

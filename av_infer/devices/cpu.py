@@ -185,6 +185,9 @@ class _Lane:
     thread: threading.Thread | None = None
     # the launch running now: its RunOptions (killable engines), start time, estimate
     running: Any = None
+    #: the last launch's RunOptions when nothing terminated it (the next launch reuses it;
+    #: a terminated one is sticky, so a kill always costs a fresh one)
+    ro_spare: Any = None
     run_t0: float = 0.0
     run_est: float = 0.0
     busy: bool = False  # a launch is executing (any engine)
@@ -579,12 +582,9 @@ class CpuDevice(Device):
             # queue when it lets go): launches enqueued for a helper were not signalled
             _signal(lane.wake)
             return False
+        own = None if lane.nice is None else os_priority.enter_lane(lane.nice)
         try:
-            if lane.nice is not None:
-                with os_priority.as_lane(lane.nice):
-                    ran = self._drain(lane, until)
-            else:
-                ran = self._drain(lane, until)
+            ran = self._drain(lane, until)
         except Exception as e:  # noqa: BLE001 - its launch was answered (_drain)
             # the caller's thread survives a death while it ran the lane (the worker
             # takes over); it must not raise out of Future.result
@@ -592,6 +592,7 @@ class CpuDevice(Device):
                       lane.id, type(e).__name__, e)
             ran = True
         finally:
+            os_priority.leave_lane(own)
             lane.token.release()
         if lane.dq:  # left for the worker (the token was ours when it was signalled)
             _signal(lane.wake)
@@ -648,7 +649,8 @@ class CpuDevice(Device):
                 executed = not lane.flag and rec is not None
                 ro = None
                 if executed and rec.error is None and rec.model.killable:
-                    ro = rec.model.runner.run_options()
+                    ro = lane.ro_spare or rec.model.runner.run_options()
+                    lane.ro_spare = None
                     lane.running, lane.run_t0, lane.run_est = ro, t0, rec.model.est_s[k]
                 lane.busy, lane.run_clk, lane.flag_mark = executed, clk, None
             ran = True
@@ -673,6 +675,8 @@ class CpuDevice(Device):
             t_stop = _NAN
             with lock:
                 lane.running = None
+                if ro is not None and not ro.terminate:  # never killed: reusable
+                    lane.ro_spare = ro
                 lane.busy = False
                 mark, lane.flag_mark = lane.flag_mark, None
                 if mark is not None:  # preempted while it ran: when it gave the core back

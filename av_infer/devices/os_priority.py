@@ -21,7 +21,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["RT_PRIORITIES", "apply", "as_lane", "can_restore", "current_nice"]
+__all__ = ["RT_PRIORITIES", "apply", "as_lane", "can_restore", "current_nice", "enter_lane",
+           "leave_lane"]
 
 #: ``rt_priority`` values: leave RT lanes alone, nice -5, or SCHED_FIFO priority 10.
 RT_PRIORITIES = ("off", "nice", "fifo")
@@ -95,17 +96,30 @@ def apply(rt: bool, be_nice: int, rt_priority: str) -> tuple[int | None, str]:
     return current_nice(), f"nice {current_nice()}"
 
 
+def enter_lane(nice: int) -> int | None:
+    """Take the lane's nice value on this thread (the caller checked ``can_restore``);
+    returns the thread's own value for ``leave_lane``, or None when it already had it.
+    (A pair of calls, not a context manager: this is on every helped launch.)"""
+    tid = threading.get_native_id()
+    own = os.getpriority(os.PRIO_PROCESS, tid)
+    if own == nice:
+        return None
+    os.setpriority(os.PRIO_PROCESS, tid, nice)
+    return own
+
+
+def leave_lane(own: int | None) -> None:
+    """Give the thread its own nice value back (``enter_lane``'s result)."""
+    if own is not None:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), own)
+
+
 @contextmanager
 def as_lane(nice: int) -> Iterator[None]:
     """Run the body at the lane's nice value, then restore the thread's own (the caller
     checked ``can_restore``)."""
-    tid = threading.get_native_id()
-    own = os.getpriority(os.PRIO_PROCESS, tid)
-    if own == nice:
-        yield
-        return
-    os.setpriority(os.PRIO_PROCESS, tid, nice)
+    own = enter_lane(nice)
     try:
         yield
     finally:
-        os.setpriority(os.PRIO_PROCESS, tid, own)
+        leave_lane(own)

@@ -108,6 +108,8 @@ class UtilityTracker:
             self._acc[client] = UtilityAccumulator(s, h)
 
     def deadlines(self, client: str) -> tuple[float, float] | None:
+        if not self._acc:  # nobody tracked (the common case): no lock on the submit path
+            return None
         with self._lock:
             a = self._acc.get(client)
             return None if a is None else (a.soft, a.hard)

@@ -23,6 +23,7 @@ RT arrival does to running BE work is the policy's ``preempt`` kind (see policie
 
 from __future__ import annotations
 
+import functools
 import heapq
 import logging
 import math
@@ -87,6 +88,11 @@ class ModelEntry:
     @property
     def n_kernels(self) -> int:
         return len(self.plan.kernels)
+
+    @functools.cached_property
+    def input_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The plan's input name -> (shape, dtype), built once (checked on every submit)."""
+        return self.plan.input_spec()
 
     def dkp_numbers(self, sms: int) -> list[tuple[float, int, int, float, float]] | None:
         """Per kernel ``(duration_us, blocks, blocks_per_sm, round_us, one_us)`` for DKP
