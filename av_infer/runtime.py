@@ -696,8 +696,9 @@ class Runtime:
             except (ValueError, TypeError) as e:
                 raise InvalidParameterError(str(e)) from None
         copied = _validate_inputs(model, entry.input_spec, inputs, borrow)
+        received = self._device.now()
         if arrival is None:
-            arrival = self._device.now()
+            arrival = received
         else:
             arrival = _number("arrival", arrival)
         if deadline is None:
@@ -719,7 +720,7 @@ class Runtime:
         elif not isinstance(drop_late, (bool, np.bool_)):
             raise InvalidParameterError(f"drop_late must be a bool, got {drop_late!r}")
         return Request(next(self._ids), model, copied, prio, client, deadline, bool(drop_late),
-                       Timings(arrival), fut, hard_deadline=hard)
+                       Timings(arrival, received=received), fut, hard_deadline=hard)
 
     # -- settings ---------------------------------------------------------------------------
     def now(self) -> float:

@@ -150,6 +150,33 @@ def test_be_outputs_bit_identical_under_preemption(name, variant, engine, rt_pla
             assert st["preemption_stop_ms"]["count"] >= 1
 
 
+def test_preemption_latency_from_arrival_and_from_submit(rt_plan):
+    """``preemption_stop_ms`` counts from the RT request's (scheduled) arrival,
+    ``preemption_stop_from_submit_ms`` from the moment the runtime took it: for an RT
+    request submitted with an arrival 50 ms in the past, the two differ by at least that."""
+    plan, _ = _engine_plan("resnet152", "scaled", "ort")
+    x = zoo.sample_inputs("resnet152", "scaled", seed=1)
+    x_rt = zoo.sample_inputs("tiny_mlp", "default")
+    dev = GateDevice()
+    with Runtime(dev, policy="reef", c=4) as rt:
+        rt.load_model("be", plan)
+        rt.load_model("rt", rt_plan)
+        futs, preempted = [], threading.Event()
+        rt.add_listener(lambda kind, p: preempted.set() if kind == "preempt" else None)
+
+        def inject() -> None:
+            futs.append(rt.submit("rt", x_rt, priority="RT", arrival=rt.now() - 0.05))
+            assert preempted.wait(10), "RT arrival did not preempt the BE task"
+
+        dev.hook_next(plan.name, 1, inject)
+        assert rt.submit("be", x, client="be").result(timeout=60).timings.preempted == 1
+        futs[0].result(timeout=60)
+        st = rt.stats()
+    arr, sub = st["preemption_stop_ms"], st["preemption_stop_from_submit_ms"]
+    assert arr["count"] == sub["count"] == 1
+    assert arr["max"] - sub["max"] >= 50.0
+
+
 @pytest.mark.parametrize("c", [1, 2, 4])
 @pytest.mark.parametrize("name,variant", MODELS[:2])
 def test_restore_from_c_before_is_idempotent(name, variant, c):

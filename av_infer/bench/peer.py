@@ -202,6 +202,8 @@ def run_avi(rt: _Model, be: _Model, cfg: PeerConfig) -> dict[str, Any]:
     out["preemption_ms"] = {k: stop.get(k) for k in ("p50", "p99", "max", "count")}
     obs = st.get("preemption_observed_ms", {})
     out["preemption_observed_ms"] = {k: obs.get(k) for k in ("p50", "p99", "max", "count")}
+    fsub = st.get("preemption_stop_from_submit_ms", {})
+    out["preemption_from_submit_ms"] = {k: fsub.get(k) for k in ("p50", "p99", "max", "count")}
     out["preemptions"] = st.get("preemptions")
     out["kernels_reexecuted"] = st.get("kernels_reexecuted")
     dev = st.get("device", {})
@@ -265,15 +267,16 @@ def format_peer(doc: dict[str, Any]) -> str:
              f"({doc.get('be_segments')} segments in avi), policy {cfg['policy']}, "
              f"{cfg['threads']} intra-op thread(s) per session, {cfg['duration']:g} s",
              f"{'system':<14}{'RT p50 ms':>10}{'p99':>8}{'p99.9':>8}{'max':>8}{'RT n':>7}"
-             f"{'BE req/s':>10}{'preempt p99 ms':>16}"]
+             f"{'BE req/s':>10}{'preempt p99 ms':>16}{'from submit':>13}"]
     for s in ("avi", "ort_threads", "ort_rt_alone"):
         r = doc.get(s)
         if not r:
             continue
         pre = (r.get("preemption_ms") or {}).get("p99")
+        pre_sub = (r.get("preemption_from_submit_ms") or {}).get("p99")
         lines.append(f"{s:<14}{_f(r['rt_p50_ms']):>10}{_f(r['rt_p99_ms']):>8}"
                      f"{_f(r['rt_p999_ms']):>8}{_f(r['rt_max_ms']):>8}{r['rt_n']:>7}"
-                     f"{r['be_rps']:>10.1f}{_f(pre, 3):>16}")
+                     f"{r['be_rps']:>10.1f}{_f(pre, 3):>16}{_f(pre_sub, 3):>13}")
     ra = doc.get("ratios")
     if ra:
         lines.append(f"avi / ort_threads: RT p99 {_f(ra['rt_p99'])}x, RT p50 "

@@ -47,6 +47,9 @@ class Timings:
     preempted: int = 0
     kernels_reexecuted: int = 0
     kernels_padded: int = 0  # BE kernel launches that ran as padding (DKP)
+    #: when the runtime took the request (``submit``): later than ``arrival`` by whatever
+    #: delayed the caller (a client thread waking late) before it could submit
+    received: float = math.nan
 
     @property
     def latency(self) -> float:

@@ -162,6 +162,8 @@ class StreamState:
     #: arrival time of the RT request that preempted this BE stream while a launch was on
     #: it; the stream's next completion is that launch leaving (evicted, killed or done)
     stop_from: float | None = None
+    #: the same RT request's ``timings.received`` (nan: unknown)
+    stop_from_received: float = math.nan
 
 
 class Scheduler:
@@ -535,6 +537,9 @@ class Scheduler:
                 with self.stats.lock:
                     self.stats.preemption_stop.add(max(0.0, stop - s.stop_from))
                     self.stats.preemption_observed.add(comp.t_end - s.stop_from)
+                    if s.stop_from_received == s.stop_from_received:
+                        self.stats.preemption_stop_submit.add(
+                            max(0.0, stop - s.stop_from_received))
                 s.stop_from = None
         if self.listeners:
             self._emit("kernel", {"stream": comp.stream, "task": comp.task,
@@ -732,7 +737,10 @@ class Scheduler:
         """Reset every BE stream that is feeding a task, then raise its flag: launches still
         in flight (<= c under reef, everything under wait) run or evict themselves."""
         top = self.rt_queue.peek()
-        arrival = top[1].req.timings.arrival if top is not None else self.device.now()
+        if top is not None:
+            arrival, received = top[1].req.timings.arrival, top[1].req.timings.received
+        else:
+            arrival = received = self.device.now()
         # padding without padded launches (cpu): BE streams beside RT keep running
         keep = self.device.be_beside_rt if self.policy.padding and self._dkp is None else 0
         for s in self.be_streams:
@@ -750,7 +758,7 @@ class Scheduler:
             self.device.set_preempt(s.id, True)
             s.flagged = True
             if s.outstanding > 0 and s.stop_from is None and info.running is not False:
-                s.stop_from = arrival
+                s.stop_from, s.stop_from_received = arrival, received
             t.state = PREEMPTED
             t.preempt_info = (info.last_sent if mine else -1,
                               info.done if mine else t.enq_from, info.restore_c or self.c)

@@ -109,6 +109,9 @@ class Stats:
         #: the same up to the moment the device *reported* that launch (a killed CPU launch
         #: reports once its thread has the GIL again: an upper bound)
         self.preemption_observed = LatencyRecorder()
+        #: as ``preemption_stop`` but from the moment the runtime took the RT request
+        #: (``submit``): the runtime's part, without the caller's own delay before submitting
+        self.preemption_stop_submit = LatencyRecorder()
         #: scheduler handlers that raised, by event kind (their requests failed typed)
         self.handler_errors: dict[str, int] = {}
         self.be_grants = 0  # BE minimum-share grants under RT overload
@@ -153,10 +156,13 @@ class Stats:
             }
             stop = self.preemption_stop.sample()
             observed = self.preemption_observed.sample()
+            from_submit = self.preemption_stop_submit.sample()
         out["clients"] = {
             name: {**c, "latency_ms": summarize_ms(lat), "preemption_latency_ms": summarize_ms(pl)}
             for name, (c, lat, pl) in clients.items()
         }
         out["preemption_stop_ms"] = {**summarize_ms(stop), "count": stop[1]}
         out["preemption_observed_ms"] = {**summarize_ms(observed), "count": observed[1]}
+        out["preemption_stop_from_submit_ms"] = {**summarize_ms(from_submit),
+                                                 "count": from_submit[1]}
         return out
