@@ -85,7 +85,7 @@ def _runtime(plans, dev=None, **kw) -> Runtime:
 
 
 def test_rt_requests_complete_in_edf_order_fifo_on_ties(plans, inputs):
-    dev = GateDevice()
+    dev = GateDevice(rt_parallel=1)  # REEF's order: one RT task at a time
     rt = _runtime(plans, dev, policy="reef")
     tr = Tracker(rt)
     gate = _gate(dev, "cnn")
@@ -289,7 +289,7 @@ def test_close_drain_completes_everything(plans, inputs):
 
 
 def test_close_without_drain_fails_queued_and_running(plans, inputs):
-    dev = GateDevice()
+    dev = GateDevice(rt_parallel=1)  # one RT lane: the second RT request stays queued
     rt = _runtime(plans, dev, policy="reef", max_be_streams=1)
     gate = _gate(dev, "cnn", kernel=1)
     gate_rt = _gate(dev, "mlp", kernel=0)
@@ -379,7 +379,7 @@ def test_edf_preempt_switches_rt_tasks_at_a_kernel_boundary(plans, inputs):
 
 
 def test_without_edf_preempt_running_rt_is_not_switched(plans, inputs):
-    dev = GateDevice()
+    dev = GateDevice(rt_parallel=1)  # REEF's order: one RT task at a time
     rt = _runtime(plans, dev, policy="reef", c=1)
     gate = _gate(dev, "cnn", kernel=1)
     now = rt.now()
@@ -387,6 +387,56 @@ def test_without_edf_preempt_running_rt_is_not_switched(plans, inputs):
     urgent = rt.submit("mlp", inputs["mlp"], priority="RT", deadline=now + 1)
     gate.set()
     assert urgent.result(timeout=30).timings.end > slow.result(timeout=30).timings.end
+    rt.close()
+
+
+def test_rt_requests_run_side_by_side_on_parallel_rt_lanes(plans, inputs):
+    """``rt_parallel=2`` (the cpu default on two cores at one thread per task): an RT
+    request completes while another one is held inside its kernel on the other RT lane,
+    and outputs are those of a request run alone."""
+    dev = GateDevice(rt_parallel=2)
+    rt = _runtime(plans, dev, policy="reef", c=1)
+    assert rt.stats()["device"]["rt_parallel"] == 2
+    gate = _gate(dev, "cnn", kernel=1)
+    now = rt.now()
+    held = rt.submit("cnn", inputs["cnn"], priority="RT", deadline=now + 100)
+    beside = rt.submit("mlp", inputs["mlp"], priority="RT", deadline=now + 200)
+    r_beside = beside.result(timeout=30)  # the held request's lane is still blocked
+    assert not held.done()
+    gate.set()
+    r_held = held.result(timeout=30)
+    assert r_beside.timings.end < r_held.timings.end
+    assert r_beside.request_id != r_held.request_id
+    for name, r in (("mlp", r_beside), ("cnn", r_held)):
+        ref = rt.infer(name, inputs[name])
+        for k in ref.outputs:
+            assert np.array_equal(r.outputs[k], ref.outputs[k])
+    rt.close()
+
+
+def test_a_second_rt_request_takes_the_core_reef_dkp_left_to_be(plans, inputs):
+    """reef_dkp on the cpu keeps one BE lane running beside one RT task (the core it does
+    not use); a second RT request running side by side takes that core: the BE task is
+    preempted then, and still completes with the outputs it has alone."""
+    dev = GateDevice(rt_parallel=2)
+    rt = _runtime(plans, dev, policy="reef_dkp", c=1, max_be_streams=1)
+    preempts = []
+    rt.add_listener(lambda k, p: preempts.append(p) if k == "preempt" else None)
+    be_gate = _gate(dev, "cnn", kernel=1)
+    be = rt.submit("cnn", inputs["cnn"], client="be")
+    rt_gate = _gate(dev, "mlp", kernel=0)
+    first = rt.submit("mlp", inputs["mlp"], priority="RT")
+    assert not preempts  # BE keeps the core the first RT task leaves free
+    second = rt.submit("mlp", inputs["mlp"], priority="RT")
+    assert len(preempts) == 1  # the second RT task takes it
+    rt_gate.set()
+    be_gate.set()
+    first.result(timeout=30), second.result(timeout=30)
+    r_be = be.result(timeout=30)
+    assert r_be.timings.preempted == 1
+    ref = rt.infer("cnn", inputs["cnn"])
+    for k in ref.outputs:
+        assert np.array_equal(r_be.outputs[k], ref.outputs[k])
     rt.close()
 
 

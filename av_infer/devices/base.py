@@ -251,6 +251,15 @@ class Device(ABC):
     #: BE at a lower OS priority: DKP's rules 1 and 2 enforced by the OS scheduler). Under a
     #: padding policy the scheduler preempts only the BE streams beyond this; 0 elsewhere.
     be_beside_rt: int = 0
+    #: RT tasks that may run side by side, each at its standalone speed: 1 on a GPU (REEF
+    #: runs one RT task at a time; its kernels already fill the device), one per group of
+    #: cores a task uses on the CPU. The scheduler starts up to this many RT requests (EDF
+    #: order) on RT streams of their own; BE beside them keeps what is left
+    #: (``be_beside_rt`` less ``rt_task_cores`` per further RT task).
+    rt_parallel: int = 1
+    #: cores one RT task occupies (the CPU: its intra-op threads); only read where
+    #: ``rt_parallel`` > 1
+    rt_task_cores: int = 1
 
     def enqueue_padded(self, stream: int, task: int, kernel: int,
                        parts: Sequence[tuple[int, int, int, int, int]]) -> bool:

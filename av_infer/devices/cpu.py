@@ -231,7 +231,7 @@ class CpuDevice(Device):
     def __init__(self, c: int = 4, blas_threads: int | None = 1, engine: str = "ort",
                  threads: int = 1, segment_ms: float = 4.0, kill: bool = True,
                  kill_below_ms: float = 0.2, be_nice: int = 10,
-                 rt_priority: str = "off") -> None:
+                 rt_priority: str = "off", rt_parallel: int | None = None) -> None:
         """``engine``: "ort" (ONNX Runtime segments) or "numpy" (the reference kernels).
         ``threads``: ORT intra-op threads per session (fixed: deterministic results).
         ``segment_ms``: target segment duration of models that are cut (BE models).
@@ -239,7 +239,9 @@ class CpuDevice(Device):
         ``kill_below_ms`` of it is estimated to remain. ``blas_threads``: BLAS threads of
         the numpy engine (None: the library's default; more than one oversubscribes the
         lanes). ``be_nice``: nice increment of BE lanes (0: default priority);
-        ``rt_priority``: "off", "nice" or "fifo" for RT lanes (see devices.os_priority)."""
+        ``rt_priority``: "off", "nice" or "fifo" for RT lanes (see devices.os_priority).
+        ``rt_parallel``: RT requests that may run at once, each on an RT lane of its own
+        (None: one per ``threads`` cores; 1: REEF's one RT task at a time)."""
         if engine not in ENGINES:
             raise InvalidParameterError(f"engine must be one of {ENGINES}, got {engine!r}")
         if rt_priority not in os_priority.RT_PRIORITIES:
@@ -249,6 +251,13 @@ class CpuDevice(Device):
             raise InvalidParameterError(f"be_nice must be an int in 0..19, got {be_nice!r}")
         if not isinstance(threads, int) or not 1 <= threads <= 256:
             raise InvalidParameterError(f"threads must be an int in 1..256, got {threads!r}")
+        cores = os.cpu_count() or 1
+        if rt_parallel is None:
+            rt_parallel = max(1, cores // threads)
+        if isinstance(rt_parallel, bool) or not isinstance(rt_parallel, int) \
+                or not 1 <= rt_parallel <= 64:
+            raise InvalidParameterError(
+                f"rt_parallel must be an int in 1..64, got {rt_parallel!r}")
         if not segment_ms > 0 or not kill_below_ms >= 0:
             raise InvalidParameterError("segment_ms must be > 0 and kill_below_ms >= 0")
         self.engine = engine
@@ -261,8 +270,9 @@ class CpuDevice(Device):
         # Padding on a CPU (``reef_dkp``): an RT task runs on one core (``threads``); BE lanes
         # keep the other cores, at a lower OS priority so they cannot take RT's (DKP rule 2
         # by the OS). Without BE nice there is no such guarantee: no padding.
-        cores = os.cpu_count() or 1
         self.be_beside_rt = max(0, cores - threads) if be_nice > 0 else 0
+        self.rt_parallel = rt_parallel
+        self.rt_task_cores = threads
         self.supports_padding = self.be_beside_rt > 0
         self.padding_reason = (
             f"padding keeps BE on the cores an RT task leaves free ({cores} cores, "
@@ -484,6 +494,7 @@ class CpuDevice(Device):
             "kill_below_ms": self.kill_below_s * 1e3,
             "be_nice": self.be_nice,
             "rt_priority": self.rt_priority,
+            "rt_parallel": self.rt_parallel,
             "helpers_reniced": self._renice_helpers,
             "streams": [
                 {"id": ln.id, "priority": ln.priority, "queued": ln.vhq.queued,

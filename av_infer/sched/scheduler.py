@@ -222,8 +222,12 @@ class Scheduler:
         self.rt_hi = StreamState(device.open_stream(1), "rt_hi")
         self.rt_plain = StreamState(device.open_stream(0), "rt")
         self.be_streams = [StreamState(device.open_stream(0), "be") for _ in range(max_be_streams)]
+        #: RT streams for requests that run side by side (``Device.rt_parallel`` > 1, the
+        #: CPU): ``rt_hi`` and more of its priority; with one, RT tasks queue on ``rt_hi``
+        self.rt_par = [self.rt_hi] + [StreamState(device.open_stream(1), "rt_hi")
+                                      for _ in range(max(1, device.rt_parallel) - 1)]
         self.streams: dict[int, StreamState] = {
-            s.id: s for s in (self.rt_hi, self.rt_plain, *self.be_streams)
+            s.id: s for s in (*self.rt_par, self.rt_plain, *self.be_streams)
         }
         self._apply_capacity(self.c, self.policy)
         # DKP: candidate slots (one per BE stream). Which BE parts ride in which RT launch
@@ -669,10 +673,26 @@ class Scheduler:
             self._schedule_rt()
         self._schedule_be(granted)
 
-    def _rt_stream_for(self, task: Task) -> StreamState:
+    def _rt_width(self) -> int:
+        """RT tasks that may run at once: the device's ``rt_parallel`` where RT has its
+        high-priority streams and no EDF take-over (which assumes one fed RT task)."""
+        if self.edf_preempt or not self.policy.rt_high_priority or self.policy.exclusive:
+            return 1
+        return len(self.rt_par)
+
+    def _rt_stream_for(self, task: Task) -> StreamState | None:
+        """The stream ``task`` starts on; None when every parallel RT stream is taken."""
         if task.outstanding > 0 and task.stream in self.streams:
             return self.streams[task.stream]  # launches still there: keep stream order
-        return self.rt_hi if self.policy.rt_high_priority else self.rt_plain
+        if not self.policy.rt_high_priority:
+            return self.rt_plain
+        if self._rt_width() == 1:
+            return self.rt_hi
+        busy = {t.stream for t in self.rt_active}
+        for s in self.rt_par:
+            if s.outstanding <= 0 and s.id not in busy:
+                return s
+        return None
 
     def _be_running(self) -> bool:
         return any(s.owner is not None and s.owner.state == RUNNING for s in self.be_streams)
@@ -680,7 +700,8 @@ class Scheduler:
     def _schedule_rt(self) -> None:
         pol = self.policy
         cur = self.rt_fed
-        if cur is not None:
+        width = self._rt_width()
+        if cur is not None and (width == 1 or len(self.rt_active) >= width):
             if not (self.edf_preempt and self.rt_queue):
                 return
             top = self.rt_queue.peek()
@@ -690,6 +711,9 @@ class Scheduler:
         while self.rt_queue:
             if pol.exclusive and (self._be_running() or self.rt_active):
                 return
+            if width > 1 and (len(self.rt_active) >= width
+                              or self._rt_stream_for(self.rt_queue.peek()[1]) is None):
+                return  # every parallel RT stream runs a task: EDF order on the next one
             if pol.preempt != "none":
                 self._preempt_be()
                 if (pol.preempt == "wait" or self.preempt_drain) and any(
@@ -699,7 +723,7 @@ class Scheduler:
             if task.entry.variants is not None and self.ext is not None and not task.allocated:
                 task = self.ext.maybe_batch(task, self.device.now(), self._be_queued_of,
                                             self._be_take_of)
-            if self._start(task, self._rt_stream_for(task)):
+            if self._start(task, self._rt_stream_for(task)) and width == 1:
                 return
 
     def _rt_switch(self, cur: Task) -> None:
@@ -741,8 +765,12 @@ class Scheduler:
             arrival, received = top[1].req.timings.arrival, top[1].req.timings.received
         else:
             arrival = received = self.device.now()
-        # padding without padded launches (cpu): BE streams beside RT keep running
-        keep = self.device.be_beside_rt if self.policy.padding and self._dkp is None else 0
+        # padding without padded launches (cpu): BE streams beside RT keep running, less
+        # the cores each further RT task running side by side takes
+        keep = 0
+        if self.policy.padding and self._dkp is None:
+            keep = max(0, self.device.be_beside_rt
+                       - len(self.rt_active) * self.device.rt_task_cores)
         for s in self.be_streams:
             t = s.owner
             if t is None or t.state != RUNNING:
