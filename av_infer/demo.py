@@ -65,6 +65,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rt-priority", default="off", choices=("off", "nice", "fifo"),
                     help="cpu: OS priority of the RT lane where the process may raise it "
                     "(nice -5; refused quietly otherwise, shown in /diagnostics) (off)")
+    ap.add_argument("--rt-parallel", type=int, default=None,
+                    help="cpu: RT requests that may run at once on RT lanes of their own "
+                    "(default: one per core at one thread per task; 1: REEF's one at a time)")
     ap.add_argument("--peer-s", type=float, default=5.0,
                     help="seconds of the closing side-by-side run against plain ONNX Runtime "
                     "threads (cpu only; 0 skips it)")
@@ -138,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         print("[demo] phase 2: the ROS 2 node graph", flush=True)
     # the Runtime first, so the device choice is printed with its reason
     rt, device, why = make_runtime(args.device, policy=args.policy, c=args.c,
-                                   cpu_options={"rt_priority": args.rt_priority})
+                                   cpu_options={"rt_priority": args.rt_priority,
+                                                **({} if args.rt_parallel is None else
+                                                   {"rt_parallel": args.rt_parallel})})
     print(f"[demo] device: {device} ({why})", flush=True)
     front, rear, calibration = _pick_rt_models(rt, args)
     models = {"front": front, "rear": rear, "cabin": args.cabin_model}
