@@ -67,9 +67,10 @@ from av_infer_nodes.common import (
 from av_infer_nodes.handoff import Handoff
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import SetParametersResult
-from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
+from rclpy.task import Future as RosFuture
 from std_msgs.msg import String
 
 import av_infer
@@ -229,7 +230,11 @@ class RuntimeNode(LifecycleNode):
                                                  self._on_request, REQUEST_QOS)
         self._models_pub = self.create_publisher(String, MODELS_TOPIC, LATCHED_QOS)
         self._published_models: tuple[Any, ...] | None = None
-        self._svc_group = MutuallyExclusiveCallbackGroup()
+        #: reentrant: a load awaits its compile (``_on_load_model``) while list and unload
+        #: are answered; ModelAdmin runs one load at a time and is thread-safe
+        self._svc_group = ReentrantCallbackGroup()
+        #: the thread that compiles loads, started on the first load (``_on_load_model``)
+        self._loader: Any = None
         self._model_srvs = [
             self.create_service(LoadModel, LOAD_MODEL_SERVICE, self._on_load_model,
                                 callback_group=self._svc_group),
@@ -771,16 +776,53 @@ class RuntimeNode(LifecycleNode):
             resp.code, resp.message = "internal_error", ros_text(f"{type(exc).__name__}: {exc}")
         return resp
 
-    def _on_load_model(self, req: LoadModel.Request, resp: LoadModel.Response
-                       ) -> LoadModel.Response:
-        def load(resp: LoadModel.Response) -> None:
-            shapes = parse_input_shapes(list(req.input_shapes))
-            name = req.name or Path(req.path).stem
-            loaded = self.admin.load(name, req.path, shapes, pin=bool(req.pin))
-            resp.success, resp.code, resp.message = True, "ok", f"loaded {loaded.name}"
-            resp.model = model_info_msg(loaded)
+    async def _on_load_model(self, req: LoadModel.Request, resp: LoadModel.Response
+                             ) -> LoadModel.Response:
+        """Compiles on the loader thread, not the executor's: while a load (seconds of
+        compile) runs, requests, images and the other services are still answered. The
+        call is answered once, when the load is done: the model's info or its typed error.
+        A host cleaned up meanwhile answers ``inactive`` and drops what the load added."""
+        refusal = self._service_refusal()
+        if refusal is not None:
+            resp.code, resp.message = refusal
+            return resp
+        admin = self.admin
+        done: RosFuture = RosFuture()
+
+        def load() -> None:  # on the loader thread
+            try:
+                shapes = parse_input_shapes(list(req.input_shapes))
+                name = req.name or Path(req.path).stem
+                outcome: Any = admin.load(name, req.path, shapes, pin=bool(req.pin))
+            except Exception as exc:  # noqa: BLE001 - answered by _serve below
+                outcome = exc
+            if not self._handoff.post(lambda: done.set_result(outcome)):
+                done.set_result(outcome)  # destroyed meanwhile: nobody waits on the answer
+
+        if self._loader is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model_load")
+        self._loader.submit(load)
+        # the executor polls this task on every wake-up; the handoff's post wakes it once
+        # the result is set (on the executor thread), so nothing spins meanwhile
+        outcome = await done
+        if self.admin is not admin:  # cleaned up (or reconfigured) while compiling
+            if not isinstance(outcome, BaseException):
+                try:
+                    admin.unload(outcome.name)
+                except Exception:  # noqa: BLE001 - the runtime went with the cleanup
+                    pass
+            resp.code, resp.message = "inactive", "the runtime host was cleaned up during the load"
+            return resp
+
+        def answer(resp: LoadModel.Response) -> None:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            resp.success, resp.code, resp.message = True, "ok", f"loaded {outcome.name}"
+            resp.model = model_info_msg(outcome)
             self._publish_models()
-        return self._serve(resp, load)
+        return self._serve(resp, answer)
 
     def _on_unload_model(self, req: UnloadModel.Request, resp: UnloadModel.Response
                          ) -> UnloadModel.Response:
@@ -918,6 +960,8 @@ class RuntimeNode(LifecycleNode):
                 self.get_logger().warning(f"runtime close: {exc}")
         for fn in self._handoff.close():
             fn()
+        if self._loader is not None:  # a compile under way finishes on its own thread
+            self._loader.shutdown(wait=False, cancel_futures=True)
         self._release_runtime()
         super().destroy_node()
 

@@ -24,10 +24,22 @@ from typing import Any
 
 import numpy as np
 import rclpy
-from av_infer_nodes.common import make_executor
+from av_infer_msgs.msg import InferRequest, InferResponse
+from av_infer_msgs.srv import ListModels, LoadModel, UnloadModel
+from av_infer_nodes.common import (
+    REQUEST_QOS,
+    REQUEST_TOPIC,
+    RESPONSE_TOPIC,
+    make_executor,
+    request_msg,
+)
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState, GetState
 from rclpy.context import Context
 from rclpy.node import Node
 from sensor_msgs.msg import Image
+
+from av_infer import tensor_codec as codec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -182,3 +194,57 @@ class NodeProcess:
                 self.proc.wait(timeout=5.0)
         self._log_file.close()
         return self.proc.returncode
+
+
+class RuntimeHostClient:
+    """Another process's view of a runtime host node (tests): its lifecycle services,
+    typed requests (each answer collected) and model services."""
+
+    def __init__(self, tester: Node, node: str = "av_infer_runtime") -> None:
+        self.node = tester
+        self.get_state = tester.create_client(GetState, f"/{node}/get_state")
+        self.change = tester.create_client(ChangeState, f"/{node}/change_state")
+        self.load = tester.create_client(LoadModel, "/av_infer/load_model")
+        self.unload = tester.create_client(UnloadModel, "/av_infer/unload_model")
+        self.list = tester.create_client(ListModels, "/av_infer/list_models")
+        for c in (self.get_state, self.change, self.load, self.unload, self.list):
+            assert c.wait_for_service(timeout_sec=WAIT_S), c.srv_name
+        self._lock = threading.Lock()
+        self.responses: list[InferResponse] = []
+        self.sub = tester.create_subscription(InferResponse, RESPONSE_TOPIC, self._on,
+                                              REQUEST_QOS)
+        self.pub = tester.create_publisher(InferRequest, REQUEST_TOPIC, REQUEST_QOS)
+        wait_matched(self.pub, self.sub)
+        self._n = 0
+
+    def _on(self, msg: InferResponse) -> None:
+        with self._lock:
+            self.responses.append(msg)
+
+    def state(self) -> int:
+        return wait_future(self.get_state.call_async(GetState.Request()),
+                           what="get_state").current_state.id
+
+    def transition(self, tid: int) -> bool:
+        req = ChangeState.Request(transition=Transition(id=tid))
+        return wait_future(self.change.call_async(req), what=f"transition {tid}").success
+
+    def ask(self, x: np.ndarray, model: str = "tiny_cnn") -> InferResponse:
+        """One request; its (only) answer."""
+        self._n += 1
+        rid = f"lc-{self._n}"
+        ctrl = codec.RequestControl(id=rid, model=model, client="lc", priority="RT",
+                                    stamp=(0, 0), frame_id="", deadline_s=None,
+                                    drop_late=False)
+        self.pub.publish(request_msg(ctrl, {"input": x}))
+
+        def answer():
+            with self._lock:
+                return [r for r in self.responses if r.id == rid]
+
+        got = wait_for(answer, what=f"the answer to {rid}")
+        assert len(got) == 1
+        return got[0]
+
+    def call(self, client, req):
+        return wait_future(client.call_async(req), what=client.srv_name)

@@ -17,7 +17,6 @@ Run inside scripts/netns_run.sh (make test does): LOCALHOST discovery, fresh net
 from __future__ import annotations
 
 import shutil
-import threading
 
 import numpy as np
 import pytest
@@ -25,24 +24,15 @@ import pytest
 rclpy = pytest.importorskip("rclpy")
 onnx = pytest.importorskip("onnx")
 
-from av_infer_msgs.msg import InferRequest, InferResponse  # noqa: E402
+from av_infer_msgs.msg import InferResponse  # noqa: E402
 from av_infer_msgs.srv import ListModels, LoadModel, UnloadModel  # noqa: E402
-from av_infer_nodes.common import (  # noqa: E402
-    REQUEST_QOS,
-    REQUEST_TOPIC,
-    RESPONSE_TOPIC,
-    request_msg,
-)
 from av_infer_nodes.testing import (  # noqa: E402
-    WAIT_S,
     NodeProcess,
     RosHarness,
-    wait_for,
+    RuntimeHostClient,
     wait_future,
-    wait_matched,
 )
 from lifecycle_msgs.msg import State, Transition  # noqa: E402
-from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
 from onnx import TensorProto as T  # noqa: E402
 from onnx import helper as oh  # noqa: E402
 
@@ -93,65 +83,12 @@ def managed(tmp_path_factory):
         assert code == 0, code  # clean exit on SIGINT
 
 
-class Host:
-    """This process's view of the managed host: lifecycle, requests, model services."""
-
-    def __init__(self, tester) -> None:
-        self.node = tester
-        self.get_state = tester.create_client(GetState, f"/{NODE}/get_state")
-        self.change = tester.create_client(ChangeState, f"/{NODE}/change_state")
-        self.load = tester.create_client(LoadModel, "/av_infer/load_model")
-        self.unload = tester.create_client(UnloadModel, "/av_infer/unload_model")
-        self.list = tester.create_client(ListModels, "/av_infer/list_models")
-        for c in (self.get_state, self.change, self.load, self.unload, self.list):
-            assert c.wait_for_service(timeout_sec=WAIT_S), c.srv_name
-        self._lock = threading.Lock()
-        self.responses: list[InferResponse] = []
-        self.sub = tester.create_subscription(InferResponse, RESPONSE_TOPIC, self._on,
-                                              REQUEST_QOS)
-        self.pub = tester.create_publisher(InferRequest, REQUEST_TOPIC, REQUEST_QOS)
-        wait_matched(self.pub, self.sub)
-        self._n = 0
-
-    def _on(self, msg: InferResponse) -> None:
-        with self._lock:
-            self.responses.append(msg)
-
-    def state(self) -> int:
-        return wait_future(self.get_state.call_async(GetState.Request()),
-                           what="get_state").current_state.id
-
-    def transition(self, tid: int) -> bool:
-        req = ChangeState.Request(transition=Transition(id=tid))
-        return wait_future(self.change.call_async(req), what=f"transition {tid}").success
-
-    def ask(self, x: np.ndarray, model: str = "tiny_cnn") -> InferResponse:
-        """One request; its (only) answer."""
-        self._n += 1
-        rid = f"lc-{self._n}"
-        ctrl = codec.RequestControl(id=rid, model=model, client="lc", priority="RT",
-                                    stamp=(0, 0), frame_id="", deadline_s=None,
-                                    drop_late=False)
-        self.pub.publish(request_msg(ctrl, {"input": x}))
-
-        def answer():
-            with self._lock:
-                return [r for r in self.responses if r.id == rid]
-
-        got = wait_for(answer, what=f"the answer to {rid}")
-        assert len(got) == 1
-        return got[0]
-
-    def call(self, client, req):
-        return wait_future(client.call_async(req), what=client.srv_name)
-
-
 X = np.zeros((1, 3, 32, 32), np.float32)
 
 
 def test_lifecycle_and_model_services_from_another_process(managed):
     h, tester, proc, models, outside = managed
-    host = Host(tester)
+    host = RuntimeHostClient(tester, NODE)
     S = InferResponse
     # unconfigured: requests and services answer "inactive", never silence
     assert host.state() == State.PRIMARY_STATE_UNCONFIGURED
@@ -236,6 +173,13 @@ def test_lifecycle_and_model_services_from_another_process(managed):
     assert proc.alive()
 
 
+def _call_load(h: RosHarness, node, req: LoadModel.Request) -> LoadModel.Response:
+    """The load service's callback (a coroutine: the compile runs on the loader thread) run
+    as the executor runs it, without the transport."""
+    return wait_future(h.executor.create_task(node._on_load_model, req, LoadModel.Response()),
+                       what="the load callback")
+
+
 def test_services_off_by_default(tmp_path):
     """Without model_services the services answer services_disabled (tested in-process:
     the refusal does not depend on transport)."""
@@ -245,8 +189,7 @@ def test_services_off_by_default(tmp_path):
     with RosHarness() as h:
         node = h.add(RuntimeNode("off_host", context=h.context, parameter_overrides=[
             Parameter("device", value="cpu"), Parameter("models", value=["tiny_cnn"])]))
-        resp = node._on_load_model(LoadModel.Request(name="a", path="x.onnx"),
-                                   LoadModel.Response())
+        resp = _call_load(h, node, LoadModel.Request(name="a", path="x.onnx"))
         assert not resp.success and resp.code == "services_disabled"
         resp = node._on_list_models(ListModels.Request(), ListModels.Response())
         assert resp.code == "services_disabled"
@@ -269,7 +212,6 @@ def test_unsupported_operators_listed_by_node():
             Parameter("device", value="cpu"), Parameter("models", value=["tiny_cnn"])]))
         node.p["model_services"] = True
         node.admin = Admin()
-        resp = node._on_load_model(LoadModel.Request(name="a", path="x.onnx"),
-                                   LoadModel.Response())
+        resp = _call_load(h, node, LoadModel.Request(name="a", path="x.onnx"))
         assert not resp.success and resp.code == "unsupported_model"
         assert resp.unsupported == ["MyOp: custom1, custom2", "NonZero: nz"]
