@@ -341,7 +341,9 @@ def test_exported_paddleocr_models_match_ort(name):
 
 @pytest.mark.parametrize("opts", [{"engine": "tensorrt"}, {"be_nice": 20}, {"be_nice": True},
                                   {"rt_priority": "max"}, {"threads": 0},
-                                  {"segment_ms": 0}, {"kill_below_ms": -1}])
+                                  {"segment_ms": 0}, {"kill_below_ms": -1},
+                                  {"rt_parallel": 0}, {"rt_parallel": 65},
+                                  {"rt_parallel": True}, {"rt_parallel": 1.5}])
 def test_bad_cpu_device_options_are_typed_errors(opts):
     from av_infer.errors import InvalidParameterError
 
