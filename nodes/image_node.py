@@ -38,6 +38,8 @@ from typing import Any
 
 from av_infer_msgs.msg import InferResponse, TensorList
 from av_infer_nodes.common import (
+    PUB_EVENTS,
+    SUB_EVENTS,
     LocalRuntimeClient,
     RemoteRuntimeClient,
     Reply,
@@ -103,9 +105,11 @@ class ImageInferenceNode(LifecycleNode):
         self.client: RuntimeClient | None = None
         self._handoff = Handoff(self)
         self._debug = debug_publishers(self, self.p["debug_topics"])
-        self._pub = self.create_publisher(TensorList, "~/output", 10)
-        self._err_pub = self.create_publisher(InferResponse, "~/errors", 10)
-        self._sub = self.create_subscription(Image, "image", self._on_image, IMAGE_QOS)
+        self._pub = self.create_publisher(TensorList, "~/output", 10, event_callbacks=PUB_EVENTS)
+        self._err_pub = self.create_publisher(InferResponse, "~/errors", 10,
+                                              event_callbacks=PUB_EVENTS)
+        self._sub = self.create_subscription(Image, "image", self._on_image, IMAGE_QOS,
+                                             event_callbacks=SUB_EVENTS)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._configure_error: BaseException | None = None
         if self.p["autostart"]:

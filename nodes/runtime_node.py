@@ -50,9 +50,11 @@ from av_infer_msgs.srv import ListModels, LoadModel, UnloadModel
 from av_infer_nodes.common import (
     LATCHED_QOS,
     MODELS_TOPIC,
+    PUB_EVENTS,
     REQUEST_QOS,
     REQUEST_TOPIC,
     RESPONSE_TOPIC,
+    SUB_EVENTS,
     Reply,
     debug_publishers,
     declare,
@@ -225,10 +227,13 @@ class RuntimeNode(LifecycleNode):
         self._last_misses: dict[str, int] = {}
         self._handoff = Handoff(self)
         self._debug = debug_publishers(self, p["debug_topics"])
-        self._resp_pub = self.create_publisher(InferResponse, RESPONSE_TOPIC, REQUEST_QOS)
+        self._resp_pub = self.create_publisher(InferResponse, RESPONSE_TOPIC, REQUEST_QOS,
+                                               event_callbacks=PUB_EVENTS)
         self._req_sub = self.create_subscription(InferRequest, REQUEST_TOPIC,
-                                                 self._on_request, REQUEST_QOS)
-        self._models_pub = self.create_publisher(String, MODELS_TOPIC, LATCHED_QOS)
+                                                 self._on_request, REQUEST_QOS,
+                                                 event_callbacks=SUB_EVENTS)
+        self._models_pub = self.create_publisher(String, MODELS_TOPIC, LATCHED_QOS,
+                                                 event_callbacks=PUB_EVENTS)
         self._published_models: tuple[Any, ...] | None = None
         #: reentrant: a load awaits its compile (``_on_load_model``) while list and unload
         #: are answered; ModelAdmin runs one load at a time and is thread-safe
@@ -243,7 +248,8 @@ class RuntimeNode(LifecycleNode):
             self.create_service(ListModels, LIST_MODELS_SERVICE, self._on_list_models,
                                 callback_group=self._svc_group),
         ]
-        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10,
+                                               event_callbacks=PUB_EVENTS)
         self._diag_group = MutuallyExclusiveCallbackGroup()
         self._diag_timer = self.create_timer(p["diagnostics_period_s"], self.publish_diagnostics,
                                              callback_group=self._diag_group)
