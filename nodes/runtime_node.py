@@ -40,6 +40,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -238,8 +239,8 @@ class RuntimeNode(LifecycleNode):
         #: reentrant: a load awaits its compile (``_on_load_model``) while list and unload
         #: are answered; ModelAdmin runs one load at a time and is thread-safe
         self._svc_group = ReentrantCallbackGroup()
-        #: the thread that compiles loads, started on the first load (``_on_load_model``)
-        self._loader: Any = None
+        #: the thread that compiles loads (``_on_load_model``; started by the first load)
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model_load")
         self._model_srvs = [
             self.create_service(LoadModel, LOAD_MODEL_SERVICE, self._on_load_model,
                                 callback_group=self._svc_group),
@@ -805,10 +806,6 @@ class RuntimeNode(LifecycleNode):
             if not self._handoff.post(lambda: done.set_result(outcome)):
                 done.set_result(outcome)  # destroyed meanwhile: nobody waits on the answer
 
-        if self._loader is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model_load")
         self._loader.submit(load)
         # the executor polls this task on every wake-up; the handoff's post wakes it once
         # the result is set (on the executor thread), so nothing spins meanwhile
@@ -966,8 +963,8 @@ class RuntimeNode(LifecycleNode):
                 self.get_logger().warning(f"runtime close: {exc}")
         for fn in self._handoff.close():
             fn()
-        if self._loader is not None:  # a compile under way finishes on its own thread
-            self._loader.shutdown(wait=False, cancel_futures=True)
+        self._loader.shutdown(wait=False, cancel_futures=True)  # a compile under way ends
+        # on its own thread; its answer is moot
         self._release_runtime()
         super().destroy_node()
 
