@@ -22,7 +22,8 @@ dropped):
   on the node's executor (``Handoff``), never on the runtime's threads;
 * /av_infer/load_model, /av_infer/unload_model, /av_infer/list_models (``av_infer_msgs``
   services, off unless ``model_services``): ``av_infer.model_admin`` confines loads to
-  ``model_dirs`` and bounds them; each failure answers its typed error's code;
+  ``model_dirs`` and bounds them; each failure answers its typed error's code; a load
+  compiles on the loader thread, so requests and the other services are answered meanwhile;
 * /av_infer/models (latched ``std_msgs/String``, JSON): loaded models' input/output specs,
   for nodes in other processes to preprocess for;
 * /diagnostics every ``diagnostics_period_s`` (the runtime with its batch mode, each client,
