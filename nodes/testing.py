@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -74,8 +75,12 @@ class RosHarness:
         try:
             self.executor.spin()
         except Exception as exc:  # noqa: BLE001 - shutdown races end the spin
-            if self.context.ok():  # not a shutdown race: keep it for the caller
+            if self.context.ok():  # not a shutdown race: keep it for the caller, and say
+                # so at once (every later wait in the process would only time out)
                 self.spin_error = exc
+                traceback.print_exc(file=sys.stderr)
+                print(f"ros-harness: the executor stopped spinning: {type(exc).__name__}: "
+                      f"{exc}", file=sys.stderr, flush=True)
 
     def add(self, node: Node) -> Node:
         self.nodes.append(node)
@@ -113,8 +118,22 @@ def wait_for(pred: Callable[[], Any], timeout: float = WAIT_S, period: float = 0
         if value:
             return value
         if time.monotonic() > deadline:
+            # what every thread was doing: a hang (an executor blocked in a callback, a
+            # stopped spin) shows in the failure's captured stderr
+            print(f"wait_for: timed out waiting for {what}; thread stacks:", file=sys.stderr,
+                  flush=True)
+            dump_threads(sys.stderr)
             raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(period)
+
+
+def dump_threads(out: Any) -> None:
+    """Every thread's name and stack, written to ``out`` (a hang's diagnosis)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        print(f"--- thread {names.get(ident, '?')} ({ident})", file=out)
+        print("".join(traceback.format_stack(frame)), file=out)
+    out.flush()
 
 
 def wait_matched(*endpoints: Any, timeout: float = WAIT_S, what: str = "discovery") -> None:
