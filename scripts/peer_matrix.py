@@ -7,6 +7,9 @@ closed-loop BE clients, writes ``out/peer/<pair>_be<N>.json`` and prints one mar
 
     .venv/bin/python scripts/peer_matrix.py                  # ~7 min on the 2-core VM
     .venv/bin/python scripts/peer_matrix.py --policy reef_dkp --out out/peer_dkp
+
+Each run interleaves the systems in ``--rounds`` turns (``bench --peer``'s ``--rounds``); the
+table's last column is the spread of the per-round BE ratios.
 """
 
 from __future__ import annotations
@@ -31,18 +34,20 @@ def _f(v: float | None, nd: int = 2) -> str:
 def table(docs: list[dict]) -> str:
     rows = ["| RT model @ Hz | BE model × clients | policy | RT p50 / p99 ms: av_infer | ORT "
             "threads | RT alone | BE req/s: av_infer | ORT threads | RT p99 ratio | BE ratio "
-            "| preemption p50 / p99 ms |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "| preemption p50 / p99 ms | BE ratio per round |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for d in docs:
         a, o, s, c = d["avi"], d["ort_threads"], d["ort_rt_alone"], d["config"]
         pre = a.get("preemption_ms") or {}
+        rr = (d.get("ratios_range") or {}).get("be_rps")
+        spread = "-" if not rr else f"{rr[0]:.2f}-{rr[1]:.2f}"
         rows.append(
             f"| {d['rt_model']} @ {c['rt_rate']:g} | {d['be_model']} × {c['be_clients']} | "
             f"{c['policy']} | {_f(a['rt_p50_ms'])} / {_f(a['rt_p99_ms'])} | "
             f"{_f(o['rt_p50_ms'])} / {_f(o['rt_p99_ms'])} | "
             f"{_f(s['rt_p50_ms'])} / {_f(s['rt_p99_ms'])} | {a['be_rps']:.1f} | "
             f"{o['be_rps']:.1f} | {_f(d['ratios']['rt_p99'])} | {_f(d['ratios']['be_rps'])} | "
-            f"{_f(pre.get('p50'))} / {_f(pre.get('p99'))} |")
+            f"{_f(pre.get('p50'))} / {_f(pre.get('p99'))} | {spread} |")
     return "\n".join(rows)
 
 
@@ -51,6 +56,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=20.0)
     ap.add_argument("--policy", default="reef")
     ap.add_argument("--clients", default="2,4")
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--out", default="out/peer")
     ap.add_argument("--table-only", action="store_true")
     ap.add_argument("--progress", action="store_true", help="progress bars (stderr)")
@@ -66,10 +72,10 @@ def main() -> None:
                 continue
             doc = run_peer(PeerConfig(rt_model=rt, be_model=be, rt_rate=hz, be_clients=n,
                                       policy=args.policy, duration=args.duration,
-                                      progress=args.progress))
+                                      progress=args.progress, rounds=args.rounds))
             doc["command"] = (f"av-infer bench --peer ort --rt-model {rt} --be-model {be} "
                               f"--rt-rate {hz:g} --be-clients {n} --policy {args.policy} "
-                              f"--duration {args.duration:g}")
+                              f"--duration {args.duration:g} --rounds {args.rounds}")
             out.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(doc, indent=2) + "\n")
             docs.append(doc)

@@ -40,3 +40,26 @@ def test_cli_peer_rejects_bad_settings():
         main(["bench", "--peer", "ort", "--be-clients", "0"])
     with pytest.raises(SystemExit):
         main(["bench", "--peer", "ort", "--policy", "nope"])
+
+
+def test_rounds_take_turns_and_pool_every_round():
+    """Interleaved rounds: each round has every system's figures, the order reverses every
+    round (ABBA), and the pooled RT sample is every round's samples together."""
+    cfg = PeerConfig(rt_model="tiny_mlp", be_model="tiny_cnn", rt_rate=40.0, be_clients=1,
+                     duration=0.75, warmup=0.05, progress=False, rounds=3,
+                     systems=("ort_threads", "avi"))
+    doc = run_peer(cfg)
+    assert doc["rounds"] == 3 and len(doc["per_round"]) == 3
+    for row in doc["per_round"]:
+        assert set(row) == {"round", "avi", "ort_threads", "ratios"}
+        assert row["avi"]["be_rps"] > 0 and row["ort_threads"]["be_rps"] > 0
+    # 0.25 s per turn at 40 Hz: 10 samples a turn, pooled over the 3 rounds
+    assert doc["avi"]["rt_n"] == doc["ort_threads"]["rt_n"] == 3 * 10
+    lo, hi = doc["ratios_range"]["be_rps"]
+    assert lo <= hi
+    assert "interleaved rounds" in format_peer(doc) and "per round:" in format_peer(doc)
+
+
+def test_rounds_must_be_positive():
+    with pytest.raises(SystemExit):
+        main(["bench", "--peer", "ort", "--rounds", "0"])

@@ -87,7 +87,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="closed-loop BE clients (%(default)s)")
     g.add_argument("--threads", type=int, default=1,
                    help="intra-op threads per ORT session, both systems (%(default)s)")
-    g.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
+    g.add_argument("--warmup", type=float, default=1.0,
+                   help="seconds before measuring, in every turn of every round")
+    g.add_argument("--rounds", type=int, default=4,
+                   help="the systems take turns in this many rounds (ABBA order), the "
+                   "measured --duration split between them: each system sees the same "
+                   "drift of a shared machine (%(default)s; 1: one run each)")
     g.add_argument("--device-option", action="append", default=[], metavar="KEY=VALUE",
                    help="cpu device option for av_infer (e.g. segment_ms=4, kill=false, "
                    "os_priority=nice)")
@@ -178,20 +183,22 @@ def cmd_peer(args: argparse.Namespace) -> int:
         if not sep:
             raise SystemExit(f"--device-option: expected KEY=VALUE, got {kv!r}")
         opts[k.strip()] = _option_value(v)
-    if args.be_clients < 1 or args.rt_rate <= 0 or args.threads < 1:
-        raise SystemExit("bench --peer: --be-clients >= 1, --rt-rate > 0, --threads >= 1")
+    if args.be_clients < 1 or args.rt_rate <= 0 or args.threads < 1 or args.rounds < 1:
+        raise SystemExit("bench --peer: --be-clients >= 1, --rt-rate > 0, --threads >= 1, "
+                         "--rounds >= 1")
     cfg = PeerConfig(rt_model=args.rt_model, be_model=args.be_model,
                      rt_shape=parse_input_shapes(args.rt_input_shape),
                      be_shape=parse_input_shapes(args.be_input_shape),
                      rt_rate=args.rt_rate, be_clients=args.be_clients, policy=policy,
                      c=args.c, duration=args.duration, warmup=args.warmup,
                      threads=args.threads, device_options=opts,
-                     progress=not args.no_progress)
+                     progress=not args.no_progress, rounds=args.rounds)
     doc = run_peer(cfg)
     cmd = ["av-infer", "bench", "--peer", "ort", "--rt-model", args.rt_model, "--be-model",
            args.be_model, "--rt-rate", f"{args.rt_rate:g}", "--be-clients", str(args.be_clients),
            "--policy", policy, "--c", str(args.c), "--duration", f"{args.duration:g}",
-           "--warmup", f"{args.warmup:g}", "--threads", str(args.threads)]
+           "--warmup", f"{args.warmup:g}", "--threads", str(args.threads),
+           "--rounds", str(args.rounds)]
     for flag, vals in (("--rt-input-shape", args.rt_input_shape),
                        ("--be-input-shape", args.be_input_shape),
                        ("--device-option", args.device_option)):

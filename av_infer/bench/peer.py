@@ -13,6 +13,14 @@ minus the *scheduled* arrival, so a late start counts) and ``be_clients`` closed
 clients (each submits its next request when the previous one returned). After ``warmup``
 seconds, ``duration`` seconds are measured. Wall-clock numbers on a shared machine: compare
 the systems of one run, not runs across machines.
+
+``rounds``: the measured time is split into that many rounds, the systems taking turns
+within each (ABBA order: the order reverses every round), each system's sessions or runtime
+kept open between its turns. On a machine whose speed drifts by tens of percent within
+minutes (a shared VM), one long run per system compares two different machines; turns
+expose every system to the same drift. Percentiles pool every round's samples, BE req/s is
+all requests over all measured time; ``per_round`` keeps each round's figures and
+``ratios_range`` the spread of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import platform
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -46,6 +55,8 @@ class PeerConfig:
     device_options: dict[str, Any] = field(default_factory=dict)
     systems: tuple[str, ...] = ("ort_rt_alone", "ort_threads", "avi")
     progress: bool = True
+    #: rounds the systems take turns in (see the module docstring); 1: one run each
+    rounds: int = 1
 
 
 @dataclass
@@ -86,9 +97,24 @@ def _summary(lat: list[float], be_done: int, window: float) -> dict[str, Any]:
     return out
 
 
+@dataclass
+class _Raw:
+    """What one system's measured rounds left: RT latencies (s), BE completions, time."""
+
+    lat: list[float] = field(default_factory=list)
+    be_done: int = 0
+    window: float = 0.0
+
+    def add(self, other: _Raw) -> None:
+        self.lat += other.lat
+        self.be_done += other.be_done
+        self.window += other.window
+
+
 def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]],
-           cfg: PeerConfig, label: str) -> dict[str, Any]:
-    """Run the load: the RT loop on this thread, one thread per BE client."""
+           cfg: PeerConfig, label: str, duration: float | None = None) -> _Raw:
+    """Run the load (``duration`` measured seconds, ``cfg.duration`` if None): the RT loop
+    on this thread, one thread per BE client."""
     period = 1.0 / cfg.rt_rate
     stop = threading.Event()
     t_meas = [0.0, 0.0]
@@ -114,7 +140,8 @@ def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]]
     now = time.perf_counter
     t0 = now() + 0.05
     n_warm = int(cfg.warmup * cfg.rt_rate)
-    n_total = n_warm + max(1, int(cfg.duration * cfg.rt_rate))
+    dur = cfg.duration if duration is None else duration
+    n_total = n_warm + max(1, int(dur * cfg.rt_rate))
     bar = _bar(n_total, label, cfg.progress)
     try:
         for i in range(n_total):
@@ -142,7 +169,7 @@ def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]]
             bar.close()
     if errors:
         raise RuntimeError(f"{label}: a BE client failed: {errors[0]!r}") from errors[0]
-    return _summary(lat, sum(counts), t_meas[1] - t_meas[0])
+    return _Raw(lat, sum(counts), t_meas[1] - t_meas[0])
 
 
 def _bar(n: int, label: str, on: bool) -> Any:
@@ -161,7 +188,13 @@ def _ort_session(source: str, threads: int) -> Any:
     return ort.InferenceSession(source, ort_options(threads), providers=["CPUExecutionProvider"])
 
 
-def run_ort(rt: _Model, be: _Model | None, cfg: PeerConfig, label: str) -> dict[str, Any]:
+#: what an opened system gives the rounds: (rt_infer, be_fns, finish); ``finish(out)`` adds
+#: the system's own figures to its summary before it is closed
+_Opened = tuple[Callable[[float], None], list[Callable[[], None]],
+                Callable[[dict[str, Any]], None]]
+
+
+def _open_ort(rt: _Model, be: _Model | None, cfg: PeerConfig, stack: ExitStack) -> _Opened:
     """One ORT session per model, a thread per client (what a user writes first)."""
     rs = _ort_session(rt.source, cfg.threads)
     for _ in range(5):
@@ -171,10 +204,10 @@ def run_ort(rt: _Model, be: _Model | None, cfg: PeerConfig, label: str) -> dict[
         bs = _ort_session(be.source, cfg.threads)
         bs.run(None, be.inputs)
         be_fns = [lambda bs=bs: bs.run(None, be.inputs) for _ in range(cfg.be_clients)]
-    return _drive(lambda _sched: rs.run(None, rt.inputs), be_fns, cfg, label)
+    return (lambda _sched: rs.run(None, rt.inputs)), be_fns, lambda out: None
 
 
-def run_avi(rt: _Model, be: _Model, cfg: PeerConfig) -> dict[str, Any]:
+def _open_avi(rt: _Model, be: _Model, cfg: PeerConfig, stack: ExitStack) -> _Opened:
     """The same clients through one av_infer Runtime on the cpu device."""
     from av_infer import Runtime
 
@@ -182,36 +215,49 @@ def run_avi(rt: _Model, be: _Model, cfg: PeerConfig) -> dict[str, Any]:
     # BE lanes: one per client up to one per core (more would only oversubscribe the cores;
     # further BE requests queue, round-robin between clients)
     lanes = max(1, min(cfg.be_clients, os.cpu_count() or 1))
-    with Runtime("cpu", policy=cfg.policy, c=cfg.c, max_be_streams=lanes,
-                 device_options=opts) as r:
-        r.load_model("rt", rt.source, rt.shapes, pin=True)
-        r.load_model("be", be.source, be.shapes)
-        r.configure_client("rt", "RT", relative_deadline=1.0 / cfg.rt_rate)
-        for _ in range(5):
-            r.submit("rt", rt.inputs, priority="RT", client="warm").result()
-        r.submit("be", be.inputs, client="warm").result()
+    r = stack.enter_context(Runtime("cpu", policy=cfg.policy, c=cfg.c,
+                                    max_be_streams=lanes, device_options=opts))
+    r.load_model("rt", rt.source, rt.shapes, pin=True)
+    r.load_model("be", be.source, be.shapes)
+    r.configure_client("rt", "RT", relative_deadline=1.0 / cfg.rt_rate)
+    for _ in range(5):
+        r.submit("rt", rt.inputs, priority="RT", client="warm").result()
+    r.submit("be", be.inputs, client="warm").result()
 
-        def rt_infer(sched: float) -> None:
-            r.infer("rt", rt.inputs, client="rt", arrival=sched)
+    def rt_infer(sched: float) -> None:
+        r.infer("rt", rt.inputs, client="rt", arrival=sched)
 
-        be_fns = [lambda c=f"be{i}": r.infer("be", be.inputs, client=c)
-                  for i in range(cfg.be_clients)]
-        out = _drive(rt_infer, be_fns, cfg, "avi")
+    be_fns = [lambda c=f"be{i}": r.infer("be", be.inputs, client=c)
+              for i in range(cfg.be_clients)]
+
+    def finish(out: dict[str, Any]) -> None:
         st = r.stats()
-    stop = st.get("preemption_stop_ms", {})
-    out["preemption_ms"] = {k: stop.get(k) for k in ("p50", "p99", "max", "count")}
-    obs = st.get("preemption_observed_ms", {})
-    out["preemption_observed_ms"] = {k: obs.get(k) for k in ("p50", "p99", "max", "count")}
-    fsub = st.get("preemption_stop_from_submit_ms", {})
-    out["preemption_from_submit_ms"] = {k: fsub.get(k) for k in ("p50", "p99", "max", "count")}
-    out["preemptions"] = st.get("preemptions")
-    out["kernels_reexecuted"] = st.get("kernels_reexecuted")
-    dev = st.get("device", {})
-    out["killed"] = sum(s.get("killed", 0) for s in dev.get("streams", []))
-    out["kill_ms"] = dev.get("kill_ms")
-    out["policy"] = cfg.policy
-    out["be_lanes"] = lanes
-    return out
+        stop = st.get("preemption_stop_ms", {})
+        out["preemption_ms"] = {k: stop.get(k) for k in ("p50", "p99", "max", "count")}
+        obs = st.get("preemption_observed_ms", {})
+        out["preemption_observed_ms"] = {k: obs.get(k) for k in ("p50", "p99", "max", "count")}
+        fsub = st.get("preemption_stop_from_submit_ms", {})
+        out["preemption_from_submit_ms"] = {k: fsub.get(k)
+                                            for k in ("p50", "p99", "max", "count")}
+        out["preemptions"] = st.get("preemptions")
+        out["kernels_reexecuted"] = st.get("kernels_reexecuted")
+        dev = st.get("device", {})
+        out["killed"] = sum(s.get("killed", 0) for s in dev.get("streams", []))
+        out["kill_ms"] = dev.get("kill_ms")
+        out["policy"] = cfg.policy
+        out["be_lanes"] = lanes
+
+    return rt_infer, be_fns, finish
+
+
+def _open(system: str, rt: _Model, be: _Model, cfg: PeerConfig, stack: ExitStack) -> _Opened:
+    if system == "ort_rt_alone":
+        return _open_ort(rt, None, cfg, stack)
+    if system == "ort_threads":
+        return _open_ort(rt, be, cfg, stack)
+    if system == "avi":
+        return _open_avi(rt, be, cfg, stack)
+    raise ValueError(f"unknown system {system!r}")
 
 
 def run_peer(cfg: PeerConfig) -> dict[str, Any]:
@@ -230,25 +276,51 @@ def run_peer(cfg: PeerConfig) -> dict[str, Any]:
                     "python": platform.python_version()},
         "command": None,
     }
-    seg = compile_segments(be.source, be.shapes, name=be.label)
+    seg_ms = cfg.device_options.get("segment_ms")
+    seg = compile_segments(be.source, be.shapes, name=be.label,
+                           **({} if seg_ms is None else {"segment_ms": float(seg_ms)}))
     doc["be_segments"] = seg.stats.get("segments")
-    for system in cfg.systems:
-        if system == "ort_rt_alone":
-            doc[system] = run_ort(rt, None, cfg, system)
-        elif system == "ort_threads":
-            doc[system] = run_ort(rt, be, cfg, system)
-        elif system == "avi":
-            doc[system] = run_avi(rt, be, cfg)
-        else:
-            raise ValueError(f"unknown system {system!r}")
+    rounds = max(1, int(cfg.rounds))
+    each = cfg.duration / rounds
+    raw = {sysname: _Raw() for sysname in cfg.systems}
+    per_round: list[dict[str, Any]] = []
+    with ExitStack() as stack:
+        opened = {sysname: _open(sysname, rt, be, cfg, stack) for sysname in cfg.systems}
+        for i in range(rounds):
+            order = list(cfg.systems) if i % 2 == 0 else list(reversed(cfg.systems))
+            row: dict[str, Any] = {"round": i}
+            for sysname in order:
+                rt_infer, be_fns, _ = opened[sysname]
+                label = sysname if rounds == 1 else f"{sysname} {i + 1}/{rounds}"
+                got = _drive(rt_infer, be_fns, cfg, label, duration=each)
+                raw[sysname].add(got)
+                one = _summary(got.lat, got.be_done, got.window)
+                row[sysname] = {k: one[k] for k in ("rt_p50_ms", "rt_p99_ms", "be_rps")}
+            if "avi" in row and "ort_threads" in row:
+                row["ratios"] = _ratios(row["avi"], row["ort_threads"])
+            per_round.append(row)
+        for sysname in cfg.systems:
+            out = _summary(raw[sysname].lat, raw[sysname].be_done, raw[sysname].window)
+            opened[sysname][2](out)
+            doc[sysname] = out
     a, o = doc.get("avi"), doc.get("ort_threads")
     if a and o:
-        doc["ratios"] = {
-            "rt_p99": _ratio(a["rt_p99_ms"], o["rt_p99_ms"]),
-            "rt_p50": _ratio(a["rt_p50_ms"], o["rt_p50_ms"]),
-            "be_rps": _ratio(a["be_rps"], o["be_rps"]),
-        }
+        doc["ratios"] = _ratios(a, o)
+    doc["rounds"] = rounds
+    if rounds > 1:
+        doc["per_round"] = per_round
+        rs = [r["ratios"] for r in per_round if "ratios" in r]
+        if rs:
+            doc["ratios_range"] = {k: [min(x[k] for x in rs if x[k] is not None),
+                                       max(x[k] for x in rs if x[k] is not None)]
+                                   for k in rs[0] if all(x[k] is not None for x in rs)}
     return doc
+
+
+def _ratios(a: dict[str, Any], o: dict[str, Any]) -> dict[str, float | None]:
+    return {"rt_p99": _ratio(a["rt_p99_ms"], o["rt_p99_ms"]),
+            "rt_p50": _ratio(a["rt_p50_ms"], o["rt_p50_ms"]),
+            "be_rps": _ratio(a["be_rps"], o["be_rps"])}
 
 
 def _ratio(x: float | None, y: float | None) -> float | None:
@@ -265,7 +337,8 @@ def format_peer(doc: dict[str, Any]) -> str:
     lines = [f"peer comparison: RT {doc['rt_model']} @ {cfg['rt_rate']:g} Hz, "
              f"{cfg['be_clients']} closed-loop BE clients on {doc['be_model']} "
              f"({doc.get('be_segments')} segments in avi), policy {cfg['policy']}, "
-             f"{cfg['threads']} intra-op thread(s) per session, {cfg['duration']:g} s",
+             f"{cfg['threads']} intra-op thread(s) per session, {cfg['duration']:g} s"
+             + (f" in {doc['rounds']} interleaved rounds" if doc.get("rounds", 1) > 1 else ""),
              f"{'system':<14}{'RT p50 ms':>10}{'p99':>8}{'p99.9':>8}{'max':>8}{'RT n':>7}"
              f"{'BE req/s':>10}{'preempt p99 ms':>16}{'from submit':>13}"]
     for s in ("avi", "ort_threads", "ort_rt_alone"):
@@ -281,4 +354,8 @@ def format_peer(doc: dict[str, Any]) -> str:
     if ra:
         lines.append(f"avi / ort_threads: RT p99 {_f(ra['rt_p99'])}x, RT p50 "
                      f"{_f(ra['rt_p50'])}x, BE req/s {_f(ra['be_rps'])}x")
+    rr = doc.get("ratios_range")
+    if rr:
+        lines.append("per round: " + ", ".join(
+            f"{k} {_f(v[0])}-{_f(v[1])}x" for k, v in rr.items()))
     return "\n".join(lines)
