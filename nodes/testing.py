@@ -28,9 +28,11 @@ import rclpy
 from av_infer_msgs.msg import InferRequest, InferResponse
 from av_infer_msgs.srv import ListModels, LoadModel, UnloadModel
 from av_infer_nodes.common import (
+    PUB_EVENTS,
     REQUEST_QOS,
     REQUEST_TOPIC,
     RESPONSE_TOPIC,
+    SUB_EVENTS,
     make_executor,
     request_msg,
 )
@@ -46,6 +48,27 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: Upper bound of every wait in the ROS tests: a hang guard, not a timing expectation.
 WAIT_S = 120.0
+
+
+class TesterNode(Node):
+    """A plain node whose publishers and subscriptions add no QoS-event waitables unless a
+    caller asks (``event_callbacks=``), like av_infer's own endpoints (``PUB_EVENTS``).
+
+    Why: tests create and destroy endpoints while the executor spins. rclpy 7.1.5's
+    ``_wait_for_ready_callbacks`` lists a node's waitables, then enters each (an
+    ``InvalidHandle`` there is skipped) and later adds *every listed one* to the wait set
+    (``add_to_wait_set`` is not guarded): an endpoint destroyed between the listing and the
+    entering takes its ``EventHandler`` waitables with it, the spin raises ``InvalidHandle``
+    and the executor stops for good. Endpoints without event handlers have no waitables;
+    subscriptions themselves are handled safely there."""
+
+    def create_publisher(self, *args: Any, **kw: Any) -> Any:
+        kw.setdefault("event_callbacks", PUB_EVENTS)
+        return super().create_publisher(*args, **kw)
+
+    def create_subscription(self, *args: Any, **kw: Any) -> Any:
+        kw.setdefault("event_callbacks", SUB_EVENTS)
+        return super().create_subscription(*args, **kw)
 
 
 class RosHarness:
@@ -88,7 +111,8 @@ class RosHarness:
         return node
 
     def node(self, name: str, **kw: Any) -> Node:
-        return self.add(Node(name, context=self.context, **kw))
+        """A tester node (``TesterNode``: endpoints safe to destroy while spinning)."""
+        return self.add(TesterNode(name, context=self.context, **kw))
 
     def close(self) -> None:
         for node in reversed(self.nodes):

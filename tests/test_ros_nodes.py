@@ -86,6 +86,22 @@ def graph(request):
                                    cli_args=["--ros-args", "-r", "image:=/cabin/image"]))
         tester = h.node("tester")
         yield h, host, per, mon, tester
+        assert h.spin_error is None, f"the executor stopped: {h.spin_error!r}"
+
+
+def test_tester_endpoints_add_no_waitables(graph):
+    """The harness's tester endpoints carry no QoS-event waitables (``TesterNode``): rclpy's
+    executor stops for good when one is destroyed mid-spin, which every test here does."""
+    h, host, per, mon, tester = graph
+    before = len(list(tester.waitables))
+    sub = tester.create_subscription(InferResponse, RESPONSE_TOPIC, lambda m: None,
+                                     REQUEST_QOS)
+    pub = tester.create_publisher(InferRequest, REQUEST_TOPIC, REQUEST_QOS)
+    try:
+        assert len(list(tester.waitables)) == before
+    finally:
+        tester.destroy_subscription(sub)
+        tester.destroy_publisher(pub)
 
 
 def _views(msg) -> dict[str, np.ndarray]:
