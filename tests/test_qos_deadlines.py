@@ -99,8 +99,9 @@ def test_one_member_of_a_batch_is_dropped_the_others_complete() -> None:
 
 
 def test_a_be_request_already_past_its_hard_deadline_never_starts() -> None:
-    """An idle stream would start it at once, before the late-heap timer fires: the start
-    itself checks the hard deadline (BE only; RT is never dropped by it)."""
+    """An idle stream would start it at once, before the late-heap timer fires, and a
+    batch formed meanwhile would serve it: it is answered on arrival (BE only; RT is never
+    dropped by its hard deadline)."""
     rt = group_runtime(factor=20.0)
     t0 = rt.now()
     be = rt.submit("full", x(), client="be", hard_deadline=t0 - 1.0)

@@ -440,6 +440,26 @@ def test_a_second_rt_request_takes_the_core_reef_dkp_left_to_be(plans, inputs):
     rt.close()
 
 
+def test_be_requests_start_on_the_core_rt_leaves_free_under_reef_dkp(plans, inputs):
+    """reef_dkp on the cpu: while an RT task runs, BE requests keep starting on the lane
+    beside it, one after another, instead of that core idling until RT ends; outputs as
+    alone."""
+    dev = GateDevice(rt_parallel=1)
+    rt = _runtime(plans, dev, policy="reef_dkp", c=1, max_be_streams=2)
+    rt_gate = _gate(dev, "mlp", kernel=0)
+    first = rt.submit("mlp", inputs["mlp"], priority="RT")  # held inside its kernel
+    ref = None
+    for _ in range(3):  # each starts after the previous one, beside the held RT task
+        r_be = rt.submit("cnn", inputs["cnn"], client="be").result(timeout=30)
+        assert not first.done()
+        ref = ref or r_be
+        for k in ref.outputs:
+            assert np.array_equal(r_be.outputs[k], ref.outputs[k])
+    rt_gate.set()
+    first.result(timeout=30)
+    rt.close()
+
+
 def test_kernel_fault_fails_only_that_request(plans, inputs):
     from av_infer.errors import DeviceFaultError
 

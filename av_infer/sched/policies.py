@@ -64,8 +64,9 @@ POLICIES: dict[str, Policy] = {
         Policy("reef_dkp", True, False, True, "reset", False, padding=True,
                doc="reef plus dynamic kernel padding: each RT kernel launch carries blocks "
                "of preempted BE tasks that obey REEF's rules (BE kernel not longer, "
-               "occupancy not lower) on the SMs it leaves free. Needs a device with "
-               "padded launches (sim, cuda, cuda-emu); refused on cpu."),
+               "occupancy not lower) on the SMs it leaves free (sim, cuda, cuda-emu). On "
+               "cpu, without padded launches: BE keeps running, and starting, on the cores "
+               "RT leaves free (Device.be_beside_rt), at a lower OS priority."),
     )
 }
 

@@ -520,6 +520,13 @@ class Scheduler:
                     f"{req.priority.name} request rejected: {queued} {req.priority.name} "
                     f"requests already queued (max_queue_depth={depth})"))
                 return
+        if not task.rt and req.hard_deadline < math.inf:
+            now = self.device.now()
+            if now > req.hard_deadline:
+                # past its hard deadline on arrival (worth 0, paper 001): answered now, not
+                # when the late timer fires, by which time a batch may have served it
+                self._miss(task, now, req.hard_deadline)
+                return
         self._queue(task)
         if req.drop_late and req.deadline < math.inf:
             heapq.heappush(self._late, (req.deadline, task.tid, False, task))
@@ -766,11 +773,8 @@ class Scheduler:
         else:
             arrival = received = self.device.now()
         # padding without padded launches (cpu): BE streams beside RT keep running, less
-        # the cores each further RT task running side by side takes
-        keep = 0
-        if self.policy.padding and self._dkp is None:
-            keep = max(0, self.device.be_beside_rt
-                       - len(self.rt_active) * self.device.rt_task_cores)
+        # the cores the arriving RT task takes when others already run
+        keep = self._be_room_beside_rt(len(self.rt_active) + 1)
         for s in self.be_streams:
             t = s.owner
             if t is None or t.state != RUNNING:
@@ -799,6 +803,20 @@ class Scheduler:
                                        "last_sent": info.last_sent, "done": info.done,
                                        "dropped": info.dropped, "t": self.device.now()})
 
+    def _be_room_beside_rt(self, rt_tasks: int) -> int:
+        """BE streams that may run while ``rt_tasks`` (>= 1) RT tasks run: with padding but
+        no padded launches (cpu), BE keeps the cores RT leaves free (``be_beside_rt``
+        beside the first RT task, ``rt_task_cores`` fewer for each further one); 0 for
+        every other policy and device (BE waits for RT, or pads RT's launches)."""
+        if not (self.policy.padding and self._dkp is None):
+            return 0
+        dev = self.device
+        return max(0, dev.be_beside_rt - max(0, rt_tasks - 1) * dev.rt_task_cores)
+
+    def _be_running_count(self) -> int:
+        return sum(1 for s in self.be_streams
+                   if s.owner is not None and s.owner.state == RUNNING)
+
     def _schedule_be(self, granted: bool = False) -> None:
         pol = self.policy
         rt_mode = (bool(self.rt_queue) or bool(self.rt_active)) and not granted
@@ -809,13 +827,21 @@ class Scheduler:
                 s.flagged = False
         if not pol.accepts_be:
             return
+        # BE streams allowed to run now (None: no bound). While RT runs, only the room RT
+        # leaves (cpu padding): a BE task ending beside RT is followed by the next one
+        # (or a preempted one resumes) instead of leaving its core idle until RT ends.
+        room: int | None = None
         if rt_mode and not pol.be_concurrent_with_rt:
-            return
+            room = self._be_room_beside_rt(max(1, len(self.rt_active)))
+            if room <= 0:
+                return
         # Resume preempted / paused tasks first (they own their streams).
         for s in self.be_streams:
             t = s.owner
             if t is None or t.state not in (PREEMPTED, PAUSED):
                 continue
+            if room is not None and self._be_running_count() >= room:
+                return
             if pol.exclusive and (self._be_running() or self.rt_active):
                 return
             if t.state == PREEMPTED:
@@ -836,6 +862,8 @@ class Scheduler:
                 return
             if s.owner is not None or s.outstanding > 0 or s.flagged:
                 continue
+            if room is not None and self._be_running_count() >= room:
+                return
             if pol.exclusive and (self._be_running() or self.rt_active or
                                   any(x.owner is not None for x in self.be_streams)):
                 return
