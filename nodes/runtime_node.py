@@ -147,6 +147,16 @@ def make_runtime(device: str, cpu_options: dict[str, Any] | None = None,
     return av_infer.Runtime(device="cpu", **kwargs, **cpu), "cpu", why
 
 
+def cpu_options(p: dict[str, Any]) -> dict[str, Any]:
+    """The ``cpu_*`` parameters as cpu device options (``CpuDevice``; used when the
+    device is the cpu, validated there: a refused value fails configure with its reason).
+    ``cpu_rt_parallel`` 0 leaves the device's default (one RT lane per core)."""
+    out: dict[str, Any] = {"rt_priority": p["cpu_rt_priority"], "be_nice": p["cpu_be_nice"]}
+    if p["cpu_rt_parallel"] != 0:
+        out["rt_parallel"] = p["cpu_rt_parallel"]
+    return out
+
+
 def model_source(entry: str, variant: str) -> tuple[str, Any]:
     """A ``models`` entry -> (runtime model name, source): zoo names or ONNX paths."""
     p = Path(entry).expanduser()
@@ -360,8 +370,9 @@ class RuntimeNode(LifecycleNode):
             plan_cache = True
         if self._given_runtime is None:
             self.runtime, self.device, self.device_reason = make_runtime(
-                p["device"], policy=p["policy"], c=p["c"], max_be_streams=p["max_be_streams"],
-                edf_preempt=p["edf_preempt"], plan_cache=plan_cache)
+                p["device"], cpu_options=cpu_options(p), policy=p["policy"], c=p["c"],
+                max_be_streams=p["max_be_streams"], edf_preempt=p["edf_preempt"],
+                plan_cache=plan_cache)
             self._owns_runtime = True
             self.device_fallback = p["device"] == "auto" and self.device != "cuda"
         else:
@@ -430,6 +441,20 @@ class RuntimeNode(LifecycleNode):
             "max_be_streams": declare(self, "max_be_streams", 2,
                                       "BE tasks running concurrently (one stream each).",
                                       read_only=True, int_range=(1, 8)),
+            "cpu_rt_parallel": declare(self, "cpu_rt_parallel", 0,
+                                       "cpu device: RT requests running at once, each on a "
+                                       "lane of its own (0: one per core; 1: REEF's one at "
+                                       "a time).", read_only=True, int_range=(0, 64)),
+            "cpu_rt_priority": declare(self, "cpu_rt_priority", "off",
+                                       "cpu device: OS priority of RT lanes: off, nice or "
+                                       "fifo (where the OS permits; what was done, or why "
+                                       "not, is in the device telemetry of /diagnostics).",
+                                       read_only=True,
+                                       constraints="off, nice or fifo"),
+            "cpu_be_nice": declare(self, "cpu_be_nice", 10,
+                                   "cpu device: nice increment of BE lanes (0: default "
+                                   "priority; reef_dkp needs > 0).", read_only=True,
+                                   int_range=(0, 19)),
             "policy": declare(self, "policy", "reef", f"Scheduling policy: one of {pol}.",
                               constraints="one of " + pol),
             "padding": declare(self, "padding", False,

@@ -35,7 +35,7 @@ from av_infer_nodes.image_node import IMAGE_QOS  # noqa: E402
 from av_infer_nodes.monitoring_node import MonitoringNode  # noqa: E402
 from av_infer_nodes.perception_node import PerceptionNode  # noqa: E402
 from av_infer_nodes.preprocess import image_to_tensor  # noqa: E402
-from av_infer_nodes.runtime_node import RuntimeNode  # noqa: E402
+from av_infer_nodes.runtime_node import RuntimeNode, diagnostic_statuses  # noqa: E402
 from av_infer_nodes.testing import (  # noqa: E402
     WAIT_S,
     RosHarness,
@@ -360,6 +360,23 @@ def test_device_auto_says_why_and_never_hides_a_configuration_error(graph):
     finally:
         tester.destroy_subscription(sub)
         auto.destroy_node()
+
+
+def test_cpu_device_parameters_reach_the_device(graph):
+    """cpu_rt_parallel / cpu_be_nice / cpu_rt_priority configure the cpu device (read-only,
+    at configure); a combination the device refuses fails configure with the reason."""
+    h, host, per, mon, tester = graph
+    node = _host(h, "cpu_params_host", device="cpu", cpu_rt_parallel=1, cpu_be_nice=5)
+    try:
+        dev = node.runtime.stats()["device"]
+        assert (dev["rt_parallel"], dev["be_nice"], dev["rt_priority"]) == (1, 5, "off")
+        statuses = diagnostic_statuses(node.runtime.stats(), node.device, node.runtime, {})
+        values = {kv.key: kv.value for kv in statuses[0].values}
+        assert values["device.rt_parallel"] == "1" and values["device.be_nice"] == "5"
+    finally:
+        node.destroy_node()
+    with pytest.raises(InvalidParameterError, match="reef_dkp"):
+        _host(h, "cpu_no_nice_host", device="cpu", cpu_be_nice=0, policy="reef_dkp")
 
 
 def test_live_parameters_validated_as_a_batch(graph):
