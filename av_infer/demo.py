@@ -317,10 +317,11 @@ def _peer_line(args: argparse.Namespace, device: str, models: dict[str, str]
     doc = run_peer(PeerConfig(rt_model=models["front"], be_model=models["cabin"],
                               rt_rate=args.rate, be_clients=1, policy=args.policy, c=args.c,
                               duration=args.peer_s, warmup=0.5, progress=False,
-                              systems=("ort_threads", "avi")))
+                              systems=("ort_threads", "avi"), rounds=2))
     a, o = doc["avi"], doc["ort_threads"]
     print(f"[demo] vs ORT threads ({models['front']} RT @ {args.rate:g} Hz + "
-          f"{models['cabin']} BE closed loop, {args.peer_s:g} s; `av-infer bench --peer ort`): "
+          f"{models['cabin']} BE closed loop, {args.peer_s:g} s in 2 interleaved rounds; "
+          f"`av-infer bench --peer ort`): "
           f"RT p50/p99 {_fmt(a['rt_p50_ms'])}/{_fmt(a['rt_p99_ms'])} ms vs "
           f"{_fmt(o['rt_p50_ms'])}/{_fmt(o['rt_p99_ms'])} ms, BE {a['be_rps']:.0f} vs "
           f"{o['be_rps']:.0f} req/s", flush=True)
