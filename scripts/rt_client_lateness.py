@@ -3,9 +3,10 @@
 
 ``bench --peer``'s preemption latency is measured from the *scheduled* arrival; part of it is
 the RT client thread waking from its sleep (and taking the GIL) before it can submit. This
-drives the peer's load (one periodic RT client, closed-loop BE clients that keep no results)
-through both systems, in turn, and prints the lateness (call time minus scheduled arrival)
-and the RT latency, p50/p99/max in ms.
+drives the peer's load with the peer's own driver (``bench.peer._drive``: one periodic RT
+client, closed-loop BE clients that keep no results, 0.5 s of unmeasured warm-up) through
+both systems, in turn, and prints the lateness (call time minus scheduled arrival) and the
+RT latency, p50/p99/max in ms.
 
     .venv/bin/python scripts/rt_client_lateness.py                       # zoo pair x 2
     .venv/bin/python scripts/rt_client_lateness.py --rt-model ocr_cls --be-model ocr_det \\
@@ -17,45 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
-import time
 from contextlib import ExitStack
 
 import numpy as np
 
-from av_infer.bench.peer import PeerConfig, _open, resolve_model
+from av_infer.bench.peer import PeerConfig, _drive, _open, resolve_model
 
 
-def _drive(rt_infer, be_fns, rate: float, n: int) -> tuple[np.ndarray, np.ndarray]:
-    stop = threading.Event()
-
-    def loop(fn) -> None:
-        while not stop.is_set():
-            fn()  # the result is dropped: a client that keeps them feeds the GC
-
-    ths = [threading.Thread(target=loop, args=(f,), daemon=True) for f in be_fns]
-    for th in ths:
-        th.start()
-    time.sleep(0.5)
-    late, lat = [], []
-    t0 = time.perf_counter() + 0.05
-    try:
-        for i in range(n):
-            sched = t0 + i / rate
-            dt = sched - time.perf_counter()
-            if dt > 0:
-                time.sleep(dt)
-            late.append(time.perf_counter() - sched)
-            rt_infer(sched)
-            lat.append(time.perf_counter() - sched)
-    finally:
-        stop.set()
-        for th in ths:
-            th.join()
-    return np.asarray(late) * 1e3, np.asarray(lat) * 1e3
-
-
-def _dist(a: np.ndarray) -> dict[str, float]:
+def _dist(seconds: list[float]) -> dict[str, float]:
+    a = np.asarray(seconds) * 1e3
     return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)),
             "max": float(a.max())}
 
@@ -71,17 +42,19 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", help="write the figures here ('-': stdout)")
     args = ap.parse_args()
+    # half a period over: the driver measures int(duration * rate) requests
     cfg = PeerConfig(rt_model=args.rt_model, be_model=args.be_model, rt_rate=args.rt_rate,
-                     be_clients=args.be_clients, policy=args.policy, progress=False)
+                     be_clients=args.be_clients, policy=args.policy, progress=False,
+                     warmup=0.5, duration=(args.requests + 0.5) / args.rt_rate)
     rt, be = resolve_model(cfg.rt_model), resolve_model(cfg.be_model)
     rows = []
     with ExitStack() as stack:
         systems = {s: _open(s, rt, be, cfg, stack) for s in ("ort_threads", "avi")}
         for i in range(args.rounds):
             for name, (rt_infer, be_fns, _) in systems.items():
-                late, lat = _drive(rt_infer, be_fns, cfg.rt_rate, args.requests)
-                rows.append({"round": i, "system": name, "lateness_ms": _dist(late),
-                             "rt_latency_ms": _dist(lat)})
+                raw = _drive(rt_infer, be_fns, cfg, name)
+                rows.append({"round": i, "system": name, "lateness_ms": _dist(raw.late),
+                             "rt_latency_ms": _dist(raw.lat)})
                 a, b = rows[-1]["lateness_ms"], rows[-1]["rt_latency_ms"]
                 print(f"{name:12s} late p50 {a['p50']:.3f} p99 {a['p99']:.3f} max "
                       f"{a['max']:.3f} | RT p50 {b['p50']:.3f} p99 {b['p99']:.3f} ms",

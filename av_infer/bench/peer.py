@@ -99,16 +99,20 @@ def _summary(lat: list[float], be_done: int, window: float) -> dict[str, Any]:
 
 @dataclass
 class _Raw:
-    """What one system's measured rounds left: RT latencies (s), BE completions, time."""
+    """What one system's measured rounds left: RT latencies (s), BE completions, time,
+    and how late the RT client called (s after the scheduled arrival, before the runtime
+    could know of the request)."""
 
     lat: list[float] = field(default_factory=list)
     be_done: int = 0
     window: float = 0.0
+    late: list[float] = field(default_factory=list)
 
     def add(self, other: _Raw) -> None:
         self.lat += other.lat
         self.be_done += other.be_done
         self.window += other.window
+        self.late += other.late
 
 
 def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]],
@@ -137,6 +141,7 @@ def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]]
     for th in ths:
         th.start()
     lat: list[float] = []
+    late: list[float] = []
     now = time.perf_counter
     t0 = now() + 0.05
     n_warm = int(cfg.warmup * cfg.rt_rate)
@@ -152,9 +157,11 @@ def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]]
             if i == n_warm:
                 measuring.set()
                 t_meas[0] = now()
+            t_call = now()
             rt_infer(sched)
             if i >= n_warm:
                 lat.append(now() - sched)
+                late.append(t_call - sched)
             if bar is not None:
                 bar.update(1)
             if errors:
@@ -169,7 +176,7 @@ def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]]
             bar.close()
     if errors:
         raise RuntimeError(f"{label}: a BE client failed: {errors[0]!r}") from errors[0]
-    return _Raw(lat, sum(counts), t_meas[1] - t_meas[0])
+    return _Raw(lat, sum(counts), t_meas[1] - t_meas[0], late)
 
 
 def _bar(n: int, label: str, on: bool) -> Any:
@@ -232,13 +239,11 @@ def _open_avi(rt: _Model, be: _Model, cfg: PeerConfig, stack: ExitStack) -> _Ope
 
     def finish(out: dict[str, Any]) -> None:
         st = r.stats()
-        stop = st.get("preemption_stop_ms", {})
-        out["preemption_ms"] = {k: stop.get(k) for k in ("p50", "p99", "max", "count")}
-        obs = st.get("preemption_observed_ms", {})
-        out["preemption_observed_ms"] = {k: obs.get(k) for k in ("p50", "p99", "max", "count")}
-        fsub = st.get("preemption_stop_from_submit_ms", {})
-        out["preemption_from_submit_ms"] = {k: fsub.get(k)
-                                            for k in ("p50", "p99", "max", "count")}
+        for key, stat in (("preemption_ms", "preemption_stop_ms"),
+                          ("preemption_observed_ms", "preemption_observed_ms"),
+                          ("preemption_from_submit_ms", "preemption_stop_from_submit_ms")):
+            d = st.get(stat, {})
+            out[key] = {k: d.get(k) for k in ("p50", "p99", "max", "count")}
         out["preemptions"] = st.get("preemptions")
         out["kernels_reexecuted"] = st.get("kernels_reexecuted")
         dev = st.get("device", {})
@@ -311,9 +316,8 @@ def run_peer(cfg: PeerConfig) -> dict[str, Any]:
         doc["per_round"] = per_round
         rs = [r["ratios"] for r in per_round if "ratios" in r]
         if rs:
-            doc["ratios_range"] = {k: [min(x[k] for x in rs if x[k] is not None),
-                                       max(x[k] for x in rs if x[k] is not None)]
-                                   for k in rs[0] if all(x[k] is not None for x in rs)}
+            doc["ratios_range"] = {k: [min(v), max(v)] for k in rs[0]
+                                   if None not in (v := [x[k] for x in rs])}
     return doc
 
 

@@ -701,8 +701,13 @@ class Scheduler:
                 return s
         return None
 
+    def _be_running_count(self) -> int:
+        """BE streams whose task is running (not preempted, paused or finished)."""
+        return sum(1 for s in self.be_streams
+                   if s.owner is not None and s.owner.state == RUNNING)
+
     def _be_running(self) -> bool:
-        return any(s.owner is not None and s.owner.state == RUNNING for s in self.be_streams)
+        return self._be_running_count() > 0
 
     def _schedule_rt(self) -> None:
         pol = self.policy
@@ -812,10 +817,6 @@ class Scheduler:
             return 0
         dev = self.device
         return max(0, dev.be_beside_rt - max(0, rt_tasks - 1) * dev.rt_task_cores)
-
-    def _be_running_count(self) -> int:
-        return sum(1 for s in self.be_streams
-                   if s.owner is not None and s.owner.state == RUNNING)
 
     def _schedule_be(self, granted: bool = False) -> None:
         pol = self.policy
