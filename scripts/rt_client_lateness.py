@@ -23,6 +23,7 @@ from contextlib import ExitStack
 import numpy as np
 
 from av_infer.bench.peer import PeerConfig, _drive, _open, resolve_model
+from av_infer.bench.report import write_json
 
 
 def _dist(seconds: list[float]) -> dict[str, float]:
@@ -63,8 +64,7 @@ def main() -> int:
     if args.json == "-":
         print(json.dumps(doc, indent=2))
     elif args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+        write_json(doc, args.json)
     return 0
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from av_infer import Runtime
 from av_infer.bench.peer import _ort_session, resolve_model
+from av_infer.bench.report import write_json
 
 
 def drive(fa: Callable[[float], Any], fb: Callable[[float], Any],
@@ -108,8 +109,7 @@ def main() -> None:
     if args.json == "-":
         print(json.dumps(res, indent=1))
     elif args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+        write_json(res, args.json)
 
 
 if __name__ == "__main__":
