@@ -60,6 +60,20 @@ def test_rounds_take_turns_and_pool_every_round():
     assert "interleaved rounds" in format_peer(doc) and "per round:" in format_peer(doc)
 
 
+def test_each_system_reports_its_cores_and_the_rt_clients_lateness():
+    """CPU seconds over wall seconds while measuring, and how late the RT client called:
+    what tells an idle core from per-request cost, and the client's delay from the
+    runtime's (values are machine-dependent: only their presence and sign are checked)."""
+    cfg = PeerConfig(rt_model="tiny_mlp", be_model="tiny_cnn", rt_rate=40.0, be_clients=1,
+                     duration=0.5, warmup=0.05, progress=False, systems=("ort_threads", "avi"))
+    doc = run_peer(cfg)
+    for system in ("avi", "ort_threads"):
+        r = doc[system]
+        assert r["cores_used"] > 0
+        assert 0 <= r["rt_late_p50_ms"] <= r["rt_late_p99_ms"]
+    assert "cores" in format_peer(doc)
+
+
 def test_rounds_must_be_positive():
     with pytest.raises(SystemExit):
         main(["bench", "--peer", "ort", "--rounds", "0"])

@@ -87,13 +87,20 @@ def resolve_model(spec: str, shapes: Any = None) -> _Model:
     return _Model(label, spec, shapes, random_inputs(spec_in, seed=0))
 
 
-def _summary(lat: list[float], be_done: int, window: float) -> dict[str, Any]:
-    """RT latency distribution (``rt_<p50|p90|p99|p999|mean|max>_ms``) and BE rate."""
+def _summary(raw: _Raw) -> dict[str, Any]:
+    """RT latency distribution (``rt_<p50|p90|p99|p999|mean|max>_ms``), BE rate, the cores
+    the process used while measuring (``cores_used``: CPU seconds over wall seconds; only
+    the measured system runs then) and how late the RT client called (``rt_late_p50_ms``,
+    ``rt_late_p99_ms``: after the scheduled arrival, before the system knew of it)."""
     from av_infer.bench.metrics import dist
 
-    out: dict[str, Any] = {"rt_n": len(lat), "be_done": int(be_done),
-                           "be_rps": be_done / window if window > 0 else 0.0}
-    out.update({f"rt_{k}_ms": v for k, v in dist(lat, 1e3).items()})
+    w = raw.window
+    out: dict[str, Any] = {"rt_n": len(raw.lat), "be_done": int(raw.be_done),
+                           "be_rps": raw.be_done / w if w > 0 else 0.0,
+                           "cores_used": raw.cpu_s / w if w > 0 else 0.0}
+    out.update({f"rt_{k}_ms": v for k, v in dist(raw.lat, 1e3).items()})
+    late = dist(raw.late, 1e3)
+    out.update({f"rt_late_{k}_ms": late[k] for k in ("p50", "p99")})
     return out
 
 
@@ -107,12 +114,14 @@ class _Raw:
     be_done: int = 0
     window: float = 0.0
     late: list[float] = field(default_factory=list)
+    cpu_s: float = 0.0  # the process's CPU time (user + system) while measuring
 
     def add(self, other: _Raw) -> None:
         self.lat += other.lat
         self.be_done += other.be_done
         self.window += other.window
         self.late += other.late
+        self.cpu_s += other.cpu_s
 
 
 def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]],
@@ -122,6 +131,7 @@ def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]]
     period = 1.0 / cfg.rt_rate
     stop = threading.Event()
     t_meas = [0.0, 0.0]
+    cpu = [0.0, 0.0]
     counts = [0] * len(be_infer)
     measuring = threading.Event()
     errors: list[BaseException] = []
@@ -156,7 +166,7 @@ def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]]
                 time.sleep(dt)
             if i == n_warm:
                 measuring.set()
-                t_meas[0] = now()
+                t_meas[0], cpu[0] = now(), _cpu_s()
             t_call = now()
             rt_infer(sched)
             if i >= n_warm:
@@ -167,7 +177,7 @@ def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]]
             if errors:
                 break
     finally:
-        t_meas[1] = now()
+        t_meas[1], cpu[1] = now(), _cpu_s()
         measuring.clear()
         stop.set()
         for th in ths:
@@ -176,7 +186,12 @@ def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]]
             bar.close()
     if errors:
         raise RuntimeError(f"{label}: a BE client failed: {errors[0]!r}") from errors[0]
-    return _Raw(lat, sum(counts), t_meas[1] - t_meas[0], late)
+    return _Raw(lat, sum(counts), t_meas[1] - t_meas[0], late, cpu[1] - cpu[0])
+
+
+def _cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
 
 
 def _bar(n: int, label: str, on: bool) -> Any:
@@ -299,13 +314,13 @@ def run_peer(cfg: PeerConfig) -> dict[str, Any]:
                 label = sysname if rounds == 1 else f"{sysname} {i + 1}/{rounds}"
                 got = _drive(rt_infer, be_fns, cfg, label, duration=each)
                 raw[sysname].add(got)
-                one = _summary(got.lat, got.be_done, got.window)
+                one = _summary(got)
                 row[sysname] = {k: one[k] for k in ("rt_p50_ms", "rt_p99_ms", "be_rps")}
             if "avi" in row and "ort_threads" in row:
                 row["ratios"] = _ratios(row["avi"], row["ort_threads"])
             per_round.append(row)
         for sysname in cfg.systems:
-            out = _summary(raw[sysname].lat, raw[sysname].be_done, raw[sysname].window)
+            out = _summary(raw[sysname])
             opened[sysname][2](out)
             doc[sysname] = out
     a, o = doc.get("avi"), doc.get("ort_threads")
@@ -344,7 +359,7 @@ def format_peer(doc: dict[str, Any]) -> str:
              f"{cfg['threads']} intra-op thread(s) per session, {cfg['duration']:g} s"
              + (f" in {doc['rounds']} interleaved rounds" if doc.get("rounds", 1) > 1 else ""),
              f"{'system':<14}{'RT p50 ms':>10}{'p99':>8}{'p99.9':>8}{'max':>8}{'RT n':>7}"
-             f"{'BE req/s':>10}{'preempt p99 ms':>16}{'from submit':>13}"]
+             f"{'BE req/s':>10}{'cores':>7}{'preempt p99 ms':>16}{'from submit':>13}"]
     for s in ("avi", "ort_threads", "ort_rt_alone"):
         r = doc.get(s)
         if not r:
@@ -353,7 +368,8 @@ def format_peer(doc: dict[str, Any]) -> str:
         pre_sub = (r.get("preemption_from_submit_ms") or {}).get("p99")
         lines.append(f"{s:<14}{_f(r['rt_p50_ms']):>10}{_f(r['rt_p99_ms']):>8}"
                      f"{_f(r['rt_p999_ms']):>8}{_f(r['rt_max_ms']):>8}{r['rt_n']:>7}"
-                     f"{r['be_rps']:>10.1f}{_f(pre, 3):>16}{_f(pre_sub, 3):>13}")
+                     f"{r['be_rps']:>10.1f}{_f(r.get('cores_used')):>7}{_f(pre, 3):>16}"
+                     f"{_f(pre_sub, 3):>13}")
     ra = doc.get("ratios")
     if ra:
         lines.append(f"avi / ort_threads: RT p99 {_f(ra['rt_p99'])}x, RT p50 "
