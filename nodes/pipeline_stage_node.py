@@ -72,17 +72,17 @@ class PipelineStageNode(Node):
         self.stage_id = declare(self, "stage_id", "stage0",
                                 "topics live under /av_infer/pipeline/<stage_id>/",
                                 read_only=True)
-        device = declare(self, "device", "cpu", "the av_infer device of this member",
-                         read_only=True)
+        device = declare(self, "device", "cpu", "the av_infer device of this member: "
+                         "auto or a wall-clock device (runtime_node.DEVICES)", read_only=True)
         self.max_lifetime_s = declare(
             self, "max_lifetime_s", 0.0, "exit after this many seconds (0: run until "
             "stopped); bounds test and demo processes", read_only=True,
             float_range=(0.0, 1e6))
         hb = declare(self, "heartbeat_s", 0.1, "period of the alive heartbeat",
                      read_only=True, float_range=(0.01, 10.0))
-        from av_infer import Runtime
+        from av_infer_nodes.runtime_node import make_runtime
 
-        self.runtime = Runtime(device)
+        self.runtime = make_runtime(device)[0]  # refuses the simulator's virtual time
         self._lock = threading.Lock()
         self._loaded: list[str] = []
         self._t0 = time.monotonic()

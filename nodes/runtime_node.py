@@ -91,12 +91,26 @@ from av_infer import (
     load_qos_policy,
 )
 from av_infer import tensor_codec as codec
+from av_infer.devices import device_class
 
 LOAD_MODEL_SERVICE = "/av_infer/load_model"
 UNLOAD_MODEL_SERVICE = "/av_infer/unload_model"
 LIST_MODELS_SERVICE = "/av_infer/list_models"
 
-DEVICES = ("auto", *DEVICE_NAMES)
+
+
+def _wall_clock(name: str) -> bool:
+    """A device whose time passes by itself. The simulator runs in virtual time that only
+    its caller advances (``av-infer bench --device sim``): a node on it would never answer
+    a request. A device that cannot load here (no CUDA build) is still a wall-clock one."""
+    try:
+        return not device_class(name).virtual
+    except AvInferError:
+        return True
+
+
+#: what the ``device`` parameter accepts: auto and the wall-clock devices
+DEVICES = ("auto", *(d for d in DEVICE_NAMES if _wall_clock(d)))
 
 #: Batching parameters -> ``Runtime.set_batching``'s ``params`` keys (and unit scale).
 BATCH_PARAMS = {"eq2_alpha": ("alpha", 1.0), "eq2_beta": ("beta", 1.0),
@@ -137,6 +151,11 @@ def make_runtime(device: str, cpu_options: dict[str, Any] | None = None,
     rt_priority).
     """
     cpu = {"device_options": dict(cpu_options)} if cpu_options else {}
+    if device != "auto" and not _wall_clock(device):
+        raise InvalidParameterError(
+            f"device {device!r} runs in virtual time, advanced only by its caller, so a ROS "
+            f"node on it would never answer; choose one of {', '.join(DEVICES)} (the "
+            "simulator is for benchmarks: av-infer bench --device sim)")
     if device != "auto":
         extra = cpu if device == "cpu" else {}
         return av_infer.Runtime(device=device, **kwargs, **extra), device, "requested"
@@ -427,7 +446,7 @@ class RuntimeNode(LifecycleNode):
             "device": declare(self, "device", "auto",
                               "Device: auto (cuda when a GPU is usable; without one, cpu, "
                               "with a warning in the log and /diagnostics) or one of "
-                              + ", ".join(DEVICE_NAMES) + ".",
+                              + ", ".join(DEVICES[1:]) + ".",
                               read_only=True, constraints="one of " + ", ".join(DEVICES)),
             "models": declare(self, "models", ["tiny_cnn"],
                               "Models to load at start: zoo names or ONNX file paths.",

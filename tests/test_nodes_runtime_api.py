@@ -14,7 +14,11 @@ import pytest
 pytest.importorskip("rclpy")
 
 from av_infer_nodes.common import submit_to_runtime  # noqa: E402
-from av_infer_nodes.runtime_node import diagnostic_statuses, make_runtime  # noqa: E402
+from av_infer_nodes.runtime_node import (  # noqa: E402
+    DEVICES,
+    diagnostic_statuses,
+    make_runtime,
+)
 from diagnostic_msgs.msg import DiagnosticStatus  # noqa: E402
 
 import av_infer.runtime  # noqa: E402
@@ -138,6 +142,18 @@ def test_auto_never_hides_a_configuration_error(monkeypatch):
         with pytest.raises(type(error), match=str(error)):
             make_runtime("auto")
         assert spy.tried == ["cuda"]
+
+
+def test_a_virtual_time_device_is_refused_before_a_runtime_exists(monkeypatch):
+    """The simulator's time passes only when its caller runs it: a node on it would never
+    answer a request, so the host refuses it at configure with the reason (it used to
+    accept it, and every request waited forever)."""
+    spy = _Spy()
+    monkeypatch.setattr(av_infer.runtime, "Runtime", spy)
+    with pytest.raises(InvalidParameterError, match="virtual time"):
+        make_runtime("sim")
+    assert spy.tried == []
+    assert "sim" not in DEVICES and {"auto", "cpu", "cuda"} <= set(DEVICES)
 
 
 def test_auto_falls_back_on_device_unavailable(monkeypatch):
