@@ -32,7 +32,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m av_infer.demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of traffic (20)")
-    ap.add_argument("--device", default="auto", help="auto (cuda if usable), cpu, cuda, sim")
+    ap.add_argument("--device", default="auto",
+                    help="auto (cuda if usable), cpu, cuda, cuda-emu (not sim: the simulator "
+                    "runs in virtual time; av-infer bench --device sim)")
     ap.add_argument("--variant", default="scaled", choices=("scaled", "full"))
     ap.add_argument("--front-model", default="auto",
                     help="RT model, front camera (auto: measured, see --rt-budget)")
@@ -94,8 +96,10 @@ class Recorder:
             now_ros = node.get_clock().now().nanoseconds * 1e-9
             stamp = image.header.stamp.sec + image.header.stamp.nanosec * 1e-9
             tm = resp.timings_msg()  # av_infer_msgs/InferTimings
+            launch, cpu = _launch_ms(resp.timings)  # the runtime's Timings (in-process)
             row = {"t": time.monotonic() - self.t0, "ok": resp.ok, "code": resp.code,
                    "latency_ms": tm.queueing_ms + tm.compute_ms,
+                   "launch_ms": launch, "launch_cpu_ms": cpu,
                    "e2e_ms": (now_ros - stamp) * 1e3,
                    "deadline_met": tm.deadline_met if tm.has_deadline else None,
                    "preempted": int(tm.preempted)}
@@ -116,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     from av_infer_nodes.monitoring_node import MonitoringNode
     from av_infer_nodes.perception_node import PerceptionNode
     from av_infer_nodes.preprocess import image_to_tensor
-    from av_infer_nodes.runtime_node import RuntimeNode, make_runtime
+    from av_infer_nodes.runtime_node import DEVICES, RuntimeNode, make_runtime
     from av_infer_nodes.testing import RosHarness, make_image, wait_for
     from rclpy.parameter import Parameter
     from sensor_msgs.msg import Image
@@ -125,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
                      or DEFAULT_EXECUTOR).strip().lower()
     if args.executor not in EXECUTORS:
         print(f"[demo] --executor must be one of {', '.join(EXECUTORS)}", flush=True)
+        return 2
+    if args.device not in DEVICES:  # the simulator runs in virtual time: no live graph
+        print(f"[demo] --device must be one of {', '.join(DEVICES)}; the simulator is for "
+              "benchmarks (av-infer bench --device sim)", flush=True)
         return 2
     width, height = (int(v) for v in args.image_size.lower().split("x"))
     out_dir = Path(args.out)
@@ -147,10 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[demo] device: {device} ({why})", flush=True)
     front, rear, calibration = _pick_rt_models(rt, args)
     models = {"front": front, "rear": rear, "cabin": args.cabin_model}
-    alone = dict(calibration.get("standalone_p50_ms", {}))
+    alone = dict(calibration.get("standalone", {}))
     for m in (front, rear):  # each RT model's standalone p50, the demo's reference
         if m not in alone:
-            alone[m] = _standalone_p50_ms(rt, m, args.variant)
+            alone[m] = _standalone(rt, m, args.variant)
 
     # EventsExecutor (rclpy 7.1.6) blocks entity creation while it spins: start at the end
     h = RosHarness(num_threads=args.threads, executor=args.executor, start=False)
@@ -267,15 +275,26 @@ def main(argv: list[str] | None = None) -> int:
                 "preemptions": sum(r["preempted"] for r in ok),
             })
             if node.p["priority"] == "RT" and models[cam] in alone:
-                table[-1]["alone_p50_ms"] = alone[models[cam]]
-                table[-1]["p50_vs_alone"] = (table[-1]["p50_ms"] or math.nan) / alone[
-                    models[cam]]
+                ref = alone[models[cam]]
+                table[-1].update(
+                    alone_p50_ms=ref["p50_ms"],
+                    p50_vs_alone=(table[-1]["p50_ms"] or math.nan) / ref["p50_ms"],
+                    **_launch_split([r["latency_ms"] for r in ok], [r["launch_ms"] for r in ok],
+                                    [r["launch_cpu_ms"] for r in ok]),
+                    alone_launch_p50_ms=ref["launch_p50_ms"],
+                    alone_launch_cpu_p50_ms=ref["launch_cpu_p50_ms"],
+                    alone_rest_p50_ms=ref["rest_p50_ms"])
         _print_table(table, device, wall)
         for row in table:
             if "p50_vs_alone" in row:
                 print(f"[demo] {row['client']}: RT p50 {_fmt(row['p50_ms'])} ms under load vs "
                       f"{_fmt(row['alone_p50_ms'])} ms standalone "
-                      f"({_fmt(row['p50_vs_alone'])}x)")
+                      f"({_fmt(row['p50_vs_alone'])}x): the model's launch "
+                      f"{_fmt(row['launch_p50_ms'])} vs {_fmt(row['alone_launch_p50_ms'])} ms "
+                      f"(its thread's CPU time {_fmt(row['launch_cpu_p50_ms'])} vs "
+                      f"{_fmt(row['alone_launch_cpu_p50_ms'])}), the rest (queueing, "
+                      f"scheduling, answer) {_fmt(row['rest_p50_ms'])} vs "
+                      f"{_fmt(row['alone_rest_p50_ms'])} ms")
 
         overhead = _ros_overhead(args, rt, out_sub, got, pubs["front"], cams,
                                  frames["front"][0], models["front"], image_to_tensor, wait_for)
@@ -328,11 +347,36 @@ def _peer_line(args: argparse.Namespace, device: str, models: dict[str, str]
     return doc
 
 
-def _standalone_p50_ms(rt: Any, model: str, variant: str, runs: int = 31,
-                       warmup: int = 3) -> float:
+def _launch_ms(timings: Any) -> tuple[float, float]:
+    """(wall, CPU) milliseconds of a request's launches from a runtime ``Timings``: first
+    kernel start -> end (one launch for an RT model, which runs whole) and ``run_cpu`` (its
+    thread's CPU time; NaN where not measured, or for a remote reply's ``InferTimings``)."""
+    try:
+        return ((timings.end - timings.first_kernel_start) * 1e3, timings.run_cpu * 1e3)
+    except AttributeError:
+        return math.nan, math.nan
+
+
+def _launch_split(lat: list[float], launch: list[float], cpu: list[float]) -> dict[str, Any]:
+    """p50 of the launch (wall, CPU) and of the rest of the latency (arrival -> end minus
+    the launch: queueing, scheduling, answering): where an RT request's time went. A launch
+    whose CPU time grows with its wall time was slowed by the machine (caches, memory), not
+    kept waiting by the runtime (for a core or the GIL)."""
+    rest = [a - b for a, b in zip(lat, launch, strict=True)]
+
+    def p50(v: list[float]) -> float | None:  # None, not NaN, where nothing was measured
+        m = pct(v, 50)
+        return None if m is None or math.isnan(m) else m
+
+    return {"launch_p50_ms": p50(launch), "launch_cpu_p50_ms": p50(cpu), "rest_p50_ms": p50(rest)}
+
+
+def _standalone(rt: Any, model: str, variant: str, runs: int = 31,
+                warmup: int = 3) -> dict[str, Any]:
     """Loads ``model`` (zoo) if needed and measures its standalone latency: the median of
     ``runs`` RT requests after ``warmup`` (7 runs after one gave 0.55-0.92 ms for the same
-    model on a busy VM; the reference every under-load ratio divides by must be steady)."""
+    model on a busy VM; the reference every under-load ratio divides by must be steady),
+    with the same split as under load (``_launch_split``)."""
     from av_infer.model import zoo
 
     if model not in rt.models():
@@ -341,9 +385,11 @@ def _standalone_p50_ms(rt: Any, model: str, variant: str, runs: int = 31,
     x = {name: np.zeros(shape, np.float32)}
     for _ in range(warmup):
         rt.submit(model, x, client="calibration").result(120)
-    lat = [rt.submit(model, x, priority="RT", client="calibration").result(120)
-           .timings.latency * 1e3 for _ in range(runs)]
-    return float(np.median(lat))
+    tms = [rt.submit(model, x, priority="RT", client="calibration").result(120).timings
+           for _ in range(runs)]
+    lat = [t.latency * 1e3 for t in tms]
+    launch, cpu = zip(*(_launch_ms(t) for t in tms), strict=True)
+    return {"p50_ms": float(np.median(lat)), **_launch_split(lat, list(launch), list(cpu))}
 
 
 def _pick_rt_models(rt: Any, args: argparse.Namespace) -> tuple[str, str, dict[str, Any]]:
@@ -352,7 +398,8 @@ def _pick_rt_models(rt: Any, args: argparse.Namespace) -> tuple[str, str, dict[s
     if args.front_model != "auto" and args.rear_model != "auto":
         return args.front_model, args.rear_model, {}
     cands = [m for m in args.rt_candidates.split(",") if m]
-    p50 = {m: _standalone_p50_ms(rt, m, args.variant) for m in cands}
+    alone = {m: _standalone(rt, m, args.variant) for m in cands}
+    p50 = {m: a["p50_ms"] for m, a in alone.items()}
     budget = args.rt_budget * 1e3 / args.rate
     print("[demo] standalone p50 (ms): " + ", ".join(f"{m} {v:.1f}" for m, v in p50.items())
           + f"; RT budget {budget:.1f} ms per frame pair", flush=True)
@@ -366,7 +413,7 @@ def _pick_rt_models(rt: Any, args: argparse.Namespace) -> tuple[str, str, dict[s
         print("[demo] no candidate pair fits the budget; using the lightest", flush=True)
     front, rear = fits[0]
     print(f"[demo] RT models: front {front}, rear {rear}", flush=True)
-    return front, rear, {"standalone_p50_ms": p50, "budget_ms": budget}
+    return front, rear, {"standalone_p50_ms": p50, "standalone": alone, "budget_ms": budget}
 
 
 def _print_table(table: list[dict[str, Any]], device: str, wall: float) -> None:

@@ -232,6 +232,22 @@ def test_infer_runs_on_the_calling_thread_and_submit_on_a_lane():
         assert threads[-1].startswith("av_infer-cpu-lane")
 
 
+def test_rt_launches_report_their_threads_cpu_time_and_be_launches_do_not():
+    """An RT request's ``timings.run_cpu`` is the CPU time its launch used on the thread
+    that ran it (here the waiting caller, which helps): measured, positive, and
+    not more than the launch's wall time (one intra-op thread). BE launches are not
+    measured (NaN): the clock reads stay off their many short launches."""
+    with Runtime("cpu") as rt:
+        rt.load_model("m", zoo.path("tiny_cnn"), pin=True)
+        x = zoo.sample_inputs("tiny_cnn")
+        for res in (rt.infer("m", x, priority="RT"),
+                    rt.submit("m", x, priority="RT").result(60)):
+            tm = res.timings
+            launch = tm.end - tm.first_kernel_start
+            assert 0.0 < tm.run_cpu <= launch + 1e-4  # clock granularity
+        assert np.isnan(rt.infer("m", x).timings.run_cpu)
+
+
 class _InputsSeen(CpuDevice):
     """Records the arrays each task's inputs are written from (test only)."""
 

@@ -62,6 +62,11 @@ class Completion:
     #: so the wait of that thread for the GIL or a core before it could report is not
     #: counted; NaN otherwise (then ``t_end`` is the stop)
     t_stop: float = float("nan")
+    #: CPU seconds the launch used on the thread that ran it (its thread's CPU clock), where
+    #: the device measures it (cpu, RT lanes); NaN otherwise. Beside ``t_end - t_start`` it
+    #: tells a launch slowed by the machine (CPU time grows with it: caches, memory) from one
+    #: that waited (for a core or the GIL: CPU time does not grow)
+    cpu_s: float = float("nan")
 
 
 @dataclass(frozen=True, slots=True)

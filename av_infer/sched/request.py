@@ -50,6 +50,9 @@ class Timings:
     #: when the runtime took the request (``submit``): later than ``arrival`` by whatever
     #: delayed the caller (a client thread waking late) before it could submit
     received: float = math.nan
+    #: CPU seconds its launches used on the threads that ran them, where the device
+    #: measures it (``Completion.cpu_s``: the cpu device's RT lanes); NaN otherwise
+    run_cpu: float = math.nan
 
     @property
     def latency(self) -> float:

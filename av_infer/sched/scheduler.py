@@ -568,8 +568,12 @@ class Scheduler:
         if executed is None:  # the device cannot tell: trust it unless the flag was up
             executed = not (s is not None and s.flagged)
         if executed and comp.kernel == task.done:
-            if task.done == 0 and math.isnan(task.req.timings.first_kernel_start):
-                task.req.timings.first_kernel_start = comp.t_start
+            tm = task.req.timings
+            if task.done == 0 and math.isnan(tm.first_kernel_start):
+                tm.first_kernel_start = comp.t_start
+            cpu = comp.cpu_s
+            if cpu == cpu:  # measured (not NaN)
+                tm.run_cpu = cpu if tm.run_cpu != tm.run_cpu else tm.run_cpu + cpu
             task.done += 1
             while task.done in task.pad_full:  # the rest already ran as padding
                 task.done += 1
