@@ -35,6 +35,7 @@ _LAZY: dict[str, str | tuple[str, str]] = {
     "compile_model": "av_infer.model.compiler",
     "Plan": "av_infer.model.plan",
     "DEVICE_NAMES": "av_infer.devices",
+    "device_class": "av_infer.devices",
     "POLICIES": "av_infer.sched.policies",
     "get_policy": "av_infer.sched.policies",
     "zoo_names": ("av_infer.model.zoo", "names"),

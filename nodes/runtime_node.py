@@ -88,10 +88,10 @@ from av_infer import (
     InvalidParameterError,
     UnknownModelError,
     check_batch_mode,
+    device_class,
     load_qos_policy,
 )
 from av_infer import tensor_codec as codec
-from av_infer.devices import device_class
 
 LOAD_MODEL_SERVICE = "/av_infer/load_model"
 UNLOAD_MODEL_SERVICE = "/av_infer/unload_model"
