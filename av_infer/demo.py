@@ -159,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     for m in (front, rear):  # each RT model's standalone p50, the demo's reference
         if m not in alone:
             alone[m] = _standalone(rt, m, args.variant)
+    # and alone at the camera rate, nothing else running: on a VM an idle core makes the next
+    # run slower (scripts/rt_launch_interference.py), which a loop never shows
+    at_rate = {m: _standalone(rt, m, args.variant, period=1.0 / args.rate)
+               for m in {front, rear}}
 
     # EventsExecutor (rclpy 7.1.6) blocks entity creation while it spins: start at the end
     h = RosHarness(num_threads=args.threads, executor=args.executor, start=False)
@@ -275,26 +279,32 @@ def main(argv: list[str] | None = None) -> int:
                 "preemptions": sum(r["preempted"] for r in ok),
             })
             if node.p["priority"] == "RT" and models[cam] in alone:
-                ref = alone[models[cam]]
+                ref, slow = alone[models[cam]], at_rate[models[cam]]
+                p50 = table[-1]["p50_ms"] or math.nan
                 table[-1].update(
-                    alone_p50_ms=ref["p50_ms"],
-                    p50_vs_alone=(table[-1]["p50_ms"] or math.nan) / ref["p50_ms"],
+                    alone_p50_ms=ref["p50_ms"], p50_vs_alone=p50 / ref["p50_ms"],
+                    alone_at_rate_p50_ms=slow["p50_ms"], p50_vs_alone_at_rate=p50 / slow[
+                        "p50_ms"],
                     **_launch_split([r["latency_ms"] for r in ok], [r["launch_ms"] for r in ok],
                                     [r["launch_cpu_ms"] for r in ok]),
-                    alone_launch_p50_ms=ref["launch_p50_ms"],
-                    alone_launch_cpu_p50_ms=ref["launch_cpu_p50_ms"],
-                    alone_rest_p50_ms=ref["rest_p50_ms"])
+                    **{f"{pre}_{k}": v for pre, d in (("alone", ref), ("alone_at_rate", slow))
+                       for k, v in d.items() if k != "p50_ms"})
         _print_table(table, device, wall)
         for row in table:
             if "p50_vs_alone" in row:
                 print(f"[demo] {row['client']}: RT p50 {_fmt(row['p50_ms'])} ms under load vs "
                       f"{_fmt(row['alone_p50_ms'])} ms standalone "
-                      f"({_fmt(row['p50_vs_alone'])}x): the model's launch "
-                      f"{_fmt(row['launch_p50_ms'])} vs {_fmt(row['alone_launch_p50_ms'])} ms "
-                      f"(its thread's CPU time {_fmt(row['launch_cpu_p50_ms'])} vs "
-                      f"{_fmt(row['alone_launch_cpu_p50_ms'])}), the rest (queueing, "
-                      f"scheduling, answer) {_fmt(row['rest_p50_ms'])} vs "
-                      f"{_fmt(row['alone_rest_p50_ms'])} ms")
+                      f"({_fmt(row['p50_vs_alone'])}x); alone at {args.rate:g} Hz "
+                      f"{_fmt(row['alone_at_rate_p50_ms'])} ms "
+                      f"({_fmt(row['p50_vs_alone_at_rate'])}x)")
+
+                def three(k: str, row: dict[str, Any] = row) -> str:
+                    return " / ".join(_fmt(row[p + k]) for p in ("", "alone_", "alone_at_rate_"))
+
+                print(f"[demo]   p50 under load / standalone / alone at {args.rate:g} Hz: the "
+                      f"model's launch {three('launch_p50_ms')} ms (its thread's CPU time "
+                      f"{three('launch_cpu_p50_ms')}), the rest (queueing, scheduling, answer) "
+                      f"{three('rest_p50_ms')} ms")
 
         overhead = _ros_overhead(args, rt, out_sub, got, pubs["front"], cams,
                                  frames["front"][0], models["front"], image_to_tensor, wait_for)
@@ -372,11 +382,12 @@ def _launch_split(lat: list[float], launch: list[float], cpu: list[float]) -> di
 
 
 def _standalone(rt: Any, model: str, variant: str, runs: int = 31,
-                warmup: int = 3) -> dict[str, Any]:
+                warmup: int = 3, period: float = 0.0) -> dict[str, Any]:
     """Loads ``model`` (zoo) if needed and measures its standalone latency: the median of
     ``runs`` RT requests after ``warmup`` (7 runs after one gave 0.55-0.92 ms for the same
     model on a busy VM; the reference every under-load ratio divides by must be steady),
-    with the same split as under load (``_launch_split``)."""
+    with the same split as under load (``_launch_split``). ``period``: seconds of sleep
+    before each measured request (one per camera frame), 0: back to back."""
     from av_infer.model import zoo
 
     if model not in rt.models():
@@ -385,8 +396,11 @@ def _standalone(rt: Any, model: str, variant: str, runs: int = 31,
     x = {name: np.zeros(shape, np.float32)}
     for _ in range(warmup):
         rt.submit(model, x, client="calibration").result(120)
-    tms = [rt.submit(model, x, priority="RT", client="calibration").result(120).timings
-           for _ in range(runs)]
+    tms = []
+    for _ in range(runs):
+        if period > 0:
+            time.sleep(period)
+        tms.append(rt.submit(model, x, priority="RT", client="calibration").result(120).timings)
     lat = [t.latency * 1e3 for t in tms]
     launch, cpu = zip(*(_launch_ms(t) for t in tms), strict=True)
     return {"p50_ms": float(np.median(lat)), **_launch_split(lat, list(launch), list(cpu))}
