@@ -16,14 +16,12 @@ RT latency, p50/p99/max in ms.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from contextlib import ExitStack
 
 import numpy as np
 
 from av_infer.bench.peer import PeerConfig, _drive, _open, resolve_model
-from av_infer.bench.report import write_json
+from av_infer.bench.report import emit_json, human_stream
 
 
 def _dist(seconds: list[float]) -> dict[str, float]:
@@ -59,12 +57,8 @@ def main() -> int:
                 a, b = rows[-1]["lateness_ms"], rows[-1]["rt_latency_ms"]
                 print(f"{name:12s} late p50 {a['p50']:.3f} p99 {a['p99']:.3f} max "
                       f"{a['max']:.3f} | RT p50 {b['p50']:.3f} p99 {b['p99']:.3f} ms",
-                      file=sys.stderr if args.json == "-" else sys.stdout, flush=True)
-    doc = {"config": vars(args), "rows": rows}
-    if args.json == "-":
-        print(json.dumps(doc, indent=2))
-    elif args.json:
-        write_json(doc, args.json)
+                      file=human_stream(args.json), flush=True)
+    emit_json({"config": vars(args), "rows": rows}, args.json)
     return 0
 
 

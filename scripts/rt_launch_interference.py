@@ -21,8 +21,6 @@ times the RT model's ``run`` (p50 of wall and thread CPU time, ms) in each situa
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import threading
 import time
 from typing import Any
@@ -30,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from av_infer.bench.peer import resolve_model
-from av_infer.bench.report import write_json
+from av_infer.bench.report import emit_json, human_stream
 from av_infer.model.segments import ort_options
 
 
@@ -107,13 +105,9 @@ def main() -> int:
                    "cpu_p50_ms": float(np.median(a[:, 1]))}
             rows.append(row)
             print(f"{args.rt_model} {name:22s} wall p50 {row['wall_p50_ms']:.3f} ms, "
-                  f"thread CPU p50 {row['cpu_p50_ms']:.3f} ms",
-                  file=sys.stderr if args.json == "-" else sys.stdout, flush=True)
-    doc = {"config": vars(args), "rows": rows}
-    if args.json == "-":
-        print(json.dumps(doc, indent=2))
-    elif args.json:
-        write_json(doc, args.json)
+                  f"thread CPU p50 {row['cpu_p50_ms']:.3f} ms", file=human_stream(args.json),
+                  flush=True)
+    emit_json({"config": vars(args), "rows": rows}, args.json)
     return 0
 
 

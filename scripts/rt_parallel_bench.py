@@ -15,7 +15,6 @@ RT latency is measured from the scheduled arrival.
 from __future__ import annotations
 
 import argparse
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ import numpy as np
 
 from av_infer import Runtime
 from av_infer.bench.peer import _ort_session, resolve_model
-from av_infer.bench.report import write_json
+from av_infer.bench.report import emit_json
 
 
 def drive(fa: Callable[[float], Any], fb: Callable[[float], Any],
@@ -106,10 +105,7 @@ def main() -> None:
         print(f"{k:18s} RT A ({a.label}) p50/p99 {o['rt_A_p50_ms']:.2f}/{o['rt_A_p99_ms']:.2f} "
               f"ms  RT B ({b.label}) {o['rt_B_p50_ms']:.2f}/{o['rt_B_p99_ms']:.2f} ms  "
               f"BE {o['be_rps']:.0f} req/s")
-    if args.json == "-":
-        print(json.dumps(res, indent=1))
-    elif args.json:
-        write_json(res, args.json)
+    emit_json(res, args.json)
 
 
 if __name__ == "__main__":

@@ -198,3 +198,19 @@ def test_json_dash_prints_the_report_on_stdout(capsys) -> None:
     for name, p in doc["policies"].items():
         assert {"dispatch_latency_us", "preemption_latency_us", "rt_slowdown"} <= set(p)
         assert p["preemption_latency_us"]["applicable"] is (name in ("reef", "reef_dkp"))
+
+
+def test_json_dest_dash_prints_to_stdout_and_a_path_writes_the_file(tmp_path, capsys):
+    """``--json -`` keeps stdout machine-readable (the JSON alone; text goes to stderr), a
+    path gets the same document, no destination writes nothing."""
+    import json
+    import sys
+
+    from av_infer.bench.report import emit_json, human_stream
+
+    doc = {"a": 1, "rows": [{"b": 2.5}]}
+    assert emit_json(doc, "-") is None and human_stream("-") is sys.stderr
+    assert json.loads(capsys.readouterr().out) == doc
+    out = emit_json(doc, tmp_path / "sub" / "x.json")
+    assert json.loads(out.read_text()) == doc and human_stream(str(out)) is sys.stdout
+    assert emit_json(doc, None) is None and capsys.readouterr().out == ""

@@ -6,8 +6,9 @@ The JSON schema is documented field by field in docs/bench.md.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from av_infer.bench.harness import Bench, PolicyRun
 from av_infer.bench.metrics import summarize
@@ -152,3 +153,18 @@ def write_json(doc: dict[str, Any], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return path
+
+
+def human_stream(json_dest: str | Path | None) -> TextIO:
+    """Where a command's text goes: stderr when its JSON goes to stdout (``--json -``, so
+    stdout stays machine-readable), stdout otherwise."""
+    return sys.stderr if json_dest == "-" else sys.stdout
+
+
+def emit_json(doc: dict[str, Any], json_dest: str | Path | None) -> Path | None:
+    """A command's ``--json`` DEST: ``-`` prints ``doc`` to stdout, a path writes it there
+    (``write_json``), None does nothing. Returns the path written, if any."""
+    if json_dest == "-":
+        print(json.dumps(doc, indent=2))
+        return None
+    return write_json(doc, json_dest) if json_dest else None
