@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -34,6 +35,15 @@ def nvcc() -> str:
     """nvcc's path. CUDA sources must compile in CI (CI=true): a missing nvcc fails there;
     on a machine without the toolkit the compile tests skip with the reason."""
     return require(find_nvcc(), "nvcc not found (set AV_INFER_NVCC or install the CUDA toolkit)")
+
+
+@pytest.fixture(autouse=True)
+def unfrozen_gc():
+    """A runtime host node freezes the process's objects at activation (``gc_freeze``);
+    in this shared process the next test starts with them collectable again."""
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ Run inside scripts/netns_run.sh (make test does): LOCALHOST discovery, fresh net
 
 from __future__ import annotations
 
+import gc
 import threading
 import uuid
 
@@ -102,6 +103,17 @@ def test_tester_endpoints_add_no_waitables(graph):
     finally:
         tester.destroy_subscription(sub)
         tester.destroy_publisher(pub)
+
+
+def test_activation_freezes_the_gc_and_diagnostics_say_so(graph):
+    """``gc_freeze`` (default on): the host collected and froze what existed when it was
+    activated, so Python's full collections skip it; /diagnostics reports the process's
+    frozen count."""
+    h, host, per, mon, tester = graph
+    assert host.p["gc_freeze"] is True and host.gc_frozen > 0
+    head = diagnostic_statuses(host.runtime.stats(), "cpu", host.runtime, {})[0]
+    values = {kv.key: kv.value for kv in head.values}
+    assert int(values["gc_frozen_objects"]) == gc.get_freeze_count()
 
 
 def _views(msg) -> dict[str, np.ndarray]:
