@@ -22,20 +22,15 @@ from contextlib import ExitStack
 
 import numpy as np
 
-from av_infer.bench.peer import PeerConfig, _drive, _open, resolve_model
+from av_infer.bench.peer import PeerConfig, _drive, _open, add_load_args, resolve_model
 from av_infer.bench.report import emit_json, human_stream
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rt-model", default="resnet152")
-    ap.add_argument("--be-model", default="vgg19")
-    ap.add_argument("--rt-rate", type=float, default=20.0)
-    ap.add_argument("--be-clients", type=int, default=4)
-    ap.add_argument("--policy", default="reef_dkp")
+    add_load_args(ap, be_clients=4)
     ap.add_argument("--duration", type=float, default=12.0)
     ap.add_argument("--freeze", action="store_true", help="gc.freeze() after setup")
-    ap.add_argument("--json", help="write the figures here ('-': stdout)")
     args = ap.parse_args()
     cfg = PeerConfig(rt_model=args.rt_model, be_model=args.be_model, rt_rate=args.rt_rate,
                      be_clients=args.be_clients, policy=args.policy, progress=False,

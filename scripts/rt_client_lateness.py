@@ -20,7 +20,7 @@ from contextlib import ExitStack
 
 import numpy as np
 
-from av_infer.bench.peer import PeerConfig, _drive, _open, resolve_model
+from av_infer.bench.peer import PeerConfig, _drive, _open, add_load_args, resolve_model
 from av_infer.bench.report import emit_json, human_stream
 
 
@@ -32,14 +32,9 @@ def _dist(seconds: list[float]) -> dict[str, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rt-model", default="resnet152")
-    ap.add_argument("--be-model", default="vgg19")
-    ap.add_argument("--rt-rate", type=float, default=20.0)
-    ap.add_argument("--be-clients", type=int, default=2)
-    ap.add_argument("--policy", default="reef_dkp")
+    add_load_args(ap, be_clients=2)
     ap.add_argument("--requests", type=int, default=200, help="RT requests per turn")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--json", help="write the figures here ('-': stdout)")
     args = ap.parse_args()
     # half a period over: the driver measures int(duration * rate) requests
     cfg = PeerConfig(rt_model=args.rt_model, be_model=args.be_model, rt_rate=args.rt_rate,

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PeerConfig", "run_peer", "format_peer", "resolve_model"]
+__all__ = ["PeerConfig", "run_peer", "format_peer", "resolve_model", "add_load_args"]
 
 
 @dataclass
@@ -65,6 +65,17 @@ class _Model:
     source: str
     shapes: Any
     inputs: dict[str, np.ndarray]
+
+
+def add_load_args(ap: Any, be_clients: int = 2) -> None:
+    """The load options of the scripts that drive the peer's load (``scripts/gc_pauses.py``,
+    ``scripts/rt_client_lateness.py``): models, RT rate, BE clients, policy, ``--json``."""
+    ap.add_argument("--rt-model", default="resnet152")
+    ap.add_argument("--be-model", default="vgg19")
+    ap.add_argument("--rt-rate", type=float, default=20.0)
+    ap.add_argument("--be-clients", type=int, default=be_clients)
+    ap.add_argument("--policy", default="reef_dkp")
+    ap.add_argument("--json", help="write the figures here ('-': stdout)")
 
 
 def resolve_model(spec: str, shapes: Any = None) -> _Model:
