@@ -520,13 +520,6 @@ class Scheduler:
                     f"{req.priority.name} request rejected: {queued} {req.priority.name} "
                     f"requests already queued (max_queue_depth={depth})"))
                 return
-        if not task.rt and req.hard_deadline < math.inf:
-            now = self.device.now()
-            if now > req.hard_deadline:
-                # past its hard deadline on arrival (worth 0, paper 001): answered now, not
-                # when the late timer fires, by which time a batch may have served it
-                self._miss(task, now, req.hard_deadline)
-                return
         self._queue(task)
         if req.drop_late and req.deadline < math.inf:
             heapq.heappush(self._late, (req.deadline, task.tid, False, task))
@@ -874,6 +867,10 @@ class Scheduler:
                 return
             while self.be_queues:
                 t = self.be_queues.pop()
+                now = self.device.now()
+                if self._past_hard_deadline(t, now):
+                    self._miss(t, now, t.req.hard_deadline)
+                    continue
                 if self.ext is not None:  # batching: a request transform ahead of dispatch
                     t = self.ext.maybe_batch(t, self.device.now(), self._be_queued_of,
                                              self._be_take_of)
@@ -910,20 +907,34 @@ class Scheduler:
     # -- the BE queue as batching sees it (model_services.maybe_batch) -------------------------
     def _be_queued_of(self, model: str) -> list[Task]:
         """Queued, never-started BE requests of ``model`` in dispatch order (FIFO per
-        client, clients in turn approximated by queue order)."""
-        return [x for x in self.be_queues if x.req.model == model and not x.allocated]
+        client, clients in turn approximated by queue order), none past its hard
+        deadline."""
+        now = self.device.now()
+        return [x for x in self.be_queues if x.req.model == model and not x.allocated
+                and not self._past_hard_deadline(x, now)]
 
     def _be_take_of(self, model: str, n: int) -> list[Task]:
-        """Remove and return up to ``n`` queued, never-started BE requests of ``model``."""
+        """Remove and return up to ``n`` of ``_be_queued_of(model)``."""
         left = [n]
+        now = self.device.now()
 
         def pick(x: Task) -> bool:
-            if left[0] > 0 and x.req.model == model and not x.allocated:
+            if left[0] > 0 and x.req.model == model and not x.allocated \
+                    and not self._past_hard_deadline(x, now):
                 left[0] -= 1
                 return True
             return False
 
         return self.be_queues.remove_if(pick)
+
+    @staticmethod
+    def _past_hard_deadline(t: Task, now: float) -> bool:
+        """A never-started BE request past its hard deadline (worth 0, paper 001): it is
+        answered missed, never dispatched nor batched, whether or not the late heap's timer
+        has fired yet (a stream freeing at once, or a batch formed meanwhile, would serve
+        it before)."""
+        return (not t.rt and not t.allocated and t.members is None
+                and now > t.req.hard_deadline)
 
     # -- task lifecycle ---------------------------------------------------------------------
     def _start(self, t: Task, s: StreamState) -> bool:
@@ -932,11 +943,6 @@ class Scheduler:
         now = self.device.now()
         if req.drop_late and not t.allocated and now > req.deadline:  # never-started only
             self._miss(t, now)
-            return False
-        if not t.rt and not t.allocated and t.members is None and now > req.hard_deadline:
-            # past its hard deadline before it could start (worth 0, paper 001): the late
-            # heap's timer may not have fired yet when a stream frees at once
-            self._miss(t, now, req.hard_deadline)
             return False
         if not t.allocated:
             handle = t.entry.handle
