@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from av_infer.bench.metrics import pct
+from av_infer.errors import InvalidParameterError
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     from av_infer_nodes.monitoring_node import MonitoringNode
     from av_infer_nodes.perception_node import PerceptionNode
     from av_infer_nodes.preprocess import image_to_tensor
-    from av_infer_nodes.runtime_node import DEVICES, RuntimeNode, make_runtime
+    from av_infer_nodes.runtime_node import RuntimeNode, check_live_device, make_runtime
     from av_infer_nodes.testing import RosHarness, make_image, wait_for
     from rclpy.parameter import Parameter
     from sensor_msgs.msg import Image
@@ -130,9 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.executor not in EXECUTORS:
         print(f"[demo] --executor must be one of {', '.join(EXECUTORS)}", flush=True)
         return 2
-    if args.device not in DEVICES:  # the simulator runs in virtual time: no live graph
-        print(f"[demo] --device must be one of {', '.join(DEVICES)}; the simulator is for "
-              "benchmarks (av-infer bench --device sim)", flush=True)
+    try:  # before any work: the simulator runs in virtual time, no live graph
+        check_live_device(args.device)
+    except InvalidParameterError as e:
+        print(f"[demo] --device: {e}", flush=True)
         return 2
     width, height = (int(v) for v in args.image_size.lower().split("x"))
     out_dir = Path(args.out)

@@ -99,7 +99,6 @@ UNLOAD_MODEL_SERVICE = "/av_infer/unload_model"
 LIST_MODELS_SERVICE = "/av_infer/list_models"
 
 
-
 def _wall_clock(name: str) -> bool:
     """A device whose time passes by itself. The simulator runs in virtual time that only
     its caller advances (``av-infer bench --device sim``): a node on it would never answer
@@ -140,6 +139,16 @@ def check_policy(name: str, runtime: Any = None) -> str | None:
     return None
 
 
+def check_live_device(device: str) -> None:
+    """InvalidParameterError with the reason for a device a live ROS graph cannot run on
+    (one in virtual time); unknown names are left to ``Runtime``, which names the choices."""
+    if device != "auto" and not _wall_clock(device):
+        raise InvalidParameterError(
+            f"device {device!r} runs in virtual time, advanced only by its caller, so a ROS "
+            f"node on it would never answer; choose one of {', '.join(DEVICES)} (the "
+            "simulator is for benchmarks: av-infer bench --device sim)")
+
+
 def make_runtime(device: str, cpu_options: dict[str, Any] | None = None,
                  **kwargs: Any) -> tuple[Any, str, str]:
     """Builds a Runtime; returns (runtime, device name, why that device).
@@ -151,12 +160,8 @@ def make_runtime(device: str, cpu_options: dict[str, Any] | None = None,
     fallback. ``cpu_options``: device options used when the device is the cpu (e.g.
     rt_priority).
     """
+    check_live_device(device)
     cpu = {"device_options": dict(cpu_options)} if cpu_options else {}
-    if device != "auto" and not _wall_clock(device):
-        raise InvalidParameterError(
-            f"device {device!r} runs in virtual time, advanced only by its caller, so a ROS "
-            f"node on it would never answer; choose one of {', '.join(DEVICES)} (the "
-            "simulator is for benchmarks: av-infer bench --device sim)")
     if device != "auto":
         extra = cpu if device == "cpu" else {}
         return av_infer.Runtime(device=device, **kwargs, **extra), device, "requested"

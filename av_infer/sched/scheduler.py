@@ -564,9 +564,8 @@ class Scheduler:
             tm = task.req.timings
             if task.done == 0 and math.isnan(tm.first_kernel_start):
                 tm.first_kernel_start = comp.t_start
-            cpu = comp.cpu_s
-            if cpu == cpu:  # measured (not NaN)
-                tm.run_cpu = cpu if tm.run_cpu != tm.run_cpu else tm.run_cpu + cpu
+            if not math.isnan(comp.cpu_s):  # measured (cpu device, RT lanes)
+                tm.run_cpu = comp.cpu_s + (0.0 if math.isnan(tm.run_cpu) else tm.run_cpu)
             task.done += 1
             while task.done in task.pad_full:  # the rest already ran as padding
                 task.done += 1
