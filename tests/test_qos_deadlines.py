@@ -99,9 +99,9 @@ def test_one_member_of_a_batch_is_dropped_the_others_complete() -> None:
 
 
 def test_a_be_request_already_past_its_hard_deadline_never_starts() -> None:
-    """An idle stream would start it at once, before the late-heap timer fires, and a
-    batch formed meanwhile would serve it: it is answered on arrival (BE only; RT is never
-    dropped by its hard deadline)."""
+    """An idle stream would start it at once, before the late-heap timer fires: it is
+    answered missed instead of starting (BE only; RT is never dropped by its hard
+    deadline)."""
     rt = group_runtime(factor=20.0)
     t0 = rt.now()
     be = rt.submit("full", x(), client="be", hard_deadline=t0 - 1.0)
@@ -112,3 +112,23 @@ def test_a_be_request_already_past_its_hard_deadline_never_starts() -> None:
     assert rt_req.result().outputs
     assert be.done()  # answered, with the typed error
     assert rt.stats()["clients"]["be"]["completed"] == 0
+
+
+def test_a_request_past_its_hard_deadline_is_never_batched_before_the_timer_fires(
+        monkeypatch) -> None:
+    """On a wall clock the late heap's timer can fire after a stream frees: the request
+    past its hard deadline is still answered missed, and the batch formed then serves only
+    the others (here the timer is held back, as a late timer thread would be)."""
+    rt = Runtime("sim", batching=True, max_batch=4, max_be_streams=1, batch_mode="fixed")
+    rt.load_model("dyn", zoo.path("dynamic_cnn"), SHAPES)
+    monkeypatch.setattr(rt._driver, "_arm", lambda due: None)  # the timer never fires
+    t0 = rt.now()
+    blocker = rt.submit("dyn", x(), client="blocker")
+    late = rt.submit("dyn", x(0), client="m", hard_deadline=t0 - 1.0)  # first in line
+    others = [rt.submit("dyn", x(i), client="m") for i in (1, 2, 3)]
+    rt.device.run()
+    assert blocker.result().outputs
+    _missed(late, "before it could start")
+    starts = {f.result().timings.start for f in others}
+    assert len(starts) == 1  # the three others ran as one batch, without the late one
+    rt.close()
