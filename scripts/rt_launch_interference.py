@@ -27,17 +27,14 @@ from typing import Any
 
 import numpy as np
 
-from av_infer.bench.peer import resolve_model
+from av_infer.bench.peer import _ort_session, resolve_model
 from av_infer.bench.report import emit_json, human_stream
-from av_infer.model.segments import ort_options
 
 
 def _session(model: str) -> tuple[Any, dict[str, np.ndarray]]:
-    import onnxruntime as ort
-
+    """The peer's own ORT session (one intra-op thread) and inputs for ``model``."""
     m = resolve_model(model)
-    s = ort.InferenceSession(m.source, ort_options(1), providers=["CPUExecutionProvider"])
-    return s, m.inputs
+    return _ort_session(m.source, 1), m.inputs
 
 
 def main() -> int:
