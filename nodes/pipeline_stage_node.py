@@ -180,7 +180,7 @@ class RemoteLane:
     """A :class:`PipelineStageNode` as a pool member of an executor in this process."""
 
     def __init__(self, node: Node, stage_id: str, dead_after_s: float = 3.0,
-                 wait_s: float = 120.0, window: int = 32) -> None:
+                 wait_s: float = 120.0, window: int = 8) -> None:
         self.name = stage_id
         self.node = node
         self.dead_after_s = float(dead_after_s)
@@ -193,7 +193,10 @@ class RemoteLane:
         self._expiry: dict[str, float] = {}
         self.expired = 0
         # at most `window` requests on the wire: the request/response topics keep the last
-        # REQUEST_QOS.depth samples, so a larger burst could overwrite unacknowledged ones
+        # REQUEST_QOS.depth samples, so a larger burst could overwrite unacknowledged ones;
+        # and with 32 (half the depth) the lane's reliable writer stopped delivering to a
+        # live stage after bursts (docs/pipeline.md, "Request stream stall"): 8 (the default)
+        # keeps a stage busy (it runs one or two requests at a time) without that
         self.window = max(1, min(int(window), REQUEST_QOS.depth // 2))
         self._backlog: deque[tuple[str, InferRequest, Future]] = deque()
         self._ids = itertools.count(1)

@@ -158,15 +158,6 @@ def test_killed_stage_fails_its_requests_and_the_planner_replans(setup):
     (p,) = ex.plan.pipelines
     assert len(p.stages) == 1 and ex.plan.cluster == "cpu:1"
     after = [ex.submit(MODEL, x) for _ in range(10)]
-    _wait_all(after)  # every one answered: outputs, or a typed error (never silence)
-    ok = 0
-    for f in after:
-        e = f.exception()
-        if e is None:
-            np.testing.assert_allclose(f.result()["logits"], ref, rtol=1e-4, atol=1e-5)
-            ok += 1
-        else:  # KNOWN ISSUE (docs/pipeline.md): in about 1 run in 6 the surviving stage
-            # process stops receiving requests after the peer's SIGKILL and the re-plan
-            # (it stays idle and keeps beating); RemoteLane's expiry answers them typed
-            assert isinstance(e, StageFailedError), repr(e)
-    print("after the re-plan:", ok, "of", len(after), "served", flush=True)
+    _wait_all(after)
+    for f in after:  # served by the survivor (docs/pipeline.md, "Request stream stall")
+        np.testing.assert_allclose(f.result()["logits"], ref, rtol=1e-4, atol=1e-5)
