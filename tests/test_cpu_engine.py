@@ -358,6 +358,7 @@ def test_exported_paddleocr_models_match_ort(name):
 @pytest.mark.parametrize("opts", [{"engine": "tensorrt"}, {"be_nice": 20}, {"be_nice": True},
                                   {"rt_priority": "max"}, {"threads": 0},
                                   {"segment_ms": 0}, {"kill_below_ms": -1},
+                                  {"kill_below_ms": "soon"}, {"kill_below_ms": True},
                                   {"rt_parallel": 0}, {"rt_parallel": 65},
                                   {"rt_parallel": True}, {"rt_parallel": 1.5}])
 def test_bad_cpu_device_options_are_typed_errors(opts):
@@ -365,6 +366,26 @@ def test_bad_cpu_device_options_are_typed_errors(opts):
 
     with pytest.raises(InvalidParameterError):
         Runtime("cpu", device_options=opts)
+
+
+def test_kill_below_auto_is_the_measured_kill_cost_with_a_floor_and_shown():
+    """``kill_below_ms="auto"`` (the default): at start the device measures what a killed
+    ORT run costs its thread and kills only segments with more than that (at least the old
+    fixed 0.2 ms) left; a set value is used as given and nothing is measured."""
+    from av_infer.devices.cpu import KILL_BELOW_FLOOR_S
+    from av_infer.kernels.ort_segments import measure_kill_cost
+
+    assert measure_kill_cost() > 0
+    with Runtime("cpu") as r:
+        dev = r.stats()["device"]
+        assert dev["kill_below"] == "auto" and dev["kill_cost_ms"] > 0
+        assert dev["kill_below_ms"] == max(KILL_BELOW_FLOOR_S * 1e3, dev["kill_cost_ms"])
+    with Runtime("cpu", device_options={"kill_below_ms": 0.5}) as r:
+        dev = r.stats()["device"]
+        assert dev["kill_below"] == "set" and dev["kill_cost_ms"] is None
+        assert dev["kill_below_ms"] == 0.5
+    with Runtime("cpu", device_options={"engine": "numpy"}) as r:  # never kills
+        assert r.stats()["device"]["kill_cost_ms"] is None
 
 
 @pytest.mark.parametrize("zero_copy", [False, True])

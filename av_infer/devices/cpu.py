@@ -12,7 +12,8 @@ Two engines, one lane loop (``engine=``):
 * ``"ort"`` (default): models compile to *segment plans* (``model.segments``): a launch is
   one segment, run by ONNX Runtime on the task's arena without the GIL. Raising a lane's
   flag also **kills** the segment it is running (``RunOptions.terminate``: ORT stops between
-  two of its kernels), unless its estimated remaining time is below ``kill_below_ms``; a
+  two of its kernels), unless its estimated remaining time is below ``kill_below_ms``
+  ("auto", the default: ORT's measured cost of a killed run, at least 0.2 ms); a
   killed launch completes as evicted and restore-from-c re-runs it from its start (segments
   are idempotent). RT models (``whole=True``) are one segment: full ORT speed.
 * ``"numpy"``: av_infer's own kernel plans on the numpy executor (the reference; kernel
@@ -58,7 +59,12 @@ from av_infer.errors import (
     InvalidParameterError,
 )
 from av_infer.kernels.cpu import CpuPlanRunner
-from av_infer.kernels.ort_segments import SegmentRunner, is_kill, is_segment_plan
+from av_infer.kernels.ort_segments import (
+    SegmentRunner,
+    is_kill,
+    is_segment_plan,
+    measure_kill_cost,
+)
 from av_infer.model.plan import Plan
 from av_infer.sched.stats import LatencyRecorder, summarize_ms
 
@@ -67,6 +73,8 @@ log = logging.getLogger(__name__)
 #: Largest per-stream capacity the vHQ supports (its in-flight ring).
 MAX_CAPACITY = MAX_C  # the vHQ in-flight ring bounds c
 ENGINES = ("ort", "numpy")
+#: the least "auto" sets kill_below_ms to (s): the fixed default before it was measured
+KILL_BELOW_FLOOR_S = 0.2e-3
 #: Arenas (with their bound launches) kept per model for reuse by the next task.
 _POOL = 4
 #: Segment plans: inputs and outputs at least this large are bound in place (the request's
@@ -230,13 +238,16 @@ class CpuDevice(Device):
 
     def __init__(self, c: int = 4, blas_threads: int | None = 1, engine: str = "ort",
                  threads: int = 1, segment_ms: float = 4.0, kill: bool = True,
-                 kill_below_ms: float = 0.2, be_nice: int = 10,
+                 kill_below_ms: float | str = "auto", be_nice: int = 10,
                  rt_priority: str = "off", rt_parallel: int | None = None) -> None:
         """``engine``: "ort" (ONNX Runtime segments) or "numpy" (the reference kernels).
         ``threads``: ORT intra-op threads per session (fixed: deterministic results).
         ``segment_ms``: target segment duration of models that are cut (BE models).
         ``kill``/``kill_below_ms``: kill the running segment on preemption unless less than
-        ``kill_below_ms`` of it is estimated to remain. ``blas_threads``: BLAS threads of
+        ``kill_below_ms`` of it is estimated to remain; "auto": what a killed run costs its
+        thread after ORT stops, measured at start (``ort_segments.measure_kill_cost``; 0.3
+        ms on a slow 2-core VM), at least 0.2 ms: a segment with less left finishes sooner
+        than a kill stops it, and keeps its work. ``blas_threads``: BLAS threads of
         the numpy engine (None: the library's default; more than one oversubscribes the
         lanes). ``be_nice``: nice increment of BE lanes (0: default priority);
         ``rt_priority``: "off", "nice" or "fifo" for RT lanes (see devices.os_priority).
@@ -258,13 +269,22 @@ class CpuDevice(Device):
                 or not 1 <= rt_parallel <= 64:
             raise InvalidParameterError(
                 f"rt_parallel must be an int in 1..64, got {rt_parallel!r}")
-        if not segment_ms > 0 or not kill_below_ms >= 0:
+        auto_kill = isinstance(kill_below_ms, str) and kill_below_ms == "auto"
+        if not auto_kill and (isinstance(kill_below_ms, (str, bool))
+                              or not isinstance(kill_below_ms, (int, float))):
+            raise InvalidParameterError(
+                f"kill_below_ms must be 'auto' or a number >= 0, got {kill_below_ms!r}")
+        if not segment_ms > 0 or not (auto_kill or kill_below_ms >= 0):
             raise InvalidParameterError("segment_ms must be > 0 and kill_below_ms >= 0")
         self.engine = engine
         self.threads = threads
         self.segment_ms = float(segment_ms)
         self.kill = bool(kill)
-        self.kill_below_s = float(kill_below_ms) / 1e3
+        #: "auto" (measured at start) or "set"
+        self.kill_below_source = "auto" if auto_kill else "set"
+        self.kill_below_s = KILL_BELOW_FLOOR_S if auto_kill else float(kill_below_ms) / 1e3
+        #: what a killed ORT run cost its thread, measured at start ("auto" only; None if not)
+        self.kill_cost_s: float | None = None
         self.be_nice = be_nice
         self.rt_priority = rt_priority
         # Padding on a CPU (``reef_dkp``): an RT task runs on one core (``threads``); BE lanes
@@ -455,8 +475,23 @@ class CpuDevice(Device):
             if self._blas_threads is not None:
                 self._blas_limit = threadpool_limits(self._blas_threads, user_api="blas")
             self._renice_helpers = os_priority.supported() and os_priority.can_restore()
+            if self.kill_below_source == "auto" and self.kill and self.engine == "ort":
+                self._measure_kill_cost()
             for lane in self._lanes:
                 self._spawn(lane)
+
+    def _measure_kill_cost(self) -> None:
+        """``kill_below_ms="auto"``: the threshold is the measured kill cost (at least the
+        floor). A failed measurement keeps the floor and says so (log, ``kill_cost_ms``
+        None in ``telemetry``)."""
+        try:
+            self.kill_cost_s = measure_kill_cost(self.threads)
+        except Exception as e:  # noqa: BLE001 - the floor still applies
+            log.warning("cpu device: measuring ORT's kill cost failed (%s: %s); "
+                        "kill_below_ms stays %.2f", type(e).__name__, e,
+                        self.kill_below_s * 1e3)
+            return
+        self.kill_below_s = max(KILL_BELOW_FLOOR_S, self.kill_cost_s)
 
     def close(self) -> None:
         with self._lock:
@@ -492,6 +527,8 @@ class CpuDevice(Device):
             "segment_ms": self.segment_ms,
             "kill": self.kill,
             "kill_below_ms": self.kill_below_s * 1e3,
+            "kill_below": self.kill_below_source,
+            "kill_cost_ms": None if self.kill_cost_s is None else self.kill_cost_s * 1e3,
             "be_nice": self.be_nice,
             "rt_priority": self.rt_priority,
             "rt_parallel": self.rt_parallel,
