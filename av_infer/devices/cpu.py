@@ -13,7 +13,7 @@ Two engines, one lane loop (``engine=``):
   one segment, run by ONNX Runtime on the task's arena without the GIL. Raising a lane's
   flag also **kills** the segment it is running (``RunOptions.terminate``: ORT stops between
   two of its kernels), unless its estimated remaining time is below ``kill_below_ms``
-  ("auto", the default: ORT's measured cost of a killed run, at least 0.2 ms); a
+  ("auto", the default: ORT's measured cost of a killed run, within 0.2-1 ms); a
   killed launch completes as evicted and restore-from-c re-runs it from its start (segments
   are idempotent). RT models (``whole=True``) are one segment: full ORT speed.
 * ``"numpy"``: av_infer's own kernel plans on the numpy executor (the reference; kernel
@@ -75,6 +75,9 @@ MAX_CAPACITY = MAX_C  # the vHQ in-flight ring bounds c
 ENGINES = ("ort", "numpy")
 #: the least "auto" sets kill_below_ms to (s): the fixed default before it was measured
 KILL_BELOW_FLOOR_S = 0.2e-3
+#: the most "auto" sets it to (s): a measurement far above ORT's ~0.3 ms would otherwise
+#: stop kills of whole segments (target ``segment_ms`` 4) and lengthen preemption
+KILL_BELOW_CAP_S = 1e-3
 #: Arenas (with their bound launches) kept per model for reuse by the next task.
 _POOL = 4
 #: Segment plans: inputs and outputs at least this large are bound in place (the request's
@@ -246,7 +249,7 @@ class CpuDevice(Device):
         ``kill``/``kill_below_ms``: kill the running segment on preemption unless less than
         ``kill_below_ms`` of it is estimated to remain; "auto": what a killed run costs its
         thread after ORT stops, measured at start (``ort_segments.measure_kill_cost``; 0.3
-        ms on a slow 2-core VM), at least 0.2 ms: a segment with less left finishes sooner
+        ms on a slow 2-core VM), within 0.2-1 ms: a segment with less left finishes sooner
         than a kill stops it, and keeps its work. ``blas_threads``: BLAS threads of
         the numpy engine (None: the library's default; more than one oversubscribes the
         lanes). ``be_nice``: nice increment of BE lanes (0: default priority);
@@ -482,8 +485,8 @@ class CpuDevice(Device):
 
     def _measure_kill_cost(self) -> None:
         """``kill_below_ms="auto"``: the threshold is the measured kill cost (at least the
-        floor). A failed measurement keeps the floor and says so (log, ``kill_cost_ms``
-        None in ``telemetry``)."""
+        floor, at most the cap). A failed measurement keeps the floor and says so (log,
+        ``kill_cost_ms`` None in ``telemetry``)."""
         try:
             self.kill_cost_s = measure_kill_cost(self.threads)
         except Exception as e:  # noqa: BLE001 - the floor still applies
@@ -491,7 +494,7 @@ class CpuDevice(Device):
                         "kill_below_ms stays %.2f", type(e).__name__, e,
                         self.kill_below_s * 1e3)
             return
-        self.kill_below_s = max(KILL_BELOW_FLOOR_S, self.kill_cost_s)
+        self.kill_below_s = min(KILL_BELOW_CAP_S, max(KILL_BELOW_FLOOR_S, self.kill_cost_s))
 
     def close(self) -> None:
         with self._lock:
