@@ -285,8 +285,8 @@ def main(argv: list[str] | None = None) -> int:
                 p50 = table[-1]["p50_ms"] or math.nan
                 table[-1].update(
                     alone_p50_ms=ref["p50_ms"], p50_vs_alone=p50 / ref["p50_ms"],
-                    alone_at_rate_p50_ms=slow["p50_ms"], p50_vs_alone_at_rate=p50 / slow[
-                        "p50_ms"],
+                    alone_at_rate_p50_ms=slow["p50_ms"],
+                    p50_vs_alone_at_rate=p50 / slow["p50_ms"],
                     **_launch_split([r["latency_ms"] for r in ok], [r["launch_ms"] for r in ok],
                                     [r["launch_cpu_ms"] for r in ok]),
                     **{f"{pre}_{k}": v for pre, d in (("alone", ref), ("alone_at_rate", slow))

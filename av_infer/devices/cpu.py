@@ -272,13 +272,14 @@ class CpuDevice(Device):
                 or not 1 <= rt_parallel <= 64:
             raise InvalidParameterError(
                 f"rt_parallel must be an int in 1..64, got {rt_parallel!r}")
-        auto_kill = isinstance(kill_below_ms, str) and kill_below_ms == "auto"
-        if not auto_kill and (isinstance(kill_below_ms, (str, bool))
-                              or not isinstance(kill_below_ms, (int, float))):
+        auto_kill = kill_below_ms == "auto"
+        if not auto_kill and (isinstance(kill_below_ms, bool)
+                              or not isinstance(kill_below_ms, (int, float))
+                              or not kill_below_ms >= 0):
             raise InvalidParameterError(
                 f"kill_below_ms must be 'auto' or a number >= 0, got {kill_below_ms!r}")
-        if not segment_ms > 0 or not (auto_kill or kill_below_ms >= 0):
-            raise InvalidParameterError("segment_ms must be > 0 and kill_below_ms >= 0")
+        if not segment_ms > 0:
+            raise InvalidParameterError(f"segment_ms must be > 0, got {segment_ms!r}")
         self.engine = engine
         self.threads = threads
         self.segment_ms = float(segment_ms)

@@ -871,8 +871,7 @@ class Scheduler:
                     self._miss(t, now, t.req.hard_deadline)
                     continue
                 if self.ext is not None:  # batching: a request transform ahead of dispatch
-                    t = self.ext.maybe_batch(t, self.device.now(), self._be_queued_of,
-                                             self._be_take_of)
+                    t = self.ext.maybe_batch(t, now, self._be_queued_of, self._be_take_of)
                 if self._start(t, s):
                     break
 
@@ -909,8 +908,7 @@ class Scheduler:
         client, clients in turn approximated by queue order), none past its hard
         deadline."""
         now = self.device.now()
-        return [x for x in self.be_queues if x.req.model == model and not x.allocated
-                and not self._past_hard_deadline(x, now)]
+        return [x for x in self.be_queues if self._batchable(x, model, now)]
 
     def _be_take_of(self, model: str, n: int) -> list[Task]:
         """Remove and return up to ``n`` of ``_be_queued_of(model)``."""
@@ -918,13 +916,18 @@ class Scheduler:
         now = self.device.now()
 
         def pick(x: Task) -> bool:
-            if left[0] > 0 and x.req.model == model and not x.allocated \
-                    and not self._past_hard_deadline(x, now):
+            if left[0] > 0 and self._batchable(x, model, now):
                 left[0] -= 1
                 return True
             return False
 
         return self.be_queues.remove_if(pick)
+
+    def _batchable(self, x: Task, model: str, now: float) -> bool:
+        """A queued BE request batching may take for ``model``: never started, not past its
+        hard deadline."""
+        return (x.req.model == model and not x.allocated
+                and not self._past_hard_deadline(x, now))
 
     @staticmethod
     def _past_hard_deadline(t: Task, now: float) -> bool:
