@@ -389,6 +389,24 @@ def test_kill_below_auto_is_the_measured_kill_cost_with_a_floor_and_shown():
         assert r.stats()["device"]["kill_cost_ms"] is None
 
 
+def test_a_failed_kill_cost_measurement_keeps_the_floor_and_says_so(monkeypatch, caplog):
+    """The device still starts and serves; the threshold stays at the floor and
+    ``kill_cost_ms`` is None, with a warning in the log (never a silent fallback)."""
+    from av_infer.devices import cpu as cpu_mod
+
+    def broken(threads: int = 1) -> float:
+        raise RuntimeError("no ORT today")
+
+    monkeypatch.setattr(cpu_mod, "measure_kill_cost", broken)
+    with caplog.at_level("WARNING", logger="av_infer.devices.cpu"), Runtime("cpu") as r:
+        dev = r.stats()["device"]
+        assert dev["kill_below"] == "auto" and dev["kill_cost_ms"] is None
+        assert dev["kill_below_ms"] == pytest.approx(cpu_mod.KILL_BELOW_FLOOR_S * 1e3)
+        r.load_model("tiny_cnn", str(zoo.path("tiny_cnn")))
+        assert r.infer("tiny_cnn", zoo.sample_inputs("tiny_cnn")).outputs
+    assert "measuring ORT's kill cost failed" in caplog.text
+
+
 @pytest.mark.parametrize("zero_copy", [False, True])
 def test_device_write_inputs_outside_the_runtime_checks_and_casts(zero_copy, monkeypatch):
     """What Runtime.submit validates is copied (or, from ZERO_COPY_BYTES, bound in place);
