@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""What a request costs av_infer beyond the model, and what a kill costs ORT, beside the
+plain ONNX Runtime call (docs/cpu_engine.md, "a much slower VM host").
+
+1. Per request: ``Runtime.infer`` (BE, then RT) against ``InferenceSession.run`` of the same
+   model, one thread, back to back; wall time and the calling thread's CPU time per
+   request (the caller runs its own launch, so the difference is av_infer's Python).
+2. Per kill: ``ort_segments.measure_kill_cost`` (a run terminated before it starts), and
+   ``RunOptions.terminate`` set at a random point of a running ``--kill-model`` run: how
+   long its thread keeps running (wall and CPU) after the flag.
+
+    .venv/bin/python scripts/request_overhead.py                      # tiny_mlp, vgg19
+    .venv/bin/python scripts/request_overhead.py --model densenet201 --json -
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import threading
+import time
+
+import numpy as np
+
+from av_infer import Runtime
+from av_infer.bench.peer import _ort_session, resolve_model
+from av_infer.bench.report import emit_json, human_stream
+from av_infer.kernels.ort_segments import is_kill, measure_kill_cost
+
+
+def _per_call(fn, n: int) -> tuple[float, float]:
+    """(wall, thread CPU) microseconds per call of ``fn``."""
+    c0, t0 = time.thread_time(), time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n * 1e6, (time.thread_time() - c0) / n * 1e6
+
+
+def _random_kills(model: str, n: int) -> dict[str, float]:
+    """Terminate ``n`` runs of ``model`` at a random point; ms its thread ran after."""
+    import onnxruntime as ort
+
+    m = resolve_model(model)
+    sess = _ort_session(m.source, 1)
+    t0 = time.perf_counter()
+    sess.run(None, m.inputs)
+    run_s = time.perf_counter() - t0
+    wall, cpu = [], []
+    for _ in range(n):
+        ro, box = ort.RunOptions(), {}
+        started = threading.Event()
+
+        def run(ro=ro, box=box, started=started) -> None:
+            box["clk"] = time.pthread_getcpuclockid(threading.get_ident())
+            started.set()
+            try:
+                sess.run(None, m.inputs, ro)
+            except Exception as e:  # noqa: BLE001 - a kill is expected
+                box["killed"] = is_kill(e)
+            box["t1"], box["c1"] = time.perf_counter(), time.clock_gettime(box["clk"])
+
+        th = threading.Thread(target=run)
+        th.start()
+        started.wait()
+        time.sleep(random.uniform(0.1, 0.9) * run_s)
+        try:
+            c0 = time.clock_gettime(box["clk"])
+        except OSError:  # the run ended first
+            th.join()
+            continue
+        t0 = time.perf_counter()
+        ro.terminate = True
+        th.join()
+        if box.get("killed"):
+            wall.append((box["t1"] - t0) * 1e3)
+            cpu.append((box["c1"] - c0) * 1e3)
+    return {"model": model, "run_ms": run_s * 1e3, "kills": len(wall),
+            "wall_p50_ms": float(np.median(wall)), "wall_p99_ms": float(np.percentile(wall, 99)),
+            "cpu_p50_ms": float(np.median(cpu)), "cpu_p99_ms": float(np.percentile(cpu, 99))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny_mlp")
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--kill-model", default="vgg19")
+    ap.add_argument("--kills", type=int, default=200)
+    ap.add_argument("--json", help="write the figures here ('-': stdout)")
+    args = ap.parse_args()
+    out = human_stream(args.json)
+    m = resolve_model(args.model)
+    sess = _ort_session(m.source, 1)
+    rows = []
+    with Runtime("cpu", max_be_streams=1) as r:
+        r.load_model("be", m.source, m.shapes)
+        r.load_model("rt", m.source, m.shapes, pin=True)
+        r.configure_client("rt", "RT", relative_deadline=1.0)
+        for _ in range(50):
+            sess.run(None, m.inputs)
+            r.infer("be", m.inputs, client="be")
+            r.infer("rt", m.inputs, client="rt")
+        for _ in range(args.rounds):
+            row = {k: _per_call(fn, args.requests) for k, fn in (
+                ("ort", lambda: sess.run(None, m.inputs)),
+                ("avi_be", lambda: r.infer("be", m.inputs, client="be")),
+                ("avi_rt", lambda: r.infer("rt", m.inputs, client="rt")))}
+            rows.append({k: {"wall_us": w, "cpu_us": c} for k, (w, c) in row.items()})
+            print("  ".join(f"{k} {w:.0f}/{c:.0f} us" for k, (w, c) in row.items())
+                  + "  (wall/thread CPU per request)", file=out, flush=True)
+    pre = [measure_kill_cost() * 1e3 for _ in range(3)]
+    print(f"a run terminated before it starts: {', '.join(f'{v:.3f}' for v in pre)} ms "
+          "of its thread's CPU", file=out)
+    kills = _random_kills(args.kill_model, args.kills)
+    print(f"{kills['model']} ({kills['run_ms']:.2f} ms a run) terminated at a random point, "
+          f"{kills['kills']} kills: its thread ran on p50 {kills['wall_p50_ms']:.3f} / p99 "
+          f"{kills['wall_p99_ms']:.3f} ms (CPU p50 {kills['cpu_p50_ms']:.3f} / p99 "
+          f"{kills['cpu_p99_ms']:.3f})", file=out)
+    emit_json({"config": vars(args), "per_request": rows, "pre_terminated_ms": pre,
+               "random_kills": kills}, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
