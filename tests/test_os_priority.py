@@ -3,9 +3,15 @@ its launches and gets its own back."""
 
 from __future__ import annotations
 
+import os
+import threading
+
 import pytest
 
+from av_infer import Runtime
 from av_infer.devices import os_priority
+from av_infer.devices.faults import FaultInjector
+from av_infer.model import zoo
 
 pytestmark = pytest.mark.skipif(not os_priority.supported(), reason="no per-thread nice here")
 
@@ -19,8 +25,62 @@ def test_as_lane_restores_the_thread_s_own_priority() -> None:
         with os_priority.as_lane(min(19, own + 10)):
             assert os_priority.current_nice() == min(19, own + 10)
         assert os_priority.current_nice() == own
-    from av_infer import Runtime
-
     with Runtime("cpu") as rt:
         dev = rt.stats()["device"]
         assert dev["helpers_reniced"] is os_priority.can_restore()
+
+
+class _NiceRecorder(FaultInjector):
+    """Injects nothing; records the calling thread's nice at the cpu device's hook points:
+    ``"lane"`` (the Python before a launch) and ``"kernel"`` (inside the model run)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, str | None, str, int]] = []
+
+    def check(self, where: str, model: str | None = None, kernel: int | None = None) -> None:
+        self.seen.append((where, model, threading.current_thread().name,
+                          os_priority.current_nice()))
+
+
+@pytest.mark.skipif(not os_priority.can_restore(),
+                    reason="this process may not raise a thread's priority back: BE lane "
+                           "workers stay niced (tested by the runtime test above)")
+def test_be_lanes_are_niced_only_while_a_model_runs() -> None:
+    """Where priority can be restored, a BE launch runs its model at the lane's nice and the
+    Python around it (which holds the GIL an RT thread may wait for) at the thread's own:
+    on the calling thread (``infer`` helps) and on a lane worker (``submit``) alike; RT
+    launches keep the thread's own priority, and every thread ends at its own."""
+    own = os_priority.current_nice()
+    run_nice = min(19, own + 10)
+    with Runtime("cpu", device_options={"be_nice": 10}) as rt:
+        rec = _NiceRecorder()
+        rt.device.faults = rec
+        rt.load_model("be", zoo.path("tiny_cnn"))
+        rt.load_model("rt", zoo.path("tiny_cnn"), pin=True)
+        x = zoo.sample_inputs("tiny_cnn")
+        rt.infer("be", x)
+        rt.infer("rt", x, priority="RT")
+        futs = [rt.submit("be", x) for _ in range(4)]
+        done = threading.Event()
+        futs[-1].add_done_callback(lambda f: done.set())
+        assert done.wait(60)
+        for f in futs:
+            f.result()
+        streams = rt.stats()["device"]["streams"]
+        be_lanes = [s for s in streams if s["priority"] <= 0]
+        assert be_lanes and all(s["os_priority"] == f"nice {run_nice} while a model runs"
+                                for s in be_lanes)
+        threads = {t.name: t for t in threading.enumerate()}
+        for t in threads.values():
+            if t.name.startswith("av_infer-cpu-lane"):
+                assert os.getpriority(os.PRIO_PROCESS, t.native_id) == own, t.name
+    kernel = [(m, th, n) for w, m, th, n in rec.seen if w == "kernel"]
+    outside = [n for w, _, _, n in rec.seen if w == "lane"]
+    assert {n for m, _, n in kernel if m == "be"} == {run_nice}
+    assert {n for m, _, n in kernel if m == "rt"} == {own}
+    assert outside and set(outside) == {own}
+    be_threads = {th for m, th, _ in kernel if m == "be"}
+    assert threading.current_thread().name in be_threads  # helped
+    assert any(th.startswith("av_infer-cpu-lane") for th in be_threads)  # a worker ran one
+    assert os_priority.current_nice() == own

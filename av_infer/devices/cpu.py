@@ -21,9 +21,11 @@ Two engines, one lane loop (``engine=``):
   compiled for.
 
 Stream priorities are OS priorities (``devices.os_priority``): BE lanes run at nice +10 by
-default (``be_nice``; always permitted), so a waking RT thread gets a core at once; RT lanes
-may be raised (``rt_priority`` "nice" or "fifo", where permitted; off by default). Shown in
-``telemetry``.
+default (``be_nice``; always permitted), so a waking RT thread gets a core at once; where the
+process may raise a thread's priority back, only a BE lane's model runs are niced and the
+Python around them (which holds the GIL an RT thread may be waiting for) runs at the thread's
+own priority. RT lanes may be raised (``rt_priority`` "nice" or "fifo", where permitted; off
+by default). Shown in ``telemetry``.
 
 Callers that wait run their request's launches themselves when the lane is idle
 (``run_pending``, used by ``Runtime.infer`` and ``Future.result``): no thread hand-off.
@@ -209,6 +211,9 @@ class _Lane:
     evicted: int = 0
     killed: int = 0
     nice: int | None = None  # the worker's nice value where it was changed
+    #: the nice value of this lane's model runs where only the runs are niced (the thread
+    #: keeps its own priority for the Python around them: os_priority.nice_during_runs)
+    run_nice: int | None = None
     prio_desc: str = ""  # what was done to the worker's OS priority (telemetry)
     #: callers may run this lane's launches (``run_pending``): the worker has set its
     #: priority, and a helper can take it and give it back (never SCHED_FIFO)
@@ -598,7 +603,14 @@ class CpuDevice(Device):
             cb(comp)
 
     def _apply_os_priority(self, lane: _Lane) -> None:
-        """The worker's OS priority (devices.os_priority): BE lanes niced, RT optional."""
+        """The worker's OS priority (devices.os_priority): BE lanes niced (only while a model
+        runs where the priority can be restored), RT optional."""
+        if lane.priority <= 0 and self._renice_helpers:
+            run_nice, _ = os_priority.nice_during_runs(self.be_nice)
+            if run_nice is not None:
+                lane.nice, lane.run_nice, lane.helpable = None, run_nice, True
+                lane.prio_desc = f"nice {run_nice} while a model runs"
+                return
         nice, desc = os_priority.apply(lane.priority > 0, self.be_nice, self.rt_priority)
         lane.nice, lane.prio_desc = nice, desc
         lane.helpable = (not desc.startswith("SCHED_FIFO")
@@ -692,6 +704,8 @@ class CpuDevice(Device):
         # RT launches report their thread's CPU time (Completion.cpu_s): two clock reads,
         # kept off the BE lanes' many short launches
         measure = lane.priority > 0 and clk != 0
+        run_nice = lane.run_nice  # niced only while a model runs: back to `own` after it
+        own = os_priority.current_nice() if run_nice is not None else 0
         while dq and not self._stopping and (until is None or not until()):
             with lock:
                 if not dq:
@@ -717,6 +731,8 @@ class CpuDevice(Device):
                     faults.check("lane", rec.model.plan.name, k)
                 if measure:
                     cpu0 = _cpu_time(clk)
+                if run_nice is not None:
+                    os_priority.set_nice(run_nice)
                 try:
                     if faults is not None:
                         faults.check("kernel", rec.model.plan.name, k)
@@ -729,6 +745,9 @@ class CpuDevice(Device):
                         executed = False  # killed: evicted, restored from its start
                     else:
                         rec.error, rec.error_kernel = e, k
+                finally:
+                    if run_nice is not None:
+                        os_priority.set_nice(own)
             t1 = now()
             cpu_s = _cpu_time(clk) - cpu0 if executed and cpu0 >= 0.0 else _NAN
             t_stop = _NAN
