@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,25 @@ def test_equivalence_of_a_build_with_its_own_source_finds_no_difference(
     monkeypatch.setattr(sim_speed, "EQUIV_POLICIES", ("streams", "reef"))
     eq = sim_speed.equivalence(SIM_PY, 0.05, ["issue13"])
     assert eq["runs"] == 3 * 2 and eq["requests"] > 0 and eq["differ"] == []
+
+
+def test_digests_against_a_file_name_the_runs_that_differ(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--digests OUT --against FILE`` (a scheduler change checked in two checkouts): the
+    same checkout matches its own file; a changed digest is named and exits 1."""
+    monkeypatch.setattr(sim_speed, "EQUIV_WORKLOADS", ("A",))
+    monkeypatch.setattr(sim_speed, "EQUIV_POLICIES", ("streams", "reef"))
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    args = ["--seconds", "0.05", "--equiv-configs", "legacy"]
+    assert sim_speed.main(["--digests", str(first), *args]) == 0
+    assert sim_speed.main(["--digests", str(second), "--against", str(first), *args]) == 0
+    assert "0 differ" in capsys.readouterr().out
+    runs = json.loads(first.read_text())
+    key = sorted(runs)[0]
+    runs[key][0] = "0" * 16
+    first.write_text(json.dumps(runs))
+    assert sim_speed.main(["--digests", str(second), "--against", str(first), *args]) == 1
+    assert key in capsys.readouterr().out
 
 
 def test_equivalence_refuses_an_unknown_configuration() -> None:

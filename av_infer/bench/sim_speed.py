@@ -24,6 +24,11 @@ simulator lacks options for are skipped for it (``--equiv-configs``): ``legacy``
 (contention ``none``, ``reserved`` placement, ``be_min_share`` 0.1, mi50 and h100) runs
 on any ``sim.py``; ``issue13`` (calibrated contention, faithful grids, quiet windows,
 c = 1) needs one with those options.
+
+``--digests OUT [--against FILE]``: the same runs' digests with this checkout's simulator
+*and scheduler*, written to ``OUT``; run it in two checkouts (e.g. a ``git worktree`` of
+the base, with ``PYTHONPATH`` at it) and compare with ``--against``: a scheduler change
+that must not change any decision is checked this way.
 """
 
 from __future__ import annotations
@@ -211,12 +216,31 @@ def main(argv: list[str] | None = None) -> int:
                     help="compare every run's records with the sim.py at FILE, then exit")
     ap.add_argument("--equiv-configs", default="legacy",
                     help="comma list of " + ",".join(EQUIV_CONFIGS) + " (default legacy)")
+    ap.add_argument("--digests", metavar="OUT",
+                    help="write every --equiv-configs run's digest with this checkout (a "
+                         "scheduler change is compared by running this in two checkouts), "
+                         "then exit")
+    ap.add_argument("--against", metavar="FILE",
+                    help="with --digests: the runs that differ from FILE (exit 1 if any)")
     a = ap.parse_args(argv)
+    names = [n for n in a.equiv_configs.split(",") if n]
+    bad = [n for n in names if n not in EQUIV_CONFIGS]
+    if bad:
+        ap.error(f"unknown --equiv-configs {bad}; choose from {list(EQUIV_CONFIGS)}")
+    if a.digests:
+        mine = _digests(a.seconds, names, "this checkout")
+        with open(a.digests, "w") as f:
+            json.dump(mine, f, indent=1)
+        if not a.against:
+            return 0
+        with open(a.against) as f:
+            theirs = json.load(f)
+        differ = [k for k in mine if list(mine[k]) != list(theirs.get(k, ()))]
+        print(f"{len(mine)} runs, {sum(n for _, n in mine.values())} requests, "
+              f"{a.seconds:g} virtual s each: {len(differ)} differ from {a.against}"
+              + (f": {differ}" if differ else ""))
+        return 1 if differ else 0
     if a.equivalence:
-        names = [n for n in a.equiv_configs.split(",") if n]
-        bad = [n for n in names if n not in EQUIV_CONFIGS]
-        if bad:
-            ap.error(f"unknown --equiv-configs {bad}; choose from {list(EQUIV_CONFIGS)}")
         eq = equivalence(a.equivalence, a.seconds, names)
         if a.json == "-":
             print(json.dumps(eq, indent=2))
