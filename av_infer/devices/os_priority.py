@@ -19,7 +19,7 @@ the launch, answering it, the scheduler's completion handling) holds the GIL, an
 thread holding the GIL behind a core shared with other niced threads keeps a waking RT thread
 waiting for the GIL for a whole CFS slice (a priority inversion). Measured on the zoo pair
 (docs/cpu_engine.md, "BE lanes niced only while a model runs"): the RT client's lateness p99
-fell from 2.1-2.5 ms to 1.3-1.7 ms. Where it may not, the whole worker thread stays niced.
+fell from 2.2-2.7 ms to 1.5-1.6 ms. Where it may not, the whole worker thread stays niced.
 """
 
 from __future__ import annotations
