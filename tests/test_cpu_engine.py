@@ -5,6 +5,7 @@ Behaviour only (no timing assertions): waits are on conditions, never on elapsed
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from av_infer import Runtime
+from av_infer.devices import os_priority
 from av_infer.devices.base import Completion
 from av_infer.devices.cpu import CpuDevice
 from av_infer.errors import DeviceFaultError, UnsupportedModelError
@@ -112,6 +114,27 @@ def test_ort_refusing_a_model_is_a_typed_load_error():
 
 
 # -- the device: kill, flag, faults -------------------------------------------------------------
+def _kill_while_running(dev: CpuDevice, s: int, comps: list, done: threading.Event) -> None:
+    """Launch task 1's segment 0 on stream ``s`` and raise the flag while it runs; returns
+    when the launch has completed. On a busy machine this thread may not run before the
+    segment ends: then it is simply run again (the bound is only a hang guard)."""
+    lane = dev._lanes[s]
+    for _attempt in range(200):
+        comps.clear()
+        done.clear()
+        dev.enqueue(s, 1, 0, 0)
+        while not (lane.busy or done.is_set()):  # wait until the segment is running
+            threading.Event().wait(0.0005)
+        if not done.is_set():
+            dev.reset(s)
+            dev.set_preempt(s, True)
+            break
+        assert comps[-1].executed is True
+    else:
+        pytest.fail("the chain model always finished before it could be killed")
+    assert done.wait(60)
+
+
 def test_raising_the_flag_kills_the_running_segment_and_reports_when_it_stopped():
     # kill_below_ms=0: always kill (the "almost done" estimate uses wall time, which a busy
     # machine stretches: the segment would be left to finish)
@@ -130,23 +153,7 @@ def test_raising_the_flag_kills_the_running_segment_and_reports_when_it_stopped(
     try:
         dev.new_task(h, 1)
         dev.write_inputs(1, {"x": np.ones((64, 256), np.float32)})
-        lane = dev._lanes[s]
-        # catch the segment running (on a busy machine this thread may not run before the
-        # segment ends: then it is simply run again; the bound is only a hang guard)
-        for _attempt in range(200):
-            comps.clear()
-            done.clear()
-            dev.enqueue(s, 1, 0, 0)
-            while not (lane.busy or done.is_set()):  # wait until the segment is running
-                threading.Event().wait(0.0005)
-            if not done.is_set():
-                dev.reset(s)
-                dev.set_preempt(s, True)
-                break
-            assert comps[-1].executed is True
-        else:
-            pytest.fail("the chain model always finished before it could be killed")
-        assert done.wait(60)
+        _kill_while_running(dev, s, comps, done)
         c = comps[0]
         assert c.executed is False  # killed: counts as evicted, restored from its start
         assert c.t_start <= c.t_stop <= c.t_end
@@ -159,6 +166,46 @@ def test_raising_the_flag_kills_the_running_segment_and_reports_when_it_stopped(
         assert done.wait(60) and comps[1].executed is True
         want = _ort_model(_chain_model(), {"x": np.ones((64, 256), np.float32)})
         assert _allclose(dev.read_outputs(1), want)
+    finally:
+        dev.close()
+
+
+@pytest.mark.skipif(not os_priority.can_restore(),
+                    reason="this process may not raise a thread's priority back: BE lane "
+                           "workers stay niced as a whole, and killed runs are not reniced")
+def test_a_killed_run_drops_to_the_lowest_priority_until_it_stops(monkeypatch):
+    """Where only BE runs are niced, the flag that kills a running segment also drops its
+    thread to nice 19 for what ORT still runs (lost work); once the run has returned, the
+    thread has its own priority back."""
+    reniced: list[tuple[int, int]] = []
+    real = os_priority.set_thread_nice
+
+    def record(tid: int, nice: int) -> bool:
+        reniced.append((tid, nice))
+        return real(tid, nice)
+
+    monkeypatch.setattr(os_priority, "set_thread_nice", record)
+    dev = CpuDevice(c=1, be_nice=10, kill_below_ms=0.0)
+    h = dev.load_plan(compile_segments(_chain_model(), segment_ms=None))
+    done = threading.Event()
+    comps: list[Completion] = []
+
+    def on_complete(c: Completion) -> None:
+        comps.append(c)
+        done.set()
+
+    s = dev.open_stream(0)
+    dev.start(on_complete)
+    try:
+        dev.new_task(h, 1)
+        dev.write_inputs(1, {"x": np.ones((64, 256), np.float32)})
+        _kill_while_running(dev, s, comps, done)
+        assert comps[0].executed is False
+        worker = dev._lanes[s].thread
+        assert reniced == [(worker.native_id, os_priority.KILLED_NICE)]
+        assert dev.telemetry()["streams"][s]["os_priority"].endswith("while a model runs")
+        own = os_priority.current_nice()  # the worker's own: inherited from this thread
+        assert os.getpriority(os.PRIO_PROCESS, worker.native_id) == own
     finally:
         dev.close()
 

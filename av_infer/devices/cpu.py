@@ -24,8 +24,9 @@ Stream priorities are OS priorities (``devices.os_priority``): BE lanes run at n
 default (``be_nice``; always permitted), so a waking RT thread gets a core at once; where the
 process may raise a thread's priority back, only a BE lane's model runs are niced and the
 Python around them (which holds the GIL an RT thread may be waiting for) runs at the thread's
-own priority. RT lanes may be raised (``rt_priority`` "nice" or "fifo", where permitted; off
-by default). Shown in ``telemetry``.
+own priority, and a killed run drops to nice 19 until ORT stops it. RT lanes may be raised
+(``rt_priority`` "nice" or "fifo", where permitted; off by default). Shown in
+``telemetry``.
 
 Callers that wait run their request's launches themselves when the lane is idle
 (``run_pending``, used by ``Runtime.infer`` and ``Future.result``): no thread hand-off.
@@ -205,6 +206,10 @@ class _Lane:
     run_est: float = 0.0
     busy: bool = False  # a launch is executing (any engine)
     run_clk: int = 0  # CPU-time clock of the thread running the launch
+    run_tid: int = 0  # native id of that thread
+    #: the killed run's thread was set to KILLED_NICE (run-only nice): the thread running
+    #: the lane takes its own priority back when the run has returned
+    kill_niced: bool = False
     #: (wall time, that thread's CPU time) when the flag went up during the running launch
     flag_mark: tuple[float, float] | None = None
     executed: int = 0
@@ -454,6 +459,11 @@ class CpuDevice(Device):
                     est = lane.run_est
                     if est <= 0 or est - (now - lane.run_t0) >= self.kill_below_s:
                         ro.terminate = True  # ORT stops at its next kernel boundary
+                        if lane.run_nice is not None and not lane.kill_niced:
+                            # what it still runs (to ORT's next node) is lost work: the
+                            # lowest priority, so it takes no time from RT's cores
+                            lane.kill_niced = os_priority.set_thread_nice(
+                                lane.run_tid, os_priority.KILLED_NICE)
 
     def set_capacity(self, c: int) -> None:
         if not 1 <= c <= MAX_CAPACITY:
@@ -706,6 +716,7 @@ class CpuDevice(Device):
         measure = lane.priority > 0 and clk != 0
         run_nice = lane.run_nice  # niced only while a model runs: back to `own` after it
         own = os_priority.current_nice() if run_nice is not None else 0
+        tid = threading.get_native_id()
         while dq and not self._stopping and (until is None or not until()):
             with lock:
                 if not dq:
@@ -721,7 +732,7 @@ class CpuDevice(Device):
                     ro = lane.ro_spare or rec.model.runner.run_options()
                     lane.ro_spare = None
                     lane.running, lane.run_t0, lane.run_est = ro, t0, rec.model.est_s[k]
-                lane.busy, lane.run_clk, lane.flag_mark = executed, clk, None
+                lane.busy, lane.run_clk, lane.run_tid, lane.flag_mark = executed, clk, tid, None
             ran = True
             cpu0 = -1.0  # set where the launch runs and is measured
             if executed and rec.error is None:
@@ -752,6 +763,9 @@ class CpuDevice(Device):
             cpu_s = _cpu_time(clk) - cpu0 if executed and cpu0 >= 0.0 else _NAN
             t_stop = _NAN
             with lock:
+                if lane.kill_niced:  # set_preempt may have reniced it after `finally`
+                    lane.kill_niced = False
+                    os_priority.set_nice(own)
                 lane.running = None
                 if ro is not None and not ro.terminate:  # never killed: reusable
                     lane.ro_spare = ro

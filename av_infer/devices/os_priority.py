@@ -20,6 +20,8 @@ thread holding the GIL behind a core shared with other niced threads keeps a wak
 waiting for the GIL for a whole CFS slice (a priority inversion). Measured on the zoo pair
 (docs/cpu_engine.md, "BE lanes niced only while a model runs"): the RT client's lateness p99
 fell from 2.2-2.7 ms to 1.5-1.6 ms. Where it may not, the whole worker thread stays niced.
+In that mode a killed run's thread is also dropped to ``KILLED_NICE`` until ORT stops it
+(what it still runs is thrown away) and takes its own priority back after the run.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 __all__ = ["RT_PRIORITIES", "apply", "as_lane", "can_restore", "current_nice", "enter_lane",
-           "leave_lane", "nice_during_runs", "set_nice"]
+           "leave_lane", "nice_during_runs", "set_nice", "set_thread_nice"]
 
 #: ``rt_priority`` values: leave RT lanes alone, nice -5, or SCHED_FIFO priority 10.
 RT_PRIORITIES = ("off", "nice", "fifo")
 RT_NICE = -5
 RT_FIFO = 10
+#: a killed BE run's thread until ORT stops it (only where priority can be restored)
+KILLED_NICE = 19
 
 _restore_ok: bool | None = None
 
@@ -119,6 +123,15 @@ def nice_during_runs(be_nice: int) -> tuple[int | None, str]:
 def set_nice(nice: int) -> None:
     """Set the calling thread's nice value (one syscall; the caller knows it may)."""
     os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+
+
+def set_thread_nice(tid: int, nice: int) -> bool:
+    """Set another thread's nice value (lowering is always permitted); False if refused."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError:
+        return False
+    return True
 
 
 def enter_lane(nice: int) -> int | None:
