@@ -114,6 +114,24 @@ def test_ort_refusing_a_model_is_a_typed_load_error():
 
 
 # -- the device: kill, flag, faults -------------------------------------------------------------
+def _start_chain(dev: CpuDevice) -> tuple[int, list[Completion], threading.Event]:
+    """Start ``dev`` with task 1 of the chain model loaded and its input written; returns
+    (stream, completions seen, set on each completion)."""
+    h = dev.load_plan(compile_segments(_chain_model(), segment_ms=None))
+    done = threading.Event()
+    comps: list[Completion] = []
+
+    def on_complete(c: Completion) -> None:
+        comps.append(c)
+        done.set()
+
+    s = dev.open_stream(0)
+    dev.start(on_complete)
+    dev.new_task(h, 1)
+    dev.write_inputs(1, {"x": np.ones((64, 256), np.float32)})
+    return s, comps, done
+
+
 def _kill_while_running(dev: CpuDevice, s: int, comps: list, done: threading.Event) -> None:
     """Launch task 1's segment 0 on stream ``s`` and raise the flag while it runs; returns
     when the launch has completed. On a busy machine this thread may not run before the
@@ -139,20 +157,8 @@ def test_raising_the_flag_kills_the_running_segment_and_reports_when_it_stopped(
     # kill_below_ms=0: always kill (the "almost done" estimate uses wall time, which a busy
     # machine stretches: the segment would be left to finish)
     dev = CpuDevice(c=1, be_nice=0, kill_below_ms=0.0)
-    plan = compile_segments(_chain_model(), segment_ms=None)
-    h = dev.load_plan(plan)
-    done = threading.Event()
-    comps: list[Completion] = []
-
-    def on_complete(c: Completion) -> None:
-        comps.append(c)
-        done.set()
-
-    s = dev.open_stream(0)
-    dev.start(on_complete)
     try:
-        dev.new_task(h, 1)
-        dev.write_inputs(1, {"x": np.ones((64, 256), np.float32)})
+        s, comps, done = _start_chain(dev)
         _kill_while_running(dev, s, comps, done)
         c = comps[0]
         assert c.executed is False  # killed: counts as evicted, restored from its start
@@ -186,19 +192,8 @@ def test_a_killed_run_drops_to_the_lowest_priority_until_it_stops(monkeypatch):
 
     monkeypatch.setattr(os_priority, "set_thread_nice", record)
     dev = CpuDevice(c=1, be_nice=10, kill_below_ms=0.0)
-    h = dev.load_plan(compile_segments(_chain_model(), segment_ms=None))
-    done = threading.Event()
-    comps: list[Completion] = []
-
-    def on_complete(c: Completion) -> None:
-        comps.append(c)
-        done.set()
-
-    s = dev.open_stream(0)
-    dev.start(on_complete)
     try:
-        dev.new_task(h, 1)
-        dev.write_inputs(1, {"x": np.ones((64, 256), np.float32)})
+        s, comps, done = _start_chain(dev)
         _kill_while_running(dev, s, comps, done)
         assert comps[0].executed is False
         worker = dev._lanes[s].thread
