@@ -196,7 +196,14 @@ def equivalence(other: str, seconds: float, configs: list[str]) -> dict[str, Any
     finally:
         if saved is not None:
             sys.modules["av_infer.devices.sim"] = saved
-    differ = [k for k in mine if mine[k] != theirs.get(k)]
+    return _compare(mine, theirs, other, configs, seconds)
+
+
+def _compare(mine: dict, theirs: dict, other: str, configs: list[str],
+             seconds: float) -> dict[str, Any]:
+    """The runs of ``mine`` whose digest ``theirs`` lacks or has otherwise (read from JSON,
+    a digest is a list: compared as one)."""
+    differ = [k for k in mine if list(mine[k]) != list(theirs.get(k, ()))]
     return {"other": other, "configs": configs, "virtual_s": seconds, "runs": len(mine),
             "requests": sum(n for _, n in mine.values()), "differ": differ}
 
@@ -227,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [n for n in names if n not in EQUIV_CONFIGS]
     if bad:
         ap.error(f"unknown --equiv-configs {bad}; choose from {list(EQUIV_CONFIGS)}")
+    eq = None
     if a.digests:
         mine = _digests(a.seconds, names, "this checkout")
         with open(a.digests, "w") as f:
@@ -234,14 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         if not a.against:
             return 0
         with open(a.against) as f:
-            theirs = json.load(f)
-        differ = [k for k in mine if list(mine[k]) != list(theirs.get(k, ()))]
-        print(f"{len(mine)} runs, {sum(n for _, n in mine.values())} requests, "
-              f"{a.seconds:g} virtual s each: {len(differ)} differ from {a.against}"
-              + (f": {differ}" if differ else ""))
-        return 1 if differ else 0
-    if a.equivalence:
+            eq = _compare(mine, json.load(f), a.against, names, a.seconds)
+    elif a.equivalence:
         eq = equivalence(a.equivalence, a.seconds, names)
+    if eq is not None:
         if a.json == "-":
             print(json.dumps(eq, indent=2))
         else:

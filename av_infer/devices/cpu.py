@@ -207,9 +207,6 @@ class _Lane:
     busy: bool = False  # a launch is executing (any engine)
     run_clk: int = 0  # CPU-time clock of the thread running the launch
     run_tid: int = 0  # native id of that thread
-    #: the killed run's thread was set to KILLED_NICE (run-only nice): the thread running
-    #: the lane takes its own priority back when the run has returned
-    kill_niced: bool = False
     #: (wall time, that thread's CPU time) when the flag went up during the running launch
     flag_mark: tuple[float, float] | None = None
     executed: int = 0
@@ -459,11 +456,11 @@ class CpuDevice(Device):
                     est = lane.run_est
                     if est <= 0 or est - (now - lane.run_t0) >= self.kill_below_s:
                         ro.terminate = True  # ORT stops at its next kernel boundary
-                        if lane.run_nice is not None and not lane.kill_niced:
+                        if lane.run_nice is not None:
                             # what it still runs (to ORT's next node) is lost work: the
-                            # lowest priority, so it takes no time from RT's cores
-                            lane.kill_niced = os_priority.set_thread_nice(
-                                lane.run_tid, os_priority.KILLED_NICE)
+                            # lowest priority, so it takes no time from RT's cores (the
+                            # thread's own comes back under this lock after the run)
+                            os_priority.set_thread_nice(lane.run_tid, os_priority.KILLED_NICE)
 
     def set_capacity(self, c: int) -> None:
         if not 1 <= c <= MAX_CAPACITY:
@@ -615,8 +612,8 @@ class CpuDevice(Device):
     def _apply_os_priority(self, lane: _Lane) -> None:
         """The worker's OS priority (devices.os_priority): BE lanes niced (only while a model
         runs where the priority can be restored), RT optional."""
-        if lane.priority <= 0 and self._renice_helpers:
-            run_nice, _ = os_priority.nice_during_runs(self.be_nice)
+        if lane.priority <= 0:
+            run_nice = os_priority.nice_during_runs(self.be_nice)
             if run_nice is not None:
                 lane.nice, lane.run_nice, lane.helpable = None, run_nice, True
                 lane.prio_desc = f"nice {run_nice} while a model runs"
@@ -743,7 +740,7 @@ class CpuDevice(Device):
                 if measure:
                     cpu0 = _cpu_time(clk)
                 if run_nice is not None:
-                    os_priority.set_nice(run_nice)
+                    os_priority.set_nice(run_nice)  # own priority back under `lock` below
                 try:
                     if faults is not None:
                         faults.check("kernel", rec.model.plan.name, k)
@@ -756,15 +753,12 @@ class CpuDevice(Device):
                         executed = False  # killed: evicted, restored from its start
                     else:
                         rec.error, rec.error_kernel = e, k
-                finally:
-                    if run_nice is not None:
-                        os_priority.set_nice(own)
             t1 = now()
             cpu_s = _cpu_time(clk) - cpu0 if executed and cpu0 >= 0.0 else _NAN
             t_stop = _NAN
             with lock:
-                if lane.kill_niced:  # set_preempt may have reniced it after `finally`
-                    lane.kill_niced = False
+                if run_nice is not None and lane.busy:
+                    # under the lock set_preempt renices a killed run in: nothing after this
                     os_priority.set_nice(own)
                 lane.running = None
                 if ro is not None and not ro.terminate:  # never killed: reusable

@@ -108,16 +108,14 @@ def apply(rt: bool, be_nice: int, rt_priority: str) -> tuple[int | None, str]:
     return current_nice(), f"nice {current_nice()}"
 
 
-def nice_during_runs(be_nice: int) -> tuple[int | None, str]:
+def nice_during_runs(be_nice: int) -> int | None:
     """A BE lane niced only while its model runs (module docstring): the nice value its
-    runs take (``set_nice`` around each run), or None with the reason it cannot be done
-    (``be_nice`` 0, no per-thread nice, or the process may not raise priority back: then
-    ``apply`` nices the whole worker thread)."""
-    if be_nice <= 0:
-        return None, "default"
-    if not supported() or not can_restore():
-        return None, "cannot restore priority"
-    return min(19, current_nice() + be_nice), ""
+    runs take (``set_nice`` around each run), or None where it cannot be done (``be_nice``
+    0, no per-thread nice, or the process may not raise priority back: then ``apply``
+    nices the whole worker thread)."""
+    if be_nice <= 0 or not supported() or not can_restore():
+        return None
+    return min(19, current_nice() + be_nice)
 
 
 def set_nice(nice: int) -> None:
