@@ -3,13 +3,13 @@
 
 Runs ``av-infer bench --peer ort`` for each (RT model, BE model, RT rate) pair with 2 and 4
 closed-loop BE clients, writes ``out/peer/<pair>_be<N>.json`` and prints one markdown table
-(the one in docs/cpu_engine.md and the README). ``--table-only`` re-prints it from the JSON.
+(the one in docs/cpu_engine.md). ``--table-only`` re-prints it from the JSON.
 
     .venv/bin/python scripts/peer_matrix.py                  # ~7 min on the 2-core VM
     .venv/bin/python scripts/peer_matrix.py --policy reef_dkp --out out/peer_dkp
 
 Each run interleaves the systems in ``--rounds`` turns (``bench --peer``'s ``--rounds``); the
-table's last column is the spread of the per-round BE ratios.
+spread of the per-round BE ratios is in brackets beside the BE ratio.
 """
 
 from __future__ import annotations
@@ -32,22 +32,30 @@ def _f(v: float | None, nd: int = 2) -> str:
 
 
 def table(docs: list[dict]) -> str:
+    """The markdown table of docs/cpu_engine.md: ratios are av_infer / ORT threads;
+    preemption from the scheduled arrival (from the submit call in brackets); the RT client's
+    lateness p99 (scheduled arrival to its call) under av_infer (under ORT threads); the
+    killed BE runs' ``kill_ms`` p99."""
     rows = ["| RT model @ Hz | BE model × clients | policy | RT p50 / p99 ms: av_infer | ORT "
             "threads | RT alone | BE req/s: av_infer | ORT threads | RT p99 ratio | BE ratio "
-            "| preemption p50 / p99 ms | BE ratio per round |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "(rounds) | preemption p50 / p99 ms (p99 from submit) | RT lateness p99 ms "
+            "(ORT threads) | kill p99 ms |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for d in docs:
         a, o, s, c = d["avi"], d["ort_threads"], d["ort_rt_alone"], d["config"]
         pre = a.get("preemption_ms") or {}
+        sub = a.get("preemption_from_submit_ms") or {}
         rr = (d.get("ratios_range") or {}).get("be_rps")
-        spread = "-" if not rr else f"{rr[0]:.2f}-{rr[1]:.2f}"
+        spread = "" if not rr else f" ({rr[0]:.2f}-{rr[1]:.2f})"
         rows.append(
             f"| {d['rt_model']} @ {c['rt_rate']:g} | {d['be_model']} × {c['be_clients']} | "
             f"{c['policy']} | {_f(a['rt_p50_ms'])} / {_f(a['rt_p99_ms'])} | "
             f"{_f(o['rt_p50_ms'])} / {_f(o['rt_p99_ms'])} | "
             f"{_f(s['rt_p50_ms'])} / {_f(s['rt_p99_ms'])} | {a['be_rps']:.1f} | "
-            f"{o['be_rps']:.1f} | {_f(d['ratios']['rt_p99'])} | {_f(d['ratios']['be_rps'])} | "
-            f"{_f(pre.get('p50'))} / {_f(pre.get('p99'))} | {spread} |")
+            f"{o['be_rps']:.1f} | {_f(d['ratios']['rt_p99'])} | "
+            f"{_f(d['ratios']['be_rps'])}{spread} | {_f(pre.get('p50'))} / "
+            f"{_f(pre.get('p99'))} ({_f(sub.get('p99'))}) | {_f(a.get('rt_late_p99_ms'))} "
+            f"({_f(o.get('rt_late_p99_ms'))}) | {_f((a.get('kill_ms') or {}).get('p99'))} |")
     return "\n".join(rows)
 
 
