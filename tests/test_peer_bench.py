@@ -23,7 +23,12 @@ def test_run_peer_reports_the_three_systems_on_one_load():
     assert doc["ort_rt_alone"]["be_done"] == 0
     assert set(doc["ratios"]) == {"rt_p99", "rt_p50", "be_rps"}
     assert {"p50", "p99", "max", "count"} <= set(doc["avi"]["preemption_ms"])
-    assert "avi / ort_threads" in format_peer(doc)
+    text = format_peer(doc)
+    assert "avi / ort_threads" in text
+    # how late the RT client called, for every system (the part of the preemption figure
+    # before the runtime knew of the request)
+    assert "late p99" in text
+    assert all(doc[s]["rt_late_p99_ms"] >= 0 for s in ("avi", "ort_threads", "ort_rt_alone"))
 
 
 def test_cli_peer_json_to_stdout(capsys):
