@@ -18,17 +18,13 @@ import argparse
 import json
 from pathlib import Path
 
-from av_infer.bench.peer import PeerConfig, run_peer
+from av_infer.bench.peer import PeerConfig, _f, run_peer
 
 PAIRS = [  # (label, RT model, BE model, RT Hz)
     ("zoo", "resnet152", "vgg19", 20.0),
     ("cls_det", "ocr_cls", "ocr_det", 30.0),
     ("rec_det", "ocr_rec", "ocr_det", 10.0),
 ]
-
-
-def _f(v: float | None, nd: int = 2) -> str:
-    return "-" if v is None else f"{v:.{nd}f}"
 
 
 def table(docs: list[dict]) -> str:
