@@ -216,6 +216,10 @@ class _Lane:
     #: the nice value of this lane's model runs where only the runs are niced (the thread
     #: keeps its own priority for the Python around them: os_priority.nice_during_runs)
     run_nice: int | None = None
+    #: the launch running now was reniced to ``run_nice`` (a kill drops it further, to nice
+    #: 19); the thread's own priority comes back under ``lock`` after the run. Runs shorter
+    #: than ``kill_below`` are neither reniced nor killed
+    niced: bool = False
     prio_desc: str = ""  # what was done to the worker's OS priority (telemetry)
     #: callers may run this lane's launches (``run_pending``): the worker has set its
     #: priority, and a helper can take it and give it back (never SCHED_FIFO)
@@ -456,7 +460,7 @@ class CpuDevice(Device):
                     est = lane.run_est
                     if est <= 0 or est - (now - lane.run_t0) >= self.kill_below_s:
                         ro.terminate = True  # ORT stops at its next kernel boundary
-                        if lane.run_nice is not None:
+                        if lane.niced:
                             # what it still runs (to ORT's next node) is lost work: the
                             # lowest priority, so it takes no time from RT's cores (the
                             # thread's own comes back under this lock after the run)
@@ -593,6 +597,7 @@ class CpuDevice(Device):
             hand, lane.hand = lane.hand, None
             lane.running = None
             lane.busy = False
+            lane.niced = False
             lane.flag_mark = None
             if hand is not None:
                 task, k, t0 = hand
@@ -616,7 +621,8 @@ class CpuDevice(Device):
             run_nice = os_priority.nice_during_runs(self.be_nice)
             if run_nice is not None:
                 lane.nice, lane.run_nice, lane.helpable = None, run_nice, True
-                lane.prio_desc = f"nice {run_nice} while a model runs"
+                lane.prio_desc = (f"nice {run_nice} while a model runs (runs estimated under "
+                                  "kill_below_ms: own priority)")
                 return
         nice, desc = os_priority.apply(lane.priority > 0, self.be_nice, self.rt_priority)
         lane.nice, lane.prio_desc = nice, desc
@@ -712,7 +718,8 @@ class CpuDevice(Device):
         # kept off the BE lanes' many short launches
         measure = lane.priority > 0 and clk != 0
         run_nice = lane.run_nice  # niced only while a model runs: back to `own` after it
-        own = os_priority.current_nice() if run_nice is not None else 0
+        own = 0  # the thread's own nice value, read before its first reniced run
+        read_own = run_nice is not None
         tid = threading.get_native_id()
         while dq and not self._stopping and (until is None or not until()):
             with lock:
@@ -739,8 +746,15 @@ class CpuDevice(Device):
                     faults.check("lane", rec.model.plan.name, k)
                 if measure:
                     cpu0 = _cpu_time(clk)
-                if run_nice is not None:
-                    os_priority.set_nice(run_nice)  # own priority back under `lock` below
+                if run_nice is not None and not 0.0 < rec.model.est_s[k] < self.kill_below_s:
+                    # a run estimated shorter than kill_below is never killed (set_preempt)
+                    # and is not reniced either: two setpriority calls (3-7 µs) would cost
+                    # more than such a run can keep a core from a waking RT thread
+                    if read_own:
+                        own, read_own = os_priority.current_nice(), False
+                    with lock:  # (a kill renices it further under the same lock)
+                        lane.niced = True
+                        os_priority.set_nice(run_nice)  # own priority back under `lock` below
                 try:
                     if faults is not None:
                         faults.check("kernel", rec.model.plan.name, k)
@@ -757,9 +771,10 @@ class CpuDevice(Device):
             cpu_s = _cpu_time(clk) - cpu0 if executed and cpu0 >= 0.0 else _NAN
             t_stop = _NAN
             with lock:
-                if run_nice is not None and lane.busy:
+                if lane.niced:
                     # under the lock set_preempt renices a killed run in: nothing after this
                     os_priority.set_nice(own)
+                    lane.niced = False
                 lane.running = None
                 if ro is not None and not ro.terminate:  # never killed: reusable
                     lane.ro_spare = ro
