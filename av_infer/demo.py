@@ -343,19 +343,21 @@ def _peer_line(args: argparse.Namespace, device: str, models: dict[str, str]
     through av_infer and through one ORT session per model with a thread per client."""
     if device != "cpu" or args.peer_s <= 0 or args.variant != "scaled":
         return None
-    from av_infer.bench.peer import PeerConfig, run_peer
+    from av_infer.bench.peer import PeerConfig, peer_command, run_peer
 
-    doc = run_peer(PeerConfig(rt_model=models["front"], be_model=models["cabin"],
-                              rt_rate=args.rate, be_clients=1, policy=args.policy, c=args.c,
-                              duration=args.peer_s, warmup=0.5, progress=False,
-                              systems=("ort_threads", "avi"), rounds=2))
+    cfg = PeerConfig(rt_model=models["front"], be_model=models["cabin"], rt_rate=args.rate,
+                     be_clients=1, policy=args.policy, c=args.c, duration=args.peer_s,
+                     warmup=0.5, progress=False, systems=("ort_threads", "avi"), rounds=2)
+    doc = run_peer(cfg)
+    doc["command"] = peer_command(cfg)
     a, o = doc["avi"], doc["ort_threads"]
+    # the RT p99 of a few hundred requests is their few slowest: said with the count
     print(f"[demo] vs ORT threads ({models['front']} RT @ {args.rate:g} Hz + "
-          f"{models['cabin']} BE closed loop, {args.peer_s:g} s in 2 interleaved rounds; "
-          f"`av-infer bench --peer ort`): "
-          f"RT p50/p99 {_fmt(a['rt_p50_ms'])}/{_fmt(a['rt_p99_ms'])} ms vs "
-          f"{_fmt(o['rt_p50_ms'])}/{_fmt(o['rt_p99_ms'])} ms, BE {a['be_rps']:.0f} vs "
-          f"{o['be_rps']:.0f} req/s", flush=True)
+          f"{models['cabin']} BE closed loop, {args.peer_s:g} s in 2 interleaved rounds, "
+          f"policy {args.policy}): RT p50/p99 {_fmt(a['rt_p50_ms'])}/{_fmt(a['rt_p99_ms'])} ms "
+          f"vs {_fmt(o['rt_p50_ms'])}/{_fmt(o['rt_p99_ms'])} ms (n = {a['rt_n']} / "
+          f"{o['rt_n']}), BE {a['be_rps']:.0f} vs {o['be_rps']:.0f} req/s; repeat (longer for "
+          f"a steadier p99): {doc['command']}", flush=True)
     return doc
 
 

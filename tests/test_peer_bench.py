@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from av_infer.bench.peer import PeerConfig, format_peer, run_peer
+from av_infer.bench.peer import PeerConfig, format_peer, peer_command, run_peer
 from av_infer.cli import main
 
 KEYS = ("rt_p50_ms", "rt_p99_ms", "rt_p999_ms", "be_rps", "rt_n", "be_done")
@@ -38,6 +38,26 @@ def test_cli_peer_json_to_stdout(capsys):
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["config"]["policy"] == "reef" and doc["command"].startswith("av-infer bench")
+
+
+def test_peer_command_repeats_the_load():
+    """The command printed beside a peer figure (``make demo``'s line, the CLI's JSON)
+    parses back into the same load."""
+    import argparse
+    import shlex
+
+    from av_infer.cli import build_parser
+
+    cfg = PeerConfig(rt_model="inception_v3", be_model="densenet201", rt_rate=30.0,
+                     be_clients=1, policy="reef", c=2, duration=5.0, warmup=0.5, rounds=2)
+    line = peer_command(cfg, ["--device-option", "be_nice=5"])
+    argv = shlex.split(line)
+    assert argv[:4] == ["av-infer", "bench", "--peer", "ort"]
+    args = build_parser().parse_args(argv[1:])
+    assert isinstance(args, argparse.Namespace)
+    assert (args.rt_model, args.be_model, args.rt_rate, args.be_clients, args.policy, args.c,
+            args.duration, args.warmup, args.rounds, args.device_option) == (
+        "inception_v3", "densenet201", 30.0, 1, "reef", 2, 5.0, 0.5, 2, ["be_nice=5"])
 
 
 def test_cli_peer_rejects_bad_settings():

@@ -167,9 +167,8 @@ def _option_value(v: str) -> Any:
 def cmd_peer(args: argparse.Namespace) -> int:
     """``av-infer bench --peer ort``: av_infer beside plain ORT threads, one run."""
     import json
-    import shlex
 
-    from av_infer.bench.peer import PeerConfig, format_peer, run_peer
+    from av_infer.bench.peer import PeerConfig, format_peer, peer_command, run_peer
     from av_infer.cli import parse_input_shapes
 
     if args.device != "cpu" and "--device" in sys.argv:
@@ -194,17 +193,13 @@ def cmd_peer(args: argparse.Namespace) -> int:
                      threads=args.threads, device_options=opts,
                      progress=not args.no_progress, rounds=args.rounds)
     doc = run_peer(cfg)
-    cmd = ["av-infer", "bench", "--peer", "ort", "--rt-model", args.rt_model, "--be-model",
-           args.be_model, "--rt-rate", f"{args.rt_rate:g}", "--be-clients", str(args.be_clients),
-           "--policy", policy, "--c", str(args.c), "--duration", f"{args.duration:g}",
-           "--warmup", f"{args.warmup:g}", "--threads", str(args.threads),
-           "--rounds", str(args.rounds)]
+    extra: list[str] = []
     for flag, vals in (("--rt-input-shape", args.rt_input_shape),
                        ("--be-input-shape", args.be_input_shape),
                        ("--device-option", args.device_option)):
         for v in vals or []:
-            cmd += [flag, v]
-    doc["command"] = " ".join(shlex.quote(a) for a in cmd)  # repeats this run
+            extra += [flag, v]
+    doc["command"] = peer_command(cfg, extra)  # repeats this run
     if args.json == "-":
         print(json.dumps(doc, indent=2))
         print(format_peer(doc), file=sys.stderr)

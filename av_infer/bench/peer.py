@@ -347,6 +347,20 @@ def run_peer(cfg: PeerConfig) -> dict[str, Any]:
     return doc
 
 
+def peer_command(cfg: PeerConfig, extra: list[str] | None = None) -> str:
+    """The ``av-infer bench --peer ort`` command line that repeats ``cfg``'s load (models,
+    rate, clients, policy, timing), with ``extra`` arguments appended (input shapes and
+    device options as they were typed). Runs all three systems, whatever ``cfg.systems``."""
+    import shlex
+
+    cmd = ["av-infer", "bench", "--peer", "ort", "--rt-model", cfg.rt_model, "--be-model",
+           cfg.be_model, "--rt-rate", f"{cfg.rt_rate:g}", "--be-clients", str(cfg.be_clients),
+           "--policy", cfg.policy, "--c", str(cfg.c), "--duration", f"{cfg.duration:g}",
+           "--warmup", f"{cfg.warmup:g}", "--threads", str(cfg.threads),
+           "--rounds", str(cfg.rounds), *(extra or [])]
+    return " ".join(shlex.quote(a) for a in cmd)
+
+
 def _ratios(a: dict[str, Any], o: dict[str, Any]) -> dict[str, float | None]:
     return {"rt_p99": _ratio(a["rt_p99_ms"], o["rt_p99_ms"]),
             "rt_p50": _ratio(a["rt_p50_ms"], o["rt_p50_ms"]),
