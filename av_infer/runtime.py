@@ -52,6 +52,16 @@ __all__ = ["InputBuffers", "ModelInfo", "Runtime"]
 
 Spec = dict[str, tuple[tuple[int, ...], str]]
 
+#: a request's ``arrival`` (``submit``/``infer``) must lie on ``now()``'s clock: at most this
+#: long before ``now()`` and no later than ``ARRIVAL_AHEAD_S`` after it. Latency, EDF order
+#: and the RT forecast are all measured from it; an arrival from another clock or a bad
+#: value (the reliability fuzz sends -1e308) would otherwise give absurd latencies that
+#: overflow the latency statistics every client of the model shares.
+ARRIVAL_MAX_AGE_S = 3600.0
+#: the clock reads of a caller that waits for its scheduled time (``time.sleep``) may land
+#: a hair before it
+ARRIVAL_AHEAD_S = 1e-3
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -572,7 +582,8 @@ class Runtime:
         ``priority`` defaults to the client's configured one (BE if unconfigured);
         ``deadline`` (the soft deadline) is absolute on ``now()``'s clock, default arrival +
         the client's relative deadline (inf if none); ``hard_deadline`` likewise (default:
-        the client's; must not be before ``deadline``); ``arrival`` defaults to ``now()``;
+        the client's; must not be before ``deadline``); ``arrival`` defaults to ``now()``
+        (given, it must lie on that clock, at most ``ARRIVAL_MAX_AGE_S`` before it);
         ``drop_late`` (this request only) defaults to the client's configured one;
         ``variant_group`` (default: the client's) serves ``model`` (the group or one of its
         variants) by the group. Per-request values never change the client's configuration.
@@ -701,6 +712,10 @@ class Runtime:
             arrival = received
         else:
             arrival = _number("arrival", arrival)
+            if not received - ARRIVAL_MAX_AGE_S <= arrival <= received + ARRIVAL_AHEAD_S:
+                raise InvalidParameterError(
+                    f"arrival must be on now()'s clock, within {ARRIVAL_MAX_AGE_S:g} s before "
+                    f"now() ({received:.6f}) and not after it; got {arrival!r}")
         if deadline is None:
             deadline = arrival + cfg.relative_deadline if cfg.relative_deadline else math.inf
         else:

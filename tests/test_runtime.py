@@ -23,7 +23,7 @@ from av_infer.kernels.cpu import CpuPlanRunner
 from av_infer.model import zoo
 from av_infer.model.check import CPU_TOLERANCE, max_rel_err
 from av_infer.model.compiler import compile_model
-from av_infer.runtime import ModelInfo
+from av_infer.runtime import ARRIVAL_MAX_AGE_S, ModelInfo
 
 pytestmark = pytest.mark.usefixtures("scheduler_never_errs")
 
@@ -136,10 +136,20 @@ def test_make_device():
 def test_bad_deadline_and_arrival_fail_the_future(cnn_plan, x):
     with Runtime("cpu") as rt:
         rt.load_model("cnn", cnn_plan)
+        now = rt.now()
         for kw in ({"deadline": math.nan}, {"deadline": "x"}, {"arrival": math.inf},
-                   {"client": ""}, {"priority": 7}):
+                   {"client": ""}, {"priority": 7},
+                   # an arrival off now()'s clock (the fuzz's -1e308 overflowed the model's
+                   # latency statistics): refused at the boundary
+                   {"arrival": -1e308}, {"arrival": now - 2 * ARRIVAL_MAX_AGE_S},
+                   {"arrival": now + 10.0}):
             f = rt.submit("cnn", x, **kw)
             assert isinstance(f.exception(timeout=1), InvalidParameterError), kw
+        # on the clock, in the past: accepted, and its latency counts from it
+        r = rt.submit("cnn", x, arrival=now - 0.5).result(timeout=30)
+        assert r.timings.latency >= 0.5
+        lat = rt.stats()["clients"]["default"]["latency_ms"]
+        assert all(v is None or math.isfinite(v) for v in lat.values())
 
 
 def test_stats_are_json_and_listeners_see_the_lifecycle(cnn_plan, x):
