@@ -347,17 +347,21 @@ def _peer_line(args: argparse.Namespace, device: str, models: dict[str, str]
 
     cfg = PeerConfig(rt_model=models["front"], be_model=models["cabin"], rt_rate=args.rate,
                      be_clients=1, policy=args.policy, c=args.c, duration=args.peer_s,
-                     warmup=0.5, progress=False, systems=("ort_threads", "avi"), rounds=2)
+                     warmup=0.5, progress=False, rounds=2,
+                     systems=("ort_rt_alone", "ort_threads", "avi"))
     doc = run_peer(cfg)
     doc["command"] = peer_command(cfg)
-    a, o = doc["avi"], doc["ort_threads"]
-    # the RT p99 of a few hundred requests is their few slowest: said with the count
+    a, o, alone = doc["avi"], doc["ort_threads"], doc["ort_rt_alone"]
+    # the RT p99 of a few hundred requests is their few slowest: said with the count; the
+    # RT model alone in plain ORT at the same rate is the floor any runtime is held to
     print(f"[demo] vs ORT threads ({models['front']} RT @ {args.rate:g} Hz + "
           f"{models['cabin']} BE closed loop, {args.peer_s:g} s in 2 interleaved rounds, "
           f"policy {args.policy}): RT p50/p99 {_fmt(a['rt_p50_ms'])}/{_fmt(a['rt_p99_ms'])} ms "
           f"vs {_fmt(o['rt_p50_ms'])}/{_fmt(o['rt_p99_ms'])} ms (n = {a['rt_n']} / "
-          f"{o['rt_n']}), BE {a['be_rps']:.0f} vs {o['be_rps']:.0f} req/s; repeat (longer for "
-          f"a steadier p99): {doc['command']}", flush=True)
+          f"{o['rt_n']}; the RT model alone in ORT at {args.rate:g} Hz: "
+          f"{_fmt(alone['rt_p50_ms'])}/{_fmt(alone['rt_p99_ms'])} ms), BE {a['be_rps']:.0f} vs "
+          f"{o['be_rps']:.0f} req/s; repeat (longer for a steadier p99): {doc['command']}",
+          flush=True)
     return doc
 
 
