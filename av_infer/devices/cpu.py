@@ -752,9 +752,14 @@ class CpuDevice(Device):
                     # more than such a run can keep a core from a waking RT thread
                     if read_own:
                         own, read_own = os_priority.current_nice(), False
-                    with lock:  # (a kill renices it further under the same lock)
-                        lane.niced = True
-                        os_priority.set_nice(run_nice)  # own priority back under `lock` below
+                    # not under `lock`: a thread that lowers its own priority may be switched
+                    # out at once, and set_preempt (RT's arrival) must not wait for it. A
+                    # kill sets `terminate`, then renices the run to 19 if `niced` is up; one
+                    # landing before our renice is caught by the check after it
+                    lane.niced = True
+                    os_priority.set_nice(run_nice)  # own priority back under `lock` below
+                    if ro is not None and ro.terminate:
+                        os_priority.set_nice(os_priority.KILLED_NICE)
                 try:
                     if faults is not None:
                         faults.check("kernel", rec.model.plan.name, k)
