@@ -715,7 +715,8 @@ class Runtime:
             if not received - ARRIVAL_MAX_AGE_S <= arrival <= received + ARRIVAL_AHEAD_S:
                 raise InvalidParameterError(
                     f"arrival must be on now()'s clock, within {ARRIVAL_MAX_AGE_S:g} s before "
-                    f"now() ({received:.6f}) and not after it; got {arrival!r}")
+                    f"now() ({received:.6f}) and not after it (+{ARRIVAL_AHEAD_S * 1e3:g} ms); "
+                    f"got {arrival!r}")
         if deadline is None:
             deadline = arrival + cfg.relative_deadline if cfg.relative_deadline else math.inf
         else:
