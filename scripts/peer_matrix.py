@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from av_infer.bench.peer import PeerConfig, _f, run_peer
+from av_infer.bench.peer import PeerConfig, fmt_num, run_peer
 
 PAIRS = [  # (label, RT model, BE model, RT Hz)
     ("zoo", "resnet152", "vgg19", 20.0),
@@ -45,13 +45,14 @@ def table(docs: list[dict]) -> str:
         spread = "" if not rr else f" ({rr[0]:.2f}-{rr[1]:.2f})"
         rows.append(
             f"| {d['rt_model']} @ {c['rt_rate']:g} | {d['be_model']} × {c['be_clients']} | "
-            f"{c['policy']} | {_f(a['rt_p50_ms'])} / {_f(a['rt_p99_ms'])} | "
-            f"{_f(o['rt_p50_ms'])} / {_f(o['rt_p99_ms'])} | "
-            f"{_f(s['rt_p50_ms'])} / {_f(s['rt_p99_ms'])} | {a['be_rps']:.1f} | "
-            f"{o['be_rps']:.1f} | {_f(d['ratios']['rt_p99'])} | "
-            f"{_f(d['ratios']['be_rps'])}{spread} | {_f(pre.get('p50'))} / "
-            f"{_f(pre.get('p99'))} ({_f(sub.get('p99'))}) | {_f(a.get('rt_late_p99_ms'))} "
-            f"({_f(o.get('rt_late_p99_ms'))}) | {_f((a.get('kill_ms') or {}).get('p99'))} |")
+            f"{c['policy']} | {fmt_num(a['rt_p50_ms'])} / {fmt_num(a['rt_p99_ms'])} | "
+            f"{fmt_num(o['rt_p50_ms'])} / {fmt_num(o['rt_p99_ms'])} | "
+            f"{fmt_num(s['rt_p50_ms'])} / {fmt_num(s['rt_p99_ms'])} | {a['be_rps']:.1f} | "
+            f"{o['be_rps']:.1f} | {fmt_num(d['ratios']['rt_p99'])} | "
+            f"{fmt_num(d['ratios']['be_rps'])}{spread} | {fmt_num(pre.get('p50'))} / "
+            f"{fmt_num(pre.get('p99'))} ({fmt_num(sub.get('p99'))}) | "
+            f"{fmt_num(a.get('rt_late_p99_ms'))} ({fmt_num(o.get('rt_late_p99_ms'))}) | "
+            f"{fmt_num((a.get('kill_ms') or {}).get('p99'))} |")
     return "\n".join(rows)
 
 

@@ -371,7 +371,8 @@ def _ratio(x: float | None, y: float | None) -> float | None:
     return None if x is None or not y else float(x) / float(y)
 
 
-def _f(v: Any, nd: int = 2) -> str:
+def fmt_num(v: Any, nd: int = 2) -> str:
+    """A figure of a peer table: ``nd`` decimals, ``-`` when missing."""
     return "-" if v is None else f"{v:.{nd}f}"
 
 
@@ -394,16 +395,17 @@ def format_peer(doc: dict[str, Any]) -> str:
             continue
         pre = (r.get("preemption_ms") or {}).get("p99")
         pre_sub = (r.get("preemption_from_submit_ms") or {}).get("p99")
-        lines.append(f"{s:<14}{_f(r['rt_p50_ms']):>10}{_f(r['rt_p99_ms']):>8}"
-                     f"{_f(r['rt_p999_ms']):>8}{_f(r['rt_max_ms']):>8}{r['rt_n']:>7}"
-                     f"{r['be_rps']:>10.1f}{_f(r.get('cores_used')):>7}"
-                     f"{_f(r.get('rt_late_p99_ms'), 3):>10}{_f(pre, 3):>16}{_f(pre_sub, 3):>13}")
+        lines.append(f"{s:<14}{fmt_num(r['rt_p50_ms']):>10}{fmt_num(r['rt_p99_ms']):>8}"
+                     f"{fmt_num(r['rt_p999_ms']):>8}{fmt_num(r['rt_max_ms']):>8}{r['rt_n']:>7}"
+                     f"{r['be_rps']:>10.1f}{fmt_num(r.get('cores_used')):>7}"
+                     f"{fmt_num(r.get('rt_late_p99_ms'), 3):>10}{fmt_num(pre, 3):>16}"
+                     f"{fmt_num(pre_sub, 3):>13}")
     ra = doc.get("ratios")
     if ra:
-        lines.append(f"avi / ort_threads: RT p99 {_f(ra['rt_p99'])}x, RT p50 "
-                     f"{_f(ra['rt_p50'])}x, BE req/s {_f(ra['be_rps'])}x")
+        lines.append(f"avi / ort_threads: RT p99 {fmt_num(ra['rt_p99'])}x, RT p50 "
+                     f"{fmt_num(ra['rt_p50'])}x, BE req/s {fmt_num(ra['be_rps'])}x")
     rr = doc.get("ratios_range")
     if rr:
         lines.append("per round: " + ", ".join(
-            f"{k} {_f(v[0])}-{_f(v[1])}x" for k, v in rr.items()))
+            f"{k} {fmt_num(v[0])}-{fmt_num(v[1])}x" for k, v in rr.items()))
     return "\n".join(lines)

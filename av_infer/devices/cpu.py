@@ -456,15 +456,19 @@ class CpuDevice(Device):
                 lane.flag_mark = (now, _cpu_time(lane.run_clk))
                 ro = lane.running
                 if ro is not None and self.kill:
-                    # no estimate (a whole model compiled without a profile): always kill
-                    est = lane.run_est
-                    if est <= 0 or est - (now - lane.run_t0) >= self.kill_below_s:
+                    if self._worth_killing(lane.run_est, now - lane.run_t0):
                         ro.terminate = True  # ORT stops at its next kernel boundary
                         if lane.niced:
                             # what it still runs (to ORT's next node) is lost work: the
                             # lowest priority, so it takes no time from RT's cores (the
                             # thread's own comes back under this lock after the run)
                             os_priority.set_thread_nice(lane.run_tid, os_priority.KILLED_NICE)
+
+    def _worth_killing(self, est: float, elapsed: float = 0.0) -> bool:
+        """A run estimated at ``est`` seconds, ``elapsed`` into it, has enough left to be
+        worth killing (``kill_below_ms``); no estimate (``est`` <= 0, a whole model compiled
+        without a profile): always. A run not worth killing is not reniced either."""
+        return est <= 0 or est - elapsed >= self.kill_below_s
 
     def set_capacity(self, c: int) -> None:
         if not 1 <= c <= MAX_CAPACITY:
@@ -746,10 +750,9 @@ class CpuDevice(Device):
                     faults.check("lane", rec.model.plan.name, k)
                 if measure:
                     cpu0 = _cpu_time(clk)
-                if run_nice is not None and not 0.0 < rec.model.est_s[k] < self.kill_below_s:
-                    # a run estimated shorter than kill_below is never killed (set_preempt)
-                    # and is not reniced either: two setpriority calls (3-7 µs) would cost
-                    # more than such a run can keep a core from a waking RT thread
+                if run_nice is not None and self._worth_killing(rec.model.est_s[k]):
+                    # a run too short to kill is not reniced either: two setpriority calls
+                    # (3-7 µs) would cost more than it can keep a core from a waking RT thread
                     if read_own:
                         own, read_own = os_priority.current_nice(), False
                     # not under `lock`: a thread that lowers its own priority may be switched
