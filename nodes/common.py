@@ -554,7 +554,7 @@ def make_executor(kind: str | None = None, num_threads: int | None = None,
 def spin_nodes(make_nodes: Callable[[], list[Node]], args: list[str] | None = None,
                num_threads: int | None = None, executor_kind: str | None = None) -> None:
     """``main()`` body: init, build nodes, spin them (see ``make_executor``), clean up on
-    Ctrl-C."""
+    Ctrl-C, and end the process there (``_exit_after_cleanup``)."""
     import sys
 
     import rclpy
@@ -594,3 +594,24 @@ def spin_nodes(make_nodes: Callable[[], list[Node]], args: list[str] | None = No
         rclpy.try_shutdown()
     if refused is not None:
         raise SystemExit(f"av_infer: cannot start: {type(refused).__name__}: {refused}")
+    _exit_after_cleanup()
+
+
+def _exit_after_cleanup() -> None:
+    """End a node process once its nodes are destroyed and rclpy is shut down, without
+    interpreter finalization. Finalization races the DDS library's own threads: on a busy
+    machine about one Ctrl-C in twenty ended a node process with SIGSEGV there, after our
+    cleanup, in a thread that is not Python's (tests/test_ros_multiprocess.py, the
+    perception node beside two busy loops; the workaround rmw_fastrtps issue 761 names).
+    What our code writes is flushed first; nothing it holds needs a finalizer."""
+    import logging
+    import os
+    import sys
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
