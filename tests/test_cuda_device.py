@@ -253,6 +253,108 @@ def test_runtime_reef_policy_on_cuda(emulate):
             assert rt.stats()["preemptions"] > 0
 
 
+def _late_completions_device(hold_from: int, ready_at: int):
+    """A cuda-emu device whose BE streams report completions late (test only). While a
+    stream's flag is down, completions of kernels ``hold_from``.. (but a task's last) are
+    held; ``ready`` is set once ``ready_at`` are held; the held ones are delivered right
+    after the flag rises, or with the task's last kernel. It is what a completion thread
+    that lags the GPU does (the GIL, a busy machine); the device contract allows it
+    (completions are asynchronous)."""
+    from av_infer.devices.cuda import CudaDevice
+
+    class LateCompletions(CudaDevice):
+        def __init__(self) -> None:
+            super().__init__(emulate=True)
+            self._late_lock = threading.RLock()  # the poster may run the scheduler inline
+            self._late: list[Completion] = []
+            self._be: set[int] = set()
+            self._up: set[int] = set()
+            self.ready = threading.Event()
+            self.held_at_flag: list[int] = []
+
+        def open_stream(self, priority: int) -> int:
+            sid = super().open_stream(priority)
+            if priority <= 0:
+                self._be.add(sid)
+            return sid
+
+        def start(self, on_complete) -> None:
+            def late(comp: Completion) -> None:
+                with self._late_lock:
+                    t = self._tasks.get(comp.task)
+                    last = t is None or comp.kernel == len(t.model.plan.kernels) - 1
+                    if (comp.stream in self._be and comp.stream not in self._up
+                            and comp.kernel >= hold_from and not last):
+                        self._late.append(comp)
+                        if len(self._late) >= ready_at:
+                            self.ready.set()
+                        return
+                    self._flush()
+                    on_complete(comp)
+
+            self._deliver = on_complete
+            super().start(late)
+
+        def _flush(self) -> None:
+            held, self._late = self._late, []
+            for c in held:
+                self._deliver(c)
+
+        def set_preempt(self, stream: int, flag: bool) -> None:
+            super().set_preempt(stream, flag)
+            with self._late_lock:
+                if flag:
+                    self._up.add(stream)
+                    self.held_at_flag.append(len(self._late))
+                    self.ready.clear()
+                    self._flush()
+                else:
+                    self._up.discard(stream)
+
+    return LateCompletions()
+
+
+def test_restore_uses_the_device_s_done_when_completions_arrive_after_the_flag():
+    """A device that cannot tell executed from evicted (CUDA) may report launches that ran
+    before a reset only after the flag rose: the scheduler counts none of those, so its
+    own count of finished kernels trails the vHQ's ``done``. The restore must start from
+    the vHQ's ``done``: re-running kernels further back than the plan's reuse guard reads
+    inputs that later kernels overwrote (wrong BE outputs on an H100, 2026-11-26). Here
+    each BE request is preempted once, with 3 kernels counted and 20 more run but not yet
+    reported; its result stays bit-identical to an unpreempted run."""
+    from av_infer import Runtime
+
+    be, x, rt_plan, x_rt = _pair(("resnet152", "scaled"), ("tiny_mlp", "default"))
+    assert be.reuse_guard < 20 < len(be.kernels) - 1
+    dev = _late_completions_device(hold_from=3, ready_at=20)
+    with Runtime(dev, policy="reef", c=4, max_be_streams=1) as rt:
+        rt.load_model("be", be)
+        rt.load_model("rt", rt_plan)
+        ref = rt.submit("be", x, client="be").result(timeout=120).outputs
+        futs = [rt.submit("be", x, client="be") for _ in range(3)]
+
+        def rt_load() -> None:  # an RT request each time 20 BE completions are held
+            n = 0
+            while n < len(futs) and not all(f.done() for f in futs):
+                if dev.ready.wait(0.05):
+                    rt.submit("rt", x_rt, priority="RT").result(timeout=60)
+                    n += 1
+
+        th = threading.Thread(target=rt_load)
+        th.start()
+        try:
+            outs = [f.result(timeout=300).outputs for f in futs]
+        finally:
+            th.join()
+        assert rt.stats()["preemptions"] == len(futs)
+    # the case this test is about happened: more completions held past a flag than the
+    # reuse guard (else restoring from the scheduler's count would be safe by luck)
+    assert max(dev.held_at_flag) > be.reuse_guard, dev.held_at_flag
+    for out in outs:
+        for k in ref:
+            assert np.array_equal(out[k], ref[k])
+
+
 # -- DKP: padded launches (kernels/cuda/padding.py through the dispatcher) -----------------
 def test_padded_launches_leave_outputs_bit_identical(emulate):
     """A BE conv kernel's blocks run as padding of three RT kernels (uneven ranges); the BE

@@ -15,7 +15,8 @@ RT arrival does to running BE work is the policy's ``preempt`` kind (see policie
 * ``reset`` (REEF-N): ``device.reset(s)`` first (so the vHQ's ``done`` counts only
   kernels that really executed), then ``set_preempt(s, True)``; the RT task starts at once
   on the RT stream. When no RT work is left and a preempted stream has drained, its flag
-  is cleared and the task restored from ``restore_point(k_l, done, c)``.
+  is cleared and the task restored from the first kernel not known to have run (REEF's
+  ``restore_point(k_l, done, c)``, see ``_restore``).
 * ``wait``: reset the BE vHQs without a flag (launched kernels run on), start RT once every
   BE stream drained, resume BE tasks from where they stopped.
 * ``none``: BE keeps running beside RT (or, ``exclusive``, nothing runs beside anything).
@@ -37,7 +38,6 @@ from typing import Any
 import numpy as np
 
 from av_infer._cy.dkp_select import Selector
-from av_infer._cy.vhq import restore_point
 from av_infer.devices.base import Completion, Device, ResetInfo
 from av_infer.errors import (
     AvInferError,
@@ -126,7 +126,7 @@ class Task:
     outstanding: int = 0  # launches enqueued and not yet completed or dropped
     resume_from: int = 0  # next kernel to enqueue when (re)started
     enq_from: int = 0  # first kernel of the latest enqueue
-    preempt_info: tuple[int, int, int] | None = None  # (last_sent, done, c) at reset
+    reset_done: int | None = None  # kernels known to have run at its last reset (vHQ done)
     # DKP (BE tasks): next kernel/block to pad (-1: not padding), completed padded blocks
     # per kernel, kernels completed by padding, and parts of this task in padded launches
     # the device took and has not yet reported (completed, or dropped by a reset): which
@@ -823,8 +823,7 @@ class Scheduler:
             if s.outstanding > 0 and s.stop_from is None and info.running is not False:
                 s.stop_from, s.stop_from_received = arrival, received
             t.state = PREEMPTED
-            t.preempt_info = (info.last_sent if mine else -1,
-                              info.done if mine else t.enq_from, info.restore_c or self.c)
+            t.reset_done = info.done if mine else t.enq_from
             t.req.timings.preempted += 1
             with self.stats.lock:
                 self.stats.preemptions += 1
@@ -906,27 +905,33 @@ class Scheduler:
                     break
 
     def _restore(self, t: Task, s: StreamState) -> None:
-        last_sent, done, c = t.preempt_info or (-1, t.done, self.c)
-        # REEF's max(done, k_l - c) with ``done`` as known now: every launch of the reset
-        # stream has completed (in order) by the time we restore, so kernels that ran
-        # between the reset and the flag are not re-run. A device that cannot tell
-        # executed from evicted (CUDA) counts nothing after the flag, so this stays safe.
-        done = max(done, t.done)
-        rp = int(restore_point(last_sent, done, c)) if last_sent >= 0 else done
-        rp = min(rp, t.done)  # never skip a kernel not known to have executed
+        done = t.done if t.reset_done is None else t.reset_done
+        # Restore from the first kernel not known to have run. Two counts know: the vHQ's
+        # ``done`` at the reset (completions the device saw before the flag rose) and
+        # ``t.done`` (completions reported here since, executed); every launch of the
+        # reset stream has completed (in order) by now. REEF's max(done, k_l - c) is that
+        # same kernel (at most c launches are in flight, so everything up to k_l - c had
+        # completed at the reset, and ``done`` is a truth where k_l - c is an inference).
+        # ``t.done`` alone is not enough on a device that
+        # cannot tell executed from evicted (CUDA: ``executed`` None, nothing counted
+        # while the flag is up): when the scheduler thread lags the device, completions
+        # that ran before the reset reach it after the flag, so ``t.done`` can trail the
+        # vHQ's ``done`` by more than the plan's reuse guard, and re-running from there
+        # read inputs that later kernels had overwritten (wrong BE outputs on an H100,
+        # 2026-11-26: distilbert as BE, docs/gpu_results.md).
+        rp = max(done, t.done)
         if t.pad_k >= 0:  # padded meanwhile: completions of padded launches are certain
-            if t.done > last_sent:
-                rp = t.done
             t.pad_k, t.pad_b = -1, 0
             t.pad_blocks.clear()
         self.device.set_preempt(s.id, False)
         s.flagged = False
-        reexec = t.done - rp
+        reexec = max(0, t.done - rp)  # kernels known to have run that run again
+        t.done = max(t.done, rp)
         t.req.timings.kernels_reexecuted += reexec
         with self.stats.lock:
             self.stats.restores += 1
             self.stats.kernels_reexecuted += reexec
-        t.preempt_info = None
+        t.reset_done = None
         self._enqueue(t, s, rp)
         if self.listeners:
             self._emit("restore", {"request_id": t.tid, "stream": s.id, "from": rp,
