@@ -20,9 +20,14 @@
 #
 # Knobs: GPU_CHECK_STEPS (comma list of the steps above; default all), GPU_CHECK_BUDGET_S,
 # GPU_CHECK_DISB_S (seconds per DISB policy run, default 4), GPU_CHECK_SWEEP_S (default 3),
+# GPU_CHECK_RATE_SCALE (DISB request rates x F, default 0.5: at REEF's rates, vgg19 RT at
+# 100 Hz, our full-size vgg19 of 13.4 ms on an H100 overloads the GPU under every policy,
+# rt_only too, 2026-11-26, docs/gpu_results.md; 1 reproduces REEF's rates),
 # GPU_CHECK_PAIR_S (seconds per DKP pair and policy, default 0.5), GPU_CHECK_NO_INSTALL=1
 # (never pip install), PY (the interpreter: default .venv/bin/python if present, else
 # python3, which on the GPU image has cupy, torch and onnxruntime and cannot fetch).
+# The DISB steps read the workloads from shared/disb beside the checkout or inside it: a
+# device machine that gets the checkout alone needs `cp -r ../shared/disb shared/` first.
 # Exit: 0 every step that ran passed; 1 a step failed or timed out; 2 no GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +42,8 @@ BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
 STEPS=${GPU_CHECK_STEPS:-build,pytest,bench,disb_A,disb_C,sweep_A,sweep_C,sweep_A_wait,sweep_C_wait}
 DISB_S=${GPU_CHECK_DISB_S:-4}
 SWEEP_S=${GPU_CHECK_SWEEP_S:-3}
+RATE_SCALE=${GPU_CHECK_RATE_SCALE:-0.5}
+export RATE_SCALE
 PAIR_S=${GPU_CHECK_PAIR_S:-0.5}
 PARTS=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_parts.XXXXXX")
 export PARTS
@@ -44,7 +51,10 @@ T0=$SECONDS
 rc=0
 
 nvidia-smi || { echo "gpu_check: nvidia-smi failed: no GPU here" >&2; exit 2; }
-echo "gpu_check: PY=$PY budget=${BUDGET_S}s steps=$STEPS"
+echo "gpu_check: PY=$PY budget=${BUDGET_S}s steps=$STEPS rate_scale=$RATE_SCALE"
+"$PY" -c "from av_infer.bench.workload import workload_path; workload_path('A')" 2>/dev/null \
+    || echo "gpu_check: no DISB workloads (shared/disb beside or inside the checkout): the" \
+        "disb and sweep steps will fail; cp -r ../shared/disb shared/ before sending the tree"
 
 # disb_cuda.json from the DISB parts (policies.<W>, sweep_c.<policy>.<W>), and
 # gpu_check_steps.json from the step log; rewritten after every step.
@@ -116,7 +126,7 @@ disb() {
     local wl=$1 part=$2
     shift 2
     local cmd=("$PY" -m av_infer.cli bench --device cuda --scale full --workload "$wl"
-               --no-progress --json "$PARTS/$part.json" "$@")
+               --rate-scale "$RATE_SCALE" --no-progress --json "$PARTS/$part.json" "$@")
     echo "${cmd[*]}"
     "${cmd[@]}"
 }
