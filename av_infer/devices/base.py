@@ -76,9 +76,11 @@ class ResetInfo:
     ``last_sent`` is k_l, the last kernel transmitted to the stream (-1 if none);
     ``done`` is the number of leading kernels whose completion was observed; ``dropped``
     how many queued launches the reset discarded (reclaimed in the background);
-    ``restore_c`` the largest capacity in effect while the in-flight launches were sent:
-    restore from ``restore_point(last_sent, done, restore_c)`` (using the current c after a
-    lowering of c could skip kernels that never ran).
+    ``restore_c`` the largest capacity in effect while the in-flight launches were sent
+    (REEF's ``restore_point(last_sent, done, restore_c)``; the current c after a lowering
+    of c could skip kernels that never ran). The scheduler restores from ``done`` itself
+    (or its own later count of executed completions): with at most ``restore_c`` launches
+    in flight, in order, that is the same kernel, and it is observed, not inferred.
 
     Protocol: reset a stream *before* raising its preemption flag, so every completion
     counted in ``done`` really executed.
