@@ -905,37 +905,31 @@ class Scheduler:
                     break
 
     def _restore(self, t: Task, s: StreamState) -> None:
-        done = t.done if t.reset_done is None else t.reset_done
-        # Restore from the first kernel not known to have run. Two counts know: the vHQ's
+        # Restore from the first kernel not known to have run: the later of the vHQ's
         # ``done`` at the reset (completions the device saw before the flag rose) and
-        # ``t.done`` (completions reported here since, executed); every launch of the
-        # reset stream has completed (in order) by now. REEF's max(done, k_l - c) is that
-        # same kernel (at most c launches are in flight, so everything up to k_l - c had
-        # completed at the reset, and ``done`` is a truth where k_l - c is an inference).
-        # ``t.done`` alone is not enough on a device that
-        # cannot tell executed from evicted (CUDA: ``executed`` None, nothing counted
-        # while the flag is up): when the scheduler thread lags the device, completions
-        # that ran before the reset reach it after the flag, so ``t.done`` can trail the
-        # vHQ's ``done`` by more than the plan's reuse guard, and re-running from there
-        # read inputs that later kernels had overwritten (wrong BE outputs on an H100,
-        # 2026-11-26: distilbert as BE, docs/gpu_results.md).
-        rp = max(done, t.done)
+        # ``t.done`` (executed completions reported since); every launch of the reset stream
+        # has completed, in order, by now. REEF's max(done, k_l - c) is the same kernel (at
+        # most c launches are in flight), observed here rather than inferred. ``t.done``
+        # alone is not enough where the device cannot tell executed from evicted (CUDA:
+        # nothing counts while the flag is up): completions that ran before the reset can
+        # reach this thread after the flag, and restoring from ``t.done`` then re-ran
+        # kernels beyond the plan's reuse guard, whose inputs were overwritten (wrong BE
+        # outputs on an H100, docs/gpu_results.md). So no kernel known to have run is ever
+        # re-run: ``kernels_reexecuted`` stays 0 (re-sent launches were not known to run).
+        rp = max(t.done, t.reset_done or 0)
+        t.done = rp
+        t.reset_done = None
         if t.pad_k >= 0:  # padded meanwhile: completions of padded launches are certain
             t.pad_k, t.pad_b = -1, 0
             t.pad_blocks.clear()
         self.device.set_preempt(s.id, False)
         s.flagged = False
-        reexec = max(0, t.done - rp)  # kernels known to have run that run again
-        t.done = max(t.done, rp)
-        t.req.timings.kernels_reexecuted += reexec
         with self.stats.lock:
             self.stats.restores += 1
-            self.stats.kernels_reexecuted += reexec
-        t.reset_done = None
         self._enqueue(t, s, rp)
         if self.listeners:
             self._emit("restore", {"request_id": t.tid, "stream": s.id, "from": rp,
-                                   "reexecuted": reexec, "t": self.device.now()})
+                                   "reexecuted": 0, "t": self.device.now()})
 
     # -- the BE queue as batching sees it (model_services.maybe_batch) -------------------------
     def _be_queued_of(self, model: str) -> list[Task]:
