@@ -211,7 +211,8 @@ class NodeProcess:
         if ros_args:
             cmd += ["--ros-args", *ros_args]
         self.cmd = cmd
-        full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        # faulthandler: a child that crashes (SIGSEGV) leaves every thread's stack in its log
+        full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **(env or {}))
         self._log_file = open(self.log, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=self._log_file,
                                      stderr=subprocess.STDOUT)
