@@ -177,6 +177,34 @@ def wait_future(fut: Any, timeout: float = WAIT_S, what: str = "a reply") -> Any
     return fut.result()
 
 
+def wait_reply(send: Callable[[], Any], timeout: float = WAIT_S, resend_s: float = 5.0,
+               what: str = "a reply") -> Any:
+    """The first answer to an *idempotent* service request (a get, a state query, setting a
+    parameter to a value), sending it again every ``resend_s`` until one answer arrives.
+
+    Why: a service's response can be lost while discovery is still going on. rmw_fastrtps
+    sends a response only once the server has matched the client's response reader and
+    waits at most 100 ms for that (ros2/rmw_fastrtps #390, #467); rclpy then logs "failed to
+    send response (timeout)" and drops it. ``wait_for_service`` cannot see that side of the
+    match, so on a busy machine the first request after it can go unanswered forever (seen
+    once in CI: get_parameters to a node process, 120 s without a reply). A later request
+    finds the reader matched. Requests that change state differently when repeated
+    (a lifecycle transition, loading a model) must not use this."""
+    futures = [send()]
+    deadline = time.monotonic() + timeout
+    next_send = time.monotonic() + resend_s
+
+    def answered() -> Any:
+        nonlocal next_send
+        done = next((f for f in futures if f.done()), None)
+        if done is None and time.monotonic() >= min(next_send, deadline):
+            futures.append(send())
+            next_send = time.monotonic() + resend_s
+        return done
+
+    return wait_for(answered, timeout, what=f"{what} (re-sent every {resend_s:g} s)").result()
+
+
 def make_image(node: Node, frame_id: str, height: int = 48, width: int = 64,
                encoding: str = "rgb8", seed: int = 0, stamp: Any = None) -> Image:
     """A synthetic camera frame (moving gradient + noise) stamped with the node's clock."""
@@ -266,8 +294,8 @@ class RuntimeHostClient:
             self.responses.append(msg)
 
     def state(self) -> int:
-        return wait_future(self.get_state.call_async(GetState.Request()),
-                           what="get_state").current_state.id
+        return wait_reply(lambda: self.get_state.call_async(GetState.Request()),
+                          what="get_state").current_state.id
 
     def transition(self, tid: int) -> bool:
         req = ChangeState.Request(transition=Transition(id=tid))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import sys
 import tomllib
 from pathlib import Path
 
@@ -118,14 +119,14 @@ def test_every_yaml_key_is_declared(path):
 
 
 def _param_values(tester, node_name: str, names: list[str]):
-    from av_infer_nodes.testing import WAIT_S, wait_future
+    from av_infer_nodes.testing import WAIT_S, wait_reply
     from rcl_interfaces.msg import Parameter as ParameterMsg
     from rclpy.parameter import Parameter
     from rclpy.parameter_client import AsyncParameterClient
 
     client = AsyncParameterClient(tester, node_name)
     assert client.wait_for_services(timeout_sec=WAIT_S), f"{node_name} has no param services"
-    reply = wait_future(client.get_parameters(names), what=f"{node_name} get_parameters")
+    reply = wait_reply(lambda: client.get_parameters(names), what=f"{node_name} get_parameters")
     return {n: Parameter.from_parameter_msg(ParameterMsg(name=n, value=v)).value
             for n, v in zip(names, reply.values)}
 
@@ -160,6 +161,9 @@ def test_nodes_start_from_the_launch_command_lines(tmp_path):
                 assert v["runtime"] == "remote"
     finally:
         codes = {p.cmd[2]: p.stop() for p in reversed(procs)}
+        for p in procs:  # captured: pytest shows it when the test fails
+            print(f"--- {p.cmd[2]} (exit {p.proc.returncode}):\n{p.output()[-3000:]}",
+                  file=sys.stderr)
     assert all(c == 0 for c in codes.values()), (codes, [p.output()[-2000:] for p in procs])
 
     container = NodeProcess("av_infer_nodes.container", log_dir=tmp_path, ros_args=[
@@ -175,5 +179,6 @@ def test_nodes_start_from_the_launch_command_lines(tmp_path):
                     assert v["runtime"] == "auto"  # local in the container
     finally:
         code = container.stop()
+        print(f"--- container (exit {code}):\n{container.output()[-3000:]}", file=sys.stderr)
     assert code == 0, container.output()[-3000:]
     assert "Traceback" not in container.output(), container.output()[-3000:]

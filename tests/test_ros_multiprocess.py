@@ -24,7 +24,7 @@ from av_infer_nodes.testing import (  # noqa: E402
     RosHarness,
     make_image,
     wait_for,
-    wait_future,
+    wait_reply,
 )
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from rcl_interfaces.msg import Parameter as ParameterMsg  # noqa: E402
@@ -120,7 +120,7 @@ def test_params_file_applied(procs):
     client = AsyncParameterClient(tester, "av_infer_runtime")
     assert client.wait_for_services(timeout_sec=WAIT_S)
     names = ["models", "pinned_models", "c", "policy", "model_variant", "max_be_streams"]
-    got = wait_future(client.get_parameters(names), what="get_parameters").values
+    got = wait_reply(lambda: client.get_parameters(names), what="get_parameters").values
     vals = dict(zip(names, (Parameter.from_parameter_msg(
         ParameterMsg(name=n, value=v)).value for n, v in zip(names, got))))
     assert list(vals["models"]) == ["tiny_cnn"]  # -p after --params-file wins
@@ -129,7 +129,7 @@ def test_params_file_applied(procs):
     pclient = AsyncParameterClient(tester, "av_infer_perception")
     assert pclient.wait_for_services(timeout_sec=WAIT_S)
     pnames = ["relative_deadline_ms", "resize", "runtime", "priority", "mean"]
-    pv = wait_future(pclient.get_parameters(pnames), what="get_parameters").values
+    pv = wait_reply(lambda: pclient.get_parameters(pnames), what="get_parameters").values
     assert pv[0].double_value == DEADLINE_MS and pv[1].string_value == "bilinear"
     assert pv[2].string_value == "remote" and pv[3].string_value == "RT"
     assert list(pv[4].double_array_value) == pytest.approx([0.485, 0.456, 0.406])
@@ -170,17 +170,18 @@ def test_parameters_from_another_process(procs):
     client = AsyncParameterClient(tester, "av_infer_runtime")
     assert client.wait_for_services(timeout_sec=WAIT_S)
     watch = RuntimeStatusWatch(tester)
-    res = wait_future(client.set_parameters([Parameter("policy", value="seq"),
+    res = wait_reply(lambda: client.set_parameters([Parameter("policy", value="seq"),
                                              Parameter("c", value=2)]), what="set")
     assert all(r.successful for r in res.results), res
     watch.wait(lambda s: s["policy"] == "seq" and s["c"] == "2",
                what="runtime policy seq, c 2 in /diagnostics")
     # invalid values are rejected with a reason and change nothing
-    res = wait_future(client.set_parameters([Parameter("policy", value="bogus")]), what="set")
+    res = wait_reply(lambda: client.set_parameters([Parameter("policy", value="bogus")]),
+                     what="set")
     assert not res.results[0].successful and "bogus" in res.results[0].reason
-    res = wait_future(client.set_parameters([Parameter("c", value=10**6)]), what="set")
+    res = wait_reply(lambda: client.set_parameters([Parameter("c", value=10**6)]), what="set")
     assert not res.results[0].successful and res.results[0].reason
-    res = wait_future(client.set_parameters([Parameter("device", value="sim")]), what="set")
+    res = wait_reply(lambda: client.set_parameters([Parameter("device", value="sim")]), what="set")
     assert not res.results[0].successful and "read-only" in res.results[0].reason.lower()
     # the raw service, as `ros2 param set` uses it
     srv = tester.create_client(SetParameters, "/av_infer_runtime/set_parameters")
@@ -189,7 +190,7 @@ def test_parameters_from_another_process(procs):
         name="policy", value=ParameterValue(type=ParameterType.PARAMETER_STRING,
                                             string_value="reef"))])
     since = watch.mark()  # every status from here on was published after policy seq
-    resp = wait_future(srv.call_async(req), what="SetParameters")
+    resp = wait_reply(lambda: srv.call_async(req), what="SetParameters")
     assert resp.results[0].successful
     status = watch.wait(lambda s: s["policy"] == "reef", since, what="policy reef")
     assert status["c"] == "2"  # the rejected c=99 changed nothing

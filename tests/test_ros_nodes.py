@@ -466,3 +466,25 @@ def test_debug_topics_when_enabled(graph):
         h.executor.remove_node(dbg)
         h.nodes.remove(dbg)
         dbg.destroy_node()
+
+
+def test_wait_reply_sends_again_until_an_answer_arrives():
+    """A lost response (rmw_fastrtps drops it while discovery of the client's response
+    reader is unfinished) only costs a re-send: the first answer to any copy is returned."""
+    from concurrent.futures import Future
+
+    from av_infer_nodes.testing import wait_reply
+
+    sent: list[Future] = []
+
+    def send() -> Future:
+        f: Future = Future()
+        if len(sent) == 2:  # the first two requests are never answered
+            f.set_result("answer")
+        sent.append(f)
+        return f
+
+    assert wait_reply(send, resend_s=0.05, what="test") == "answer"
+    assert len(sent) == 3
+    with pytest.raises(TimeoutError):
+        wait_reply(Future, timeout=0.2, resend_s=0.05, what="never answered")
