@@ -12,7 +12,11 @@ times the RT model's ``run`` (p50 of wall and thread CPU time, ms) in each situa
   (the BE model's cache footprint on the RT run's core);
 * ``be_on_other_thread``: a second thread runs BE in a loop meanwhile (the other core busy
   with the BE model: shared caches and memory);
-* ``after_sleep``: each RT run follows a sleep of one camera period (idle cores).
+* ``after_sleep``: each RT run follows a sleep of one camera period (idle cores);
+* ``after_spin_<ms>``: each RT run follows ``<ms>`` of spinning on the same thread (the core
+  kept busy with a loop that touches almost no memory), for each of ``--spin-ms``: if the
+  run still slows with the gap, time away from the model, not the BE model nor an idle
+  core, is what makes it slower (on a cloud VM: the host and other tenants).
 
     .venv/bin/python scripts/rt_launch_interference.py                 # demo's front pair
     .venv/bin/python scripts/rt_launch_interference.py --rt-model vgg19 --json -
@@ -43,6 +47,8 @@ def main() -> int:
     ap.add_argument("--be-model", default="densenet201")
     ap.add_argument("--be-runs", type=int, default=30, help="BE runs before each RT run")
     ap.add_argument("--period-ms", type=float, default=33.3, help="after_sleep's sleep")
+    ap.add_argument("--spin-ms", default="1,5,33.3",
+                    help="after_spin's gaps, ms, comma-separated ('' for none)")
     ap.add_argument("--n", type=int, default=200, help="RT runs per situation")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", help="write the figures here ('-': stdout)")
@@ -92,8 +98,21 @@ def main() -> int:
             out.append(timed())
         return out
 
+    def after_spin(ms: float):
+        def case() -> list[tuple[float, float]]:
+            out = []
+            for _ in range(args.n):
+                end = time.perf_counter() + ms / 1e3
+                while time.perf_counter() < end:
+                    pass
+                out.append(timed())
+            return out
+        return case
+
     cases = {"back_to_back": back_to_back, "after_be_same_thread": after_be_same_thread,
              "be_on_other_thread": be_on_other_thread, "after_sleep": after_sleep}
+    for ms in (float(x) for x in args.spin_ms.split(",") if x.strip()):
+        cases[f"after_spin_{ms:g}"] = after_spin(ms)
     rows = []
     for i in range(args.rounds):
         for name, fn in cases.items():
