@@ -281,6 +281,18 @@ class RuntimeHostClient:
         self.list = tester.create_client(ListModels, "/av_infer/list_models")
         for c in (self.get_state, self.change, self.load, self.unload, self.list):
             assert c.wait_for_service(timeout_sec=WAIT_S), c.srv_name
+        # One harmless request per client (refused or read-only: nothing changes), re-sent
+        # until answered (``wait_reply``): once one answer came back the host has matched
+        # this client's response reader, so the answers of the tests' own calls, which are
+        # not all safe to repeat (transitions, loads), cannot be lost in discovery.
+        for c, probe in ((self.get_state, GetState.Request()),
+                         (self.change, ChangeState.Request(transition=Transition(
+                             label="av_infer_test_probe"))),  # none such: a WARN line
+                         (self.load, LoadModel.Request(name="", path="")),  # invalid
+                         (self.unload, UnloadModel.Request(name="")),  # unknown
+                         (self.list, ListModels.Request())):
+            wait_reply(lambda c=c, probe=probe: c.call_async(probe),
+                       what=f"{c.srv_name} (a probe)")
         self._lock = threading.Lock()
         self.responses: list[InferResponse] = []
         self.sub = tester.create_subscription(InferResponse, RESPONSE_TOPIC, self._on,
