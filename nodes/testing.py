@@ -198,6 +198,8 @@ def wait_reply(send: Callable[[], Any], timeout: float = WAIT_S, resend_s: float
         nonlocal next_send
         done = next((f for f in futures if f.done()), None)
         if done is None and time.monotonic() >= min(next_send, deadline):
+            print(f"wait_reply: no answer to {what} after {resend_s:g} s; sending it again",
+                  file=sys.stderr, flush=True)
             futures.append(send())
             next_send = time.monotonic() + resend_s
         return done
