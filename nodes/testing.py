@@ -191,13 +191,12 @@ def wait_reply(send: Callable[[], Any], timeout: float = WAIT_S, resend_s: float
     finds the reader matched. Requests that change state differently when repeated
     (a lifecycle transition, loading a model) must not use this."""
     futures = [send()]
-    deadline = time.monotonic() + timeout
     next_send = time.monotonic() + resend_s
 
     def answered() -> Any:
         nonlocal next_send
         done = next((f for f in futures if f.done()), None)
-        if done is None and time.monotonic() >= min(next_send, deadline):
+        if done is None and time.monotonic() >= next_send:
             print(f"wait_reply: no answer to {what} after {resend_s:g} s; sending it again",
                   file=sys.stderr, flush=True)
             futures.append(send())
@@ -308,8 +307,8 @@ class RuntimeHostClient:
             self.responses.append(msg)
 
     def state(self) -> int:
-        return wait_reply(lambda: self.get_state.call_async(GetState.Request()),
-                          what="get_state").current_state.id
+        return wait_future(self.get_state.call_async(GetState.Request()),
+                           what="get_state").current_state.id
 
     def transition(self, tid: int) -> bool:
         req = ChangeState.Request(transition=Transition(id=tid))
