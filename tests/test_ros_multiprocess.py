@@ -171,7 +171,7 @@ def test_parameters_from_another_process(procs):
     assert client.wait_for_services(timeout_sec=WAIT_S)
     watch = RuntimeStatusWatch(tester)
     res = wait_reply(lambda: client.set_parameters([Parameter("policy", value="seq"),
-                                             Parameter("c", value=2)]), what="set")
+                                                    Parameter("c", value=2)]), what="set")
     assert all(r.successful for r in res.results), res
     watch.wait(lambda s: s["policy"] == "seq" and s["c"] == "2",
                what="runtime policy seq, c 2 in /diagnostics")
