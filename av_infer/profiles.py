@@ -7,9 +7,17 @@ written by
 * :func:`derive_profile`: an estimate from a plan's launch geometry and flops/bytes
   (roofline + occupancy calculator), for plans nobody has measured yet;
 * :func:`load_reef_trace`: measured MI50 numbers from the public REEF traces;
-* the GPU kernel profiler (CUDA-event timings), later.
+* the GPU kernel profiler (:mod:`av_infer.profiler`: CUDA events and the occupancy API),
+  whose files carry ``source="measured"`` and the GPU they were measured on
+  (:class:`ModelProfile`'s ``gpu``: name, SMs, clocks) and which
+  :func:`load_profile_dir` reads back for the simulator (``--profiles DIR``,
+  docs/sim_fidelity.md).
 
 Units: durations in microseconds (as REEF's traces), sizes in bytes.
+
+The optional fields (``ModelProfile.source``/``gpu``/``variant``, ``KernelProfile.kind``/
+``vendor``) were added without a format bump: files without them load as before, and
+their defaults say "unknown".
 """
 
 from __future__ import annotations
@@ -76,6 +84,16 @@ GPUS: dict[str, GpuSpec] = {
 }
 
 
+def gpu_key(name: str) -> str | None:
+    """The :data:`GPUS` key of a GPU named as its driver names it ("NVIDIA H100 80GB
+    HBM3" -> ``h100``, "AMD Instinct MI50" -> ``mi50``), None if none matches."""
+    low = str(name).lower()
+    for key in GPUS:
+        if key in low.replace(" ", "").replace("-", ""):
+            return key
+    return None
+
+
 def gpu_spec(gpu: str | GpuSpec) -> GpuSpec:
     """Accept a name from :data:`GPUS` or a spec."""
     if isinstance(gpu, GpuSpec):
@@ -103,16 +121,38 @@ class KernelProfile:
     smem: int = 0
     blocks_per_sm: int = 1
     latency_by_bps: list[float] | None = None
+    #: the plan kernel's op kind (``Kernel.kind``, e.g. ``conv``, ``gemm``); "" unknown
+    kind: str = ""
+    #: the library a vendor op runs in (``cudnn``, ``cublaslt``); "" for our own kernels.
+    #: A vendor op is timed like any launch (its ``duration_us``); its ``blocks`` and
+    #: ``blocks_per_sm`` are what the device reports for it (0/1 where it cannot say)
+    vendor: str = ""
+
+
+#: ``ModelProfile.source`` values: timed on the device, estimated from geometry
+#: (:func:`derive_profile`), a REEF trace, or derived then scaled per model to a measured
+#: standalone latency (``bench.compare_sim``'s ``--calibrate standalone``).
+PROFILE_SOURCES = ("measured", "derived", "reef-trace", "derived-scaled")
 
 
 @dataclass
 class ModelProfile:
-    """Per-kernel profiles of one plan on one GPU (``sms`` as measured)."""
+    """Per-kernel profiles of one plan on one GPU (``sms`` as measured).
+
+    ``source``: one of :data:`PROFILE_SOURCES` ("" when a file predates the field).
+    ``gpu``: what was measured on, for ``measured`` files: ``name`` (the driver's, e.g.
+    "NVIDIA H100 80GB HBM3"), ``sms``, ``clock_sm_mhz``, ``clock_mem_mhz`` and whatever
+    else the device's telemetry said; :func:`gpu_key` maps the name to :data:`GPUS`.
+    ``variant``: the zoo variant the plan was compiled from ("" unknown).
+    """
 
     model: str
     device: str
     sms: int
     kernels: list[KernelProfile] = field(default_factory=list)
+    source: str = ""
+    gpu: dict[str, Any] | None = None
+    variant: str = ""
 
     @property
     def total_us(self) -> float:
@@ -139,6 +179,53 @@ class ModelProfile:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ModelProfile:
         return cls.from_json(Path(path).read_text())
+
+
+#: File name of a model's profile in a profile directory (:func:`save_profile_dir`).
+PROFILE_SUFFIX = ".profile.json"
+
+
+def save_profile_dir(profiles: dict[str, ModelProfile] | list[ModelProfile],
+                     out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Write each profile as ``OUT_DIR/<model>.profile.json`` (atomic); the paths."""
+    items = profiles.values() if isinstance(profiles, dict) else profiles
+    out = []
+    for prof in items:
+        path = Path(out_dir) / f"{prof.model}{PROFILE_SUFFIX}"
+        prof.save(path)
+        out.append(path)
+    return out
+
+
+def load_profile_dir(path: str | os.PathLike[str]) -> dict[str, ModelProfile]:
+    """Every ``*.profile.json`` under ``path`` (not recursive), keyed by ``model``.
+
+    What the simulator's ``--profiles DIR`` reads. ValueError (naming the file) for a file
+    that is not a kernel profile of this format, or two files of the same model;
+    FileNotFoundError if ``path`` is not a directory. Block profiles (``kind: blocks``)
+    in the same directory are skipped: they are the pipeline planner's."""
+    d = Path(path)
+    if not d.is_dir():
+        raise FileNotFoundError(f"profile directory {d} does not exist")
+    out: dict[str, ModelProfile] = {}
+    where: dict[str, Path] = {}
+    for f in sorted(d.glob(f"*{PROFILE_SUFFIX}")):
+        try:
+            doc = json.loads(f.read_text())
+        except ValueError as e:
+            raise ValueError(f"{f}: not JSON ({e})") from None
+        if isinstance(doc, dict) and doc.get("kind") == "blocks":
+            continue
+        try:
+            prof = ModelProfile.from_json(json.dumps(doc))
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(f"{f}: not a kernel profile of format "
+                             f"{PROFILE_FORMAT_VERSION} ({e})") from None
+        if prof.model in out:
+            raise ValueError(f"two profiles of {prof.model!r}: {where[prof.model]} and {f}")
+        out[prof.model] = prof
+        where[prof.model] = f
+    return out
 
 
 # -- the packing model (simulator and padding selection share it) ------------------------
@@ -251,10 +338,11 @@ def derive_profile(plan: Plan, gpu: str | GpuSpec) -> ModelProfile:
             KernelProfile(
                 index=k.index, name=k.name, duration_us=estimate_duration_us(k, spec, bps),
                 blocks=k.geometry.blocks, threads=k.geometry.threads, regs=k.geometry.regs,
-                smem=k.geometry.smem, blocks_per_sm=bps,
+                smem=k.geometry.smem, blocks_per_sm=bps, kind=k.kind,
             )
         )
-    return ModelProfile(model=plan.name, device=spec.name, sms=spec.sms, kernels=kernels)
+    return ModelProfile(model=plan.name, device=spec.name, sms=spec.sms, kernels=kernels,
+                        source="derived")
 
 
 # -- REEF traces --------------------------------------------------------------------------
@@ -360,7 +448,8 @@ def load_reef_trace(
         arena_bytes=offset, reuse_guard=max(16, len(kernels)),
         stats={"source": "reef-trace", "model_latency_us": float(prof["model_latency"])},
     )
-    profile = ModelProfile(model=model, device=spec.name, sms=spec.sms, kernels=kprofs)
+    profile = ModelProfile(model=model, device=spec.name, sms=spec.sms, kernels=kprofs,
+                           source="reef-trace")
     return plan, profile
 
 

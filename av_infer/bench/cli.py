@@ -39,9 +39,33 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "(REEF-N's literal order; Runtime(preempt_drain=True))")
     p.add_argument("--gpu", default="mi50", help="simulated GPU (sim only): mi50, h100, orin")
     p.add_argument("--contention", default="calibrated",
-                   help="sim: memory-side contention model: calibrated (default; streams on "
-                   "DISB A at REEF's 1.84x), bandwidth (uncalibrated), none (SM sharing "
-                   "only), beta=X (docs/bench.md)")
+                   help="sim: memory-side contention model: calibrated or paper (default; "
+                   "streams on DISB A at REEF's 1.84x), bandwidth (uncalibrated), none (SM "
+                   "sharing only), beta=X, or a parameter FILE.json from "
+                   "--refit-contention (docs/bench.md, docs/sim_fidelity.md)")
+    p.add_argument("--profiles", metavar="DIR",
+                   help="sim: measured kernel profiles (<model>.profile.json, e.g. from "
+                   "python -m av_infer.bench.gpu_profiles); models without one use the "
+                   "REEF trace or a derived profile (models.<m>.profile says which)")
+    p.add_argument("--sim-models", choices=["reef", "zoo"], default="reef",
+                   help="sim: REEF traces where one exists (default) or the zoo plans for "
+                   "every model (what the cuda device runs)")
+    g2 = p.add_argument_group(
+        "simulator vs GPU (docs/sim_fidelity.md)",
+        "--compare-sim: re-run a GPU DISB result in the simulator and write sim_fidelity "
+        "rows (--json OUT, default sim_fidelity.json; '-': stdout); --refit-contention: "
+        "fit the contention model's beta to the GPU's streams/reef_dkp rows")
+    g2.add_argument("--compare-sim", metavar="GPU_JSON",
+                    help="a bench JSON measured on cuda, or gpu_check.sh's disb_cuda.json")
+    g2.add_argument("--calibrate", choices=["none", "standalone"], default="none",
+                    help="derived profiles scaled per model to the GPU run's standalone p50 "
+                    "(default none)")
+    g2.add_argument("--refit-contention", metavar="GPU_JSON",
+                    help="write the fitted contention parameters to --params-out")
+    g2.add_argument("--params-out", metavar="FILE.json", default="contention_fit.json",
+                    help="parameter file of --refit-contention (%(default)s)")
+    g2.add_argument("--fit-policies", default="streams,reef_dkp",
+                    help="policies whose rows the refit uses (%(default)s)")
     p.add_argument("--dkp-placement", choices=["faithful", "reserved"], default="faithful",
                    help="sim: padded grids placed as CUDA places any grid (default), or the "
                    "'reserved' what-if (BE blocks on SMs the RT kernel leaves free)")
@@ -210,16 +234,58 @@ def cmd_peer(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare_sim(args: argparse.Namespace) -> int:
+    """``--compare-sim GPU_JSON`` (sim_fidelity rows) and ``--refit-contention GPU_JSON``."""
+    import json
+
+    from av_infer.bench import compare_sim, contention_fit
+
+    gpu = args.gpu if "--gpu" in sys.argv else None
+    pols = None if args.policy == "all" else [x.strip() for x in args.policy.split(",")]
+    opts = compare_sim.CompareOptions(
+        gpu=gpu, contention=args.contention, profiles=args.profiles,
+        calibrate=args.calibrate, progress=not args.no_progress, policies=pols)
+    try:
+        if args.refit_contention:
+            fit_pols = [x.strip() for x in args.fit_policies.split(",") if x.strip()]
+            doc = contention_fit.refit(args.refit_contention, opts, fit_pols,
+                                       out=args.params_out)
+            text = contention_fit.format_fit(doc)
+        else:
+            doc = compare_sim.run_compare(args.compare_sim, opts)
+            text = compare_sim.format_table(doc)
+    except (ValueError, FileNotFoundError, WorkloadError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json == "-":
+        print(json.dumps(doc, indent=1))
+        print(text, file=sys.stderr)
+        return 0
+    print(text)
+    if args.compare_sim:
+        print(f"wrote {write_json(doc, args.json or 'sim_fidelity.json')}", file=sys.stderr)
+    else:
+        print(f"wrote {args.params_out}", file=sys.stderr)
+        if args.json:
+            print(f"wrote {write_json(doc, args.json)}", file=sys.stderr)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Entry point of ``av-infer bench``."""
     if args.peer:
         return cmd_peer(args)
+    if args.compare_sim or args.refit_contention:
+        return cmd_compare_sim(args)
     cfg = BenchConfig(device=args.device, duration=args.duration, seed=args.seed,
                       scale=args.scale, c=args.c, preempt_drain=args.preempt_drain,
                       gpu=args.gpu, deadline_ms=args.deadline_ms,
                       standalone_n=args.standalone_n, progress=not args.no_progress,
                       contention=args.contention, dkp_placement=args.dkp_placement,
-                      be_min_share=args.be_min_share, rt_forecast=args.rt_forecast)
+                      be_min_share=args.be_min_share, rt_forecast=args.rt_forecast,
+                      profiles=args.profiles, sim_models=args.sim_models)
+    if args.profiles and args.device != "sim":
+        raise SystemExit("bench: --profiles applies to --device sim only")
     if args.c < 1:
         raise SystemExit("bench: --c must be >= 1")
     if not 0.0 <= args.be_min_share < 1.0:
@@ -249,7 +315,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     docs: list[dict[str, Any]] = []
     for wl in workloads:
         tag = _tag(wl.name)
-        bench = Bench(wl, cfg)
+        try:
+            bench = Bench(wl, cfg)
+        except (ValueError, FileNotFoundError) as e:  # --profiles: unreadable or mismatched
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         bench.standalone()
         if sweep:
             param, values = sweep

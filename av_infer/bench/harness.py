@@ -2,10 +2,13 @@
 
 Order of a benchmark (``Bench``):
 
-1. resolve every model of the workload to a source (``ModelSource``): on ``sim`` the REEF
-   kernel trace where one exists (measured on an MI50), else the zoo's full-size plan with
-   a profile derived from its geometry; on ``cpu``/``cuda`` the zoo ONNX file (``scaled``
-   by default on cpu, ``full`` on cuda);
+1. resolve every model of the workload to a source (``ModelSource``): on ``sim`` a
+   measured profile from ``profiles`` (``--profiles DIR``) with the zoo plan it was
+   measured on, else the REEF kernel trace where one exists (measured on an MI50;
+   ``sim_models="zoo"`` skips them), else the zoo's full-size plan with a profile derived
+   from its geometry; on ``cpu``/``cuda`` the zoo ONNX file (``scaled`` by default on cpu,
+   ``full`` on cuda). ``ModelSource.profile_source`` says which (measured, reef-trace,
+   derived, derived-scaled);
 2. ``standalone()``: each RT model alone under ``rt_only``, a few warm-up requests then
    ``standalone_n`` back-to-back requests; the median is the latency reference;
 3. ``run_policy(name)``: a fresh runtime (and a fresh simulator: runs are independent and
@@ -79,6 +82,15 @@ class BenchConfig:
     rt_forecast: bool = False
     #: the quiet windows' RT latency budget (sched.rt_forecast.BUDGET by default)
     forecast_budget: float | None = None
+    #: sim: a directory of measured kernel profiles (profiles.load_profile_dir); models
+    #: found there are simulated with them, the others as before
+    profiles: str | None = None
+    #: sim: "reef" (REEF traces where one exists, the default) or "zoo" (the zoo plans
+    #: for every model: what the cuda device runs, so what bench.compare_sim needs)
+    sim_models: str = "reef"
+    #: sim: per model, a factor on its derived profile's durations (compare_sim's
+    #: standalone calibration); models with measured profiles or REEF traces ignore it
+    profile_scale: dict[str, float] | None = None
 
     @property
     def variant(self) -> str:
@@ -97,9 +109,14 @@ class ModelSource:
     path: str | None = None
     profile: Any = None
     kernels: int = 0
+    #: sim: where the timing profile came from (profiles.PROFILE_SOURCES); "" elsewhere
+    profile_source: str = ""
 
     def describe(self) -> dict[str, Any]:
-        return {"source": self.source, "kernels": self.kernels}
+        d: dict[str, Any] = {"source": self.source, "kernels": self.kernels}
+        if self.profile_source:
+            d["profile"] = self.profile_source
+        return d
 
 
 @dataclass
@@ -202,34 +219,86 @@ class Bench:
             raise ValueError(f"unknown device {cfg.device!r}; use {', '.join(DEVICE_NAMES)}")
         if cfg.duration <= 0:
             raise ValueError("duration must be > 0")
+        if cfg.sim_models not in ("reef", "zoo"):
+            raise ValueError(f"sim_models must be 'reef' or 'zoo', got {cfg.sim_models!r}")
         self.wl = workload
         self.cfg = cfg
+        self.measured = self._measured_profiles()
         self.sources: dict[str, ModelSource] = {m: self._resolve(m) for m in workload.models}
         self._inputs: dict[str, dict[str, np.ndarray]] = {}
         self.standalone_ref: dict[str, dict[str, float]] = {}
         self._now: Callable[[], float] = time.monotonic
 
     # -- models ----------------------------------------------------------------------------
+    def _measured_profiles(self) -> dict[str, Any]:
+        """The measured profiles of ``cfg.profiles`` (sim only), checked against
+        ``cfg.gpu``: a profile measured on another GPU than the one simulated is refused."""
+        cfg = self.cfg
+        if not cfg.profiles:
+            return {}
+        if cfg.device != "sim":
+            raise ValueError("profiles (--profiles DIR) apply to the sim device only")
+        from av_infer import profiles
+
+        found = profiles.load_profile_dir(cfg.profiles)
+        for m, prof in found.items():
+            name = (prof.gpu or {}).get("name") or prof.device
+            key = profiles.gpu_key(str(name))
+            if key is not None and key != profiles.gpu_spec(cfg.gpu).name:
+                raise ValueError(f"profile of {m!r} in {cfg.profiles} was measured on {name} "
+                                 f"({key}), the simulated GPU is {cfg.gpu}: pass --gpu {key}")
+        return found
+
     def _resolve(self, model: str) -> ModelSource:
         cfg = self.cfg
         if cfg.device == "sim":
             from av_infer import profiles
 
+            meas = self.measured.get(model)
+            if meas is not None:
+                from av_infer.model import zoo
+
+                variant = meas.variant or cfg.scale or "full"
+                plan = _cached_plan(str(zoo.path(model, variant=variant)), model)
+                if len(meas.kernels) != len(plan.kernels):
+                    raise ValueError(
+                        f"measured profile of {model!r} ({cfg.profiles}) has "
+                        f"{len(meas.kernels)} kernels, the zoo:{model}/{variant} plan has "
+                        f"{len(plan.kernels)}: measured with another compiler build")
+                gname = (meas.gpu or {}).get("name") or meas.device
+                src = meas.source or "measured"
+                return ModelSource(
+                    model, f"zoo:{model}/{variant} compiled, profile {src} on {gname}",
+                    plan=plan, profile=meas, kernels=len(plan.kernels), profile_source=src)
             trace = REEF_TRACES.get(model)
-            if trace and trace in profiles.reef_models():
+            if cfg.sim_models == "reef" and trace and trace in profiles.reef_models():
                 plan, prof = profiles.load_reef_trace(trace, gpu=cfg.gpu)
                 plan.name = model
                 prof.model = model
                 return ModelSource(model, f"reef-trace:{trace} (measured on AMD MI50)",
-                                   plan=plan, profile=prof, kernels=len(plan.kernels))
+                                   plan=plan, profile=prof, kernels=len(plan.kernels),
+                                   profile_source="reef-trace")
             from av_infer.model import zoo
 
             variant = cfg.scale or "full"
             plan = _cached_plan(str(zoo.path(model, variant=variant)), model)
             prof = profiles.derive_profile(plan, cfg.gpu)
+            why = "no REEF trace" if cfg.sim_models == "reef" else "zoo plans asked for"
+            factor = (cfg.profile_scale or {}).get(model)
+            if factor is not None:
+                if not (factor > 0 and math.isfinite(factor)):
+                    raise ValueError(f"profile scale of {model!r} must be > 0, got {factor}")
+                for kp in prof.kernels:
+                    kp.duration_us *= factor
+                prof.source = "derived-scaled"
+                return ModelSource(
+                    model, f"zoo:{model}/{variant} compiled, profile derived for {cfg.gpu} "
+                    f"x {factor:.4g} (scaled to a measured standalone latency)", plan=plan,
+                    profile=prof, kernels=len(plan.kernels), profile_source="derived-scaled")
             return ModelSource(
                 model, f"zoo:{model}/{variant} compiled, profile derived for {cfg.gpu} "
-                "(no REEF trace)", plan=plan, profile=prof, kernels=len(plan.kernels))
+                f"({why})", plan=plan, profile=prof, kernels=len(plan.kernels),
+                profile_source="derived")
         from av_infer.model import zoo
 
         p = zoo.path(model, variant=cfg.variant)

@@ -58,11 +58,22 @@ def build_report(bench: Bench, runs: list[PolicyRun]) -> dict[str, Any]:
         "scale": cfg.variant if cfg.device != "sim" else cfg.scale,
         "deadline_ms": cfg.deadline_ms,
         "rate_scale": bench.wl.rate_scale,
+        "profiles": _profiles_used(bench),
         "models": models,
         "tasks": tasks,
         "policies": policies,
     }
     return doc
+
+
+def _profiles_used(bench: Bench) -> dict[str, Any] | None:
+    """sim: which timing profile each model used (measured, derived, ...), the
+    ``--profiles`` directory and ``sim_models``; None on other devices."""
+    cfg = bench.cfg
+    if cfg.device != "sim":
+        return None
+    return {"dir": cfg.profiles, "sim_models": cfg.sim_models,
+            "by_model": {m: s.profile_source for m, s in bench.sources.items()}}
 
 
 def _summary(run: PolicyRun, ref: dict[str, dict[str, float]]) -> dict[str, Any]:
@@ -126,7 +137,8 @@ def header(doc: dict[str, Any]) -> str:
     for m, d in doc["models"].items():
         sa = (f", standalone p50 {d['standalone_p50_ms']:.3f} ms"
               if d.get("standalone_p50_ms") is not None else "")
-        out.append(f"  {m:<13} {d['source']}, {d['kernels']} kernels{sa}")
+        prof = f" [{d['profile']} profile]" if d.get("profile") else ""
+        out.append(f"  {m:<13} {d['source']}, {d['kernels']} kernels{sa}{prof}")
     return "\n".join(out)
 
 

@@ -23,10 +23,14 @@ Named models (``SimDevice(contention=...)``):
 * ``"bandwidth"``: ``beta = 1``, compulsory bytes only: the uncalibrated physics. The DISB
   kernels are compute bound by that measure (median ``q`` 0.01-0.03 on MI50 for the CNNs),
   so it predicts almost no contention: a lower bound.
-* ``"calibrated"``: ``beta`` fitted so that ``streams`` on DISB A (``--gpu h100``) slows RT
-  to REEF's measured 1.84x of ``rt_only`` (p50; docs/bench.md "Contention calibration"
-  has the command and the fit). ``beta`` stands for the traffic compulsory bytes do not
-  count: re-reads of tiles the L2 no longer holds once another kernel shares it.
+* ``"calibrated"``, also named ``"paper"``: ``beta`` fitted so that ``streams`` on DISB A
+  (``--gpu h100``) slows RT to REEF's measured 1.84x of ``rt_only`` (p50; docs/bench.md
+  "Contention calibration" has the command and the fit). ``beta`` stands for the traffic
+  compulsory bytes do not count: re-reads of tiles the L2 no longer holds once another
+  kernel shares it.
+* a *parameter file* (any name ending in ``.json``): ``beta`` fitted to measured GPU rows
+  by ``av-infer sim refit-contention`` (:mod:`av_infer.bench.contention_fit`; format in
+  :func:`load_params`, docs/sim_fidelity.md). It holds for the GPU it was fitted on only.
 
 Limits, said plainly: batches are timed at placement (a snapshot, like the packing
 model); batches already running are not re-timed when others arrive. A padded launch is
@@ -36,7 +40,9 @@ blocks launched in the same grid (they arrive together by construction).
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 from av_infer.profiles import GpuSpec, gpu_spec
@@ -47,8 +53,11 @@ from av_infer.profiles import GpuSpec, gpu_spec
 #: proportional to the bandwidth: the REEF traces' durations are the same on every GPU).
 CALIBRATED_BETA = {"mi50": 55.0, "h100": 180.0}
 
-#: The named models (see the module docstring).
-MODELS = ("none", "bandwidth", "calibrated")
+#: The named models (see the module docstring); "paper" is "calibrated" (REEF's figure).
+MODELS = ("none", "bandwidth", "calibrated", "paper")
+
+#: ``format`` of a contention parameter file (:func:`load_params`).
+PARAMS_FORMAT = 1
 
 
 def calibrated_beta(gpu: GpuSpec) -> float:
@@ -66,8 +75,14 @@ def check_model(name: str, gpu: GpuSpec | str = "mi50") -> float | None:
         return None
     if name == "bandwidth":
         return 1.0
-    if name == "calibrated":
+    if name in ("calibrated", "paper"):
         return calibrated_beta(gpu_spec(gpu))
+    if str(name).endswith(".json"):
+        params = load_params(name)
+        if params["gpu"] != gpu_spec(gpu).name:
+            raise ValueError(f"contention parameters {name} were fitted on {params['gpu']}, "
+                             f"the simulated GPU is {gpu_spec(gpu).name}")
+        return float(params["beta"])
     key, sep, val = str(name).partition("=")
     if sep and key.strip() == "beta":
         try:
@@ -77,7 +92,62 @@ def check_model(name: str, gpu: GpuSpec | str = "mi50") -> float | None:
         if math.isfinite(beta) and beta > 0:
             return beta
     raise ValueError(f"unknown contention model {name!r}; choose one of "
-                     f"{', '.join(MODELS)} or beta=X (X > 0)")
+                     f"{', '.join(MODELS)}, beta=X (X > 0) or a parameter FILE.json")
+
+
+def load_params(path: str | Path) -> dict[str, Any]:
+    """A contention parameter file: a JSON object ``{"format": 1, "kind": "contention",
+    "model": "bandwidth-share", "gpu": GPUS key, "beta": X > 0, "fit": {...}}`` (``fit``:
+    how it was obtained; informative). ValueError naming the file and the field when it is
+    not one; FileNotFoundError when it does not exist."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"contention parameter file {p} does not exist")
+    try:
+        doc = json.loads(p.read_text())
+    except ValueError as e:
+        raise ValueError(f"{p}: not JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("kind") != "contention":
+        raise ValueError(f"{p}: not a contention parameter file (kind must be 'contention')")
+    if doc.get("format") != PARAMS_FORMAT:
+        raise ValueError(f"{p}: format {doc.get('format')!r} is not {PARAMS_FORMAT}")
+    if doc.get("model") != "bandwidth-share":
+        raise ValueError(f"{p}: model {doc.get('model')!r} is not 'bandwidth-share'")
+    beta = doc.get("beta")
+    if not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta <= 0:
+        raise ValueError(f"{p}: beta must be a number > 0, got {beta!r}")
+    try:
+        doc["gpu"] = gpu_spec(str(doc.get("gpu"))).name
+    except ValueError as e:
+        raise ValueError(f"{p}: {e}") from None
+    return doc
+
+
+def save_params(path: str | Path, gpu: str, beta: float, fit: dict[str, Any]) -> Path:
+    """Write a parameter file :func:`load_params` reads (atomic)."""
+    from av_infer.profiles import atomic_write_text
+
+    doc = {"format": PARAMS_FORMAT, "kind": "contention", "model": "bandwidth-share",
+           "gpu": gpu_spec(gpu).name, "beta": float(beta), "fit": fit}
+    atomic_write_text(path, json.dumps(doc, indent=1))
+    return Path(path)
+
+
+def describe(name: str, gpu: GpuSpec | str = "mi50") -> dict[str, Any]:
+    """What a contention model name means on ``gpu``: ``{"name", "beta", "source"}``."""
+    beta = check_model(name, gpu)
+    if name == "none":
+        src = "SM sharing only"
+    elif name == "bandwidth":
+        src = "compulsory bytes, uncalibrated"
+    elif name in ("calibrated", "paper"):
+        src = "paper: fitted to REEF's streams 1.84x on DISB A"
+    elif str(name).endswith(".json"):
+        fit = load_params(name).get("fit") or {}
+        src = f"fitted to GPU measurements ({fit.get('from', name)})"
+    else:
+        src = "explicit beta"
+    return {"name": str(name), "beta": beta, "source": src}
 
 
 def kernel_bytes(plan: Any, k: int) -> int:
