@@ -46,3 +46,33 @@ class MalformedFeatureMapError(InvalidInputError):
     """A feature-map message between stages does not match the partition's inputs."""
 
     code = "malformed_feature_map"
+
+
+class ProfileFormatError(InvalidParameterError):
+    """A block-profile or cluster file that does not follow the documented format
+    (docs/pipeline.md, "Measured profiles"): wrong field, wrong type, a block count that
+    disagrees between device types, a negative or non-finite number."""
+
+    code = "bad_profile"
+
+
+class MissingCellError(ProfileFormatError):
+    """A latency row with a hole (``null``, too few blocks) or a (model, device type) pair
+    the cluster needs and no file gives. A batch size that was not measured is *left out*
+    of its fraction's batch list, never written as a placeholder."""
+
+    code = "bad_profile"
+
+
+class NonMonotoneProfileError(ProfileFormatError):
+    """A block that runs faster at a larger batch than at a smaller one (beyond the
+    loader's noise tolerance), or batch lists that are not increasing."""
+
+    code = "bad_profile"
+
+
+class ProfileUnitsError(ProfileFormatError):
+    """A unit the format does not know (latency: ``us``, ``ms``, ``s``; bytes: ``B``,
+    ``KiB``, ``MiB``; bandwidth: ``gbps``)."""
+
+    code = "bad_profile"

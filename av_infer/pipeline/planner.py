@@ -19,6 +19,20 @@ ways, ``sum g <= v h_{k,v}`` and ``sum_v h_{k,v} <= N_k`` (eq. 23, exact packing
 objective is the largest ``lambda`` with every model served at ``>= w_m lambda`` (the
 offered mix scaled), plus a small reward for any further rate.
 
+PPipe's rules, as parameters of :func:`plan_cluster` (docs/pipeline.md, "PPipe's rules"):
+
+* ``server_link_sharing``: a feature map leaves and enters through its *server's* link,
+  shared by every virtual device of every GPU on that server, so one virtual device of a
+  ``1/v`` split on a server of ``s`` GPUs gets ``1/(v s)`` of it (PPipe's reference MILP;
+  off: ``1/v``, the GPU's own slices only);
+* ``batch_fill_factor`` (PPipe: 1.3): the time to fill a batch, ``factor (b - 1) / rate``
+  with ``rate`` the model's expected arrival rate, counts against the latency budget;
+* per-fraction batch lists: a (fraction, batch) cell that was not measured is never used;
+* ``same_type_partitions``: consecutive partitions on one device type at *different*
+  fractions (A 1/1 -> A 1/2) are planned; same type and same fraction is always dominated
+  by merging the two partitions (block latencies add; the merged pool's rate is the
+  mediant) and is skipped.
+
 It runs off the request path: the data plane (:mod:`.reservation`) keeps serving the old
 plan until a migration switches (see :mod:`.executor`).
 """
@@ -37,6 +51,7 @@ import numpy as np
 from av_infer.errors import InvalidParameterError
 from av_infer.pipeline.cluster import Cluster
 from av_infer.pipeline.errors import InfeasibleSloError
+from av_infer.pipeline.profile_files import batches_at
 from av_infer.profiles import BlockProfile
 
 #: PPipe §7.1: 40 % of the SLO is kept back for batching, queueing and contention delays
@@ -47,6 +62,8 @@ DEFAULT_MAX_PARTITIONS = 3
 #: wall-time budget of one plan (enumeration + MILP); HiGHS stops at what is left of it
 #: with its best solution and the gap it proved (the issue asks <= 5 s)
 DEFAULT_TIME_LIMIT_S = 4.5
+#: PPipe's reference MILP: a batch of b takes about 1.3 (b - 1) / rate to fill
+PPIPE_BATCH_FILL_FACTOR = 1.3
 
 
 @dataclass
@@ -73,9 +90,11 @@ class PipelinePlan:
     batch: int
     stages: list[StagePlan]
     rate: float  # planned requests/s
+    fill_us: float = 0.0  # batch-fill time the plan counted in the budget
 
     @property
     def latency_us(self) -> float:
+        """Compute plus transfers (the batch-fill time is ``fill_us``, apart)."""
         return sum(s.latency_us + s.transfer_us for s in self.stages)
 
 
@@ -95,6 +114,8 @@ class ClusterPlan:
     mip_gap: float
     physical: dict[str, list[int]] = field(default_factory=dict)  # type -> v of each device
     fp16_boundaries: bool = False  # feature maps between stages travel as float16
+    rules: dict[str, Any] = field(default_factory=dict)  # the PPipe rules in force
+    device_types: dict[str, Any] = field(default_factory=dict)  # source, links per type
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -114,11 +135,14 @@ class _Column:
     lat: tuple[float, ...]
     xfer: tuple[float, ...]
     rate_per: tuple[float, ...]  # req/s per virtual device of each partition
+    fill: float = 0.0  # batch-fill time counted in the budget (us)
 
 
 def standalone_us(profile: BlockProfile) -> float:
-    """Batch-1 latency of the whole model on a whole device."""
-    return float(sum(profile.latency(1, 1)))
+    """Batch-1 latency of the whole model on a whole device (the smallest split and
+    batch measured when 1/1 at batch 1 was not)."""
+    v = 1 if 1 in profile.vfracs else min(profile.vfracs)
+    return float(sum(profile.latency(v, min(batches_at(profile, v)))))
 
 
 def default_slos(profiles: Mapping[str, Mapping[str, BlockProfile]],
@@ -132,26 +156,56 @@ def _transfer_us(nbytes: float, gbps: float, link_us: float) -> float:
     return link_us + nbytes * 8 / (gbps * 1e3)
 
 
+def allowed_vfracs(profile: BlockProfile, dtype: Any, vfracs: Sequence[int] | None = None
+                   ) -> list[int]:
+    """The fractions of ``profile`` the planner may use on ``dtype``: profiled, listed in
+    the type's ``fractions`` (cluster file) and in ``vfracs`` (the planner's argument)."""
+    out = list(profile.vfracs)
+    if getattr(dtype, "fractions", None):
+        out = [v for v in out if v in dtype.fractions]
+    if vfracs is not None:
+        out = [v for v in out if v in vfracs]
+    return out
+
+
+def fill_us(factor: float, b: int, rate: float) -> float:
+    """PPipe's batch-fill time (us) of a batch of ``b`` at ``rate`` requests/s."""
+    if factor <= 0 or b <= 1 or not rate > 0 or math.isinf(rate):
+        return 0.0
+    return factor * 1e6 * (b - 1) / rate
+
+
 def enumerate_columns(model: str, by_type: Mapping[str, BlockProfile], cluster: Cluster,
                       budget_us: float, max_partitions: int, fp16_boundaries: bool,
-                      min_partitions: int = 1) -> tuple[list[_Column], float]:
+                      min_partitions: int = 1, *, server_link_sharing: bool = True,
+                      batch_fill_factor: float = 0.0, fill_rate: float = math.inf,
+                      same_type_partitions: bool = True,
+                      vfracs: Sequence[int] | None = None) -> tuple[list[_Column], float]:
     """Every latency-feasible column of ``model`` that no other column dominates in
-    devices-per-rate, and the best latency seen (for the infeasibility message)."""
+    devices-per-rate, and the best latency seen (for the infeasibility message).
+
+    A column's latency is its partitions' compute plus the feature-map transfers plus,
+    with ``batch_fill_factor``, the time to fill its batch at ``fill_rate``; a stage may
+    only use a (fraction, batch) cell its type's profile measured."""
     types = [t for t in cluster.types if t.name in by_type]
     first = by_type[types[0].name]
     nb = len(first.blocks)
-    batches = sorted(set.intersection(*(set(by_type[t.name].batches) for t in types)))
+    opts = {t.name: allowed_vfracs(by_type[t.name], t, vfracs) for t in types}
+    batches = sorted({b for t in types for v in opts[t.name]
+                      for b in batches_at(by_type[t.name], v)})
     scale = 0.5 if fp16_boundaries else 1.0
     best_lat = math.inf
     cols: list[_Column] = []
     for b in batches:
-        # prefix sums per (type, v): lat of blocks [i, j) = pre[j] - pre[i]
+        fill = fill_us(batch_fill_factor, b, fill_rate)
+        # prefix sums per (type, v) measured at b: lat of blocks [i, j) = pre[j] - pre[i]
         pre = {(t.name, v): np.concatenate(([0.0], np.cumsum(by_type[t.name].latency(v, b))))
-               for t in types for v in by_type[t.name].vfracs}
+               for t in types for v in opts[t.name] if b in batches_at(by_type[t.name], v)}
         for d in range(min_partitions, max_partitions + 1):
             for seq in itertools.product(types, repeat=d):
-                if min_partitions == 1 and any(a.name == c.name for a, c in zip(seq, seq[1:])):
-                    continue  # two pools of one type in a row are no better than one
+                same = [a.name == c.name for a, c in zip(seq, seq[1:])]
+                if min_partitions == 1 and not same_type_partitions and any(same):
+                    continue  # the rule is off: one type per run of partitions
                 for inner in itertools.combinations(range(1, nb), d - 1):
                     cuts = (0, *inner, nb)
                     xfer = tuple(
@@ -161,31 +215,37 @@ def enumerate_columns(model: str, by_type: Mapping[str, BlockProfile], cluster: 
                         for s in range(d - 1)) + (0.0,)
                     options = [[(v, float(pre[(t.name, v)][cuts[s + 1]]
                                           - pre[(t.name, v)][cuts[s]]))
-                                for v in by_type[t.name].vfracs] for s, t in enumerate(seq)]
+                                for v in opts[t.name] if (t.name, v) in pre]
+                               for s, t in enumerate(seq)]
                     for choice in itertools.product(*options):
+                        vs = tuple(x[0] for x in choice)
+                        if min_partitions == 1 and any(
+                                sm and vs[s] == vs[s + 1] for s, sm in enumerate(same)):
+                            continue  # same type, same fraction: merging them is no worse
                         lat = tuple(x[1] for x in choice)
-                        total = sum(lat) + sum(xfer)
+                        total = sum(lat) + sum(xfer) + fill
                         best_lat = min(best_lat, total)
                         if total > budget_us:
                             continue
-                        vs = tuple(x[0] for x in choice)
+                        share = tuple(v * (t.gpus_per_server if server_link_sharing else 1)
+                                      for t, v in zip(seq, vs))
                         cols.append(_Column(model, b, cuts, tuple(t.name for t in seq), vs,
-                                            lat, xfer, _rates(b, lat, xfer, vs)))
+                                            lat, xfer, _rates(b, lat, xfer, share), fill))
     return _pareto(cols, [t.name for t in types]), best_lat
 
 
-def _rates(b: int, lat: Sequence[float], xfer: Sequence[float], vs: Sequence[int]
+def _rates(b: int, lat: Sequence[float], xfer: Sequence[float], share: Sequence[int]
            ) -> tuple[float, ...]:
     """Requests/s one virtual device of each partition sustains: its compute, capped by
-    its physical device's links, which its ``v`` co-tenants share (uplink: sending to the
-    next stage; downlink: receiving from the previous one)."""
+    the links it sends and receives through, which ``share`` virtual devices share (its
+    ``v`` co-tenants; times the GPUs of its server under server link sharing)."""
     out = []
-    for d, (li, v) in enumerate(zip(lat, vs)):
+    for d, (li, n) in enumerate(zip(lat, share)):
         r = b * 1e6 / max(1e-9, li)
         if d + 1 < len(lat) and xfer[d] > 0:
-            r = min(r, b * 1e6 / (v * xfer[d]))
+            r = min(r, b * 1e6 / (n * xfer[d]))
         if d > 0 and xfer[d - 1] > 0:
-            r = min(r, b * 1e6 / (v * xfer[d - 1]))
+            r = min(r, b * 1e6 / (n * xfer[d - 1]))
         out.append(r)
     return tuple(out)
 
@@ -219,13 +279,22 @@ def plan_cluster(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster: Cl
                  weights: Mapping[str, float] | None = None,
                  fp16_boundaries: bool = False,
                  time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-                 min_partitions: int = 1, slo_factor: float = SLO_FACTOR) -> ClusterPlan:
-    """Solve the MILP for ``profiles`` (``{model: {type: BlockProfile}}``) on ``cluster``.
+                 min_partitions: int = 1, slo_factor: float = SLO_FACTOR, *,
+                 server_link_sharing: bool = True, batch_fill_factor: float = 0.0,
+                 fill_rate: Mapping[str, float] | None = None,
+                 same_type_partitions: bool = True,
+                 vfracs: Sequence[int] | None = None) -> ClusterPlan:
+    """Solve the MILP for ``profiles`` (``{model: {type: profile}}``: stored
+    BlockProfile or :class:`~.profile_files.MeasuredProfile`) on ``cluster``.
 
     ``min_partitions`` > 1 plans only pipelines of at least that many stages (to run a
-    pipeline on purpose, e.g. the cross-process demo). Raises InfeasibleSloError naming
-    the model when no column meets its SLO minus ``margin``, or when the cluster cannot
-    give every model a pipeline; the arguments are validated before any work.
+    pipeline on purpose, e.g. the cross-process demo). PPipe's rules (module docstring):
+    ``server_link_sharing``, ``batch_fill_factor`` with ``fill_rate`` (requests/s per
+    model; by default each model's rate in the no-partition plan, whole devices only, as
+    PPipe's reference estimates it), ``same_type_partitions``; ``vfracs`` limits the
+    fractions used (``(1,)``: whole devices). Raises InfeasibleSloError naming the model
+    when no column meets its SLO minus ``margin``, or when the cluster cannot give every
+    model a pipeline; the arguments are validated before any work.
     """
     if not (isinstance(margin, (int, float)) and 0 <= margin < 1):
         raise InvalidParameterError(f"margin must be in [0, 1), got {margin!r}")
@@ -248,20 +317,53 @@ def plan_cluster(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster: Cl
         if not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0):
             raise InvalidParameterError(f"SLO of {m!r} must be a number of ms > 0, got {s!r}")
         slos[m] = float(s)
+    unknown_w = [m for m in (weights or {}) if m not in profiles]
+    if unknown_w:
+        raise InvalidParameterError(f"weights given for {unknown_w}, not planned models")
     w = {m: float((weights or {}).get(m, 1.0)) for m in profiles}
     if any(not (x > 0 and math.isfinite(x)) for x in w.values()):
         raise InvalidParameterError(f"weights must be finite and > 0, got {w}")
+    if isinstance(batch_fill_factor, bool) or not isinstance(batch_fill_factor, (int, float)) \
+            or not (math.isfinite(batch_fill_factor) and batch_fill_factor >= 0):
+        raise InvalidParameterError(
+            f"batch_fill_factor must be a finite number >= 0, got {batch_fill_factor!r}")
+    for m, r in (fill_rate or {}).items():
+        if m not in profiles:
+            raise InvalidParameterError(f"fill_rate given for {m!r}, not a planned model")
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0:
+            raise InvalidParameterError(f"fill_rate of {m!r} must be a number > 0, got {r!r}")
+    if vfracs is not None and (not vfracs or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in vfracs)):
+        raise InvalidParameterError(f"vfracs must list integers >= 1, got {vfracs!r}")
     t0 = time.perf_counter()
+    rates_in = dict(fill_rate or {})
+    fill_src = "given" if fill_rate else None
+    if batch_fill_factor > 0 and any(m not in rates_in for m in profiles):
+        est, fill_src = _estimate_rates(profiles, cluster, slos, margin, w,
+                                        fp16_boundaries, time_limit_s, server_link_sharing)
+        for m in profiles:
+            rates_in.setdefault(m, est[m])
+    rules = {"server_link_sharing": bool(server_link_sharing),
+             "batch_fill_factor": float(batch_fill_factor),
+             "fill_rate": {m: rates_in.get(m) for m in profiles} if batch_fill_factor else {},
+             "fill_rate_source": fill_src if batch_fill_factor else None,
+             "same_type_partitions": bool(same_type_partitions),
+             "per_fraction_batches": True,
+             "vfracs": list(vfracs) if vfracs is not None else "all profiled",
+             "packing": "exact: each physical device is split 1/v ways for one v"}
     columns: list[_Column] = []
     for m, by_type in profiles.items():
         budget = slos[m] * 1e3 * (1 - margin)
-        cols, best = enumerate_columns(m, by_type, cluster, budget, max_partitions,
-                                       fp16_boundaries, min_partitions)
+        cols, best = enumerate_columns(
+            m, by_type, cluster, budget, max_partitions, fp16_boundaries, min_partitions,
+            server_link_sharing=server_link_sharing, batch_fill_factor=batch_fill_factor,
+            fill_rate=rates_in.get(m, math.inf), same_type_partitions=same_type_partitions,
+            vfracs=vfracs)
         if not cols:
             raise InfeasibleSloError(
                 f"model {m!r}: no partitioning, pool and batch size on {cluster.spec()} "
-                f"finishes within its SLO {slos[m]:.2f} ms minus the {margin:.0%} margin "
-                f"({budget / 1e3:.2f} ms); the fastest takes {best / 1e3:.2f} ms")
+                f"finishes within its SLO {slos[m]:.4g} ms minus the {margin:.0%} margin "
+                f"({budget / 1e3:.4g} ms); the fastest takes {best / 1e3:.4g} ms")
         columns.extend(cols)
     start = None
     if any(len(c.types) > 1 for c in columns):
@@ -287,7 +389,24 @@ def plan_cluster(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster: Cl
     physical = _assign(pipelines, sol["h"], cluster)
     return ClusterPlan(cluster.spec(), slos, float(margin), max_partitions, pipelines, rate,
                        solve_s, len(columns), status, sol["gap"], physical,
-                       bool(fp16_boundaries))
+                       bool(fp16_boundaries), rules, cluster.describe())
+
+
+def _estimate_rates(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster: Cluster,
+                    slos: Mapping[str, float], margin: float, w: Mapping[str, float],
+                    fp16: bool, time_limit_s: float, server_link_sharing: bool
+                    ) -> tuple[dict[str, float], str]:
+    """Each model's expected rate for the batch-fill rule: its rate in the no-partition
+    plan on whole devices without the rule (PPipe's estimate); where that plan is
+    infeasible, in the partitioned plan without the rule."""
+    kw = dict(margin=margin, weights=w, fp16_boundaries=fp16,
+              time_limit_s=max(0.5, time_limit_s / 4), server_link_sharing=server_link_sharing)
+    try:
+        base = plan_cluster(profiles, cluster, dict(slos), max_partitions=1, vfracs=(1,), **kw)
+        return dict(base.rate), "no-partition plan, whole devices, no batch-fill rule"
+    except InfeasibleSloError:
+        base = plan_cluster(profiles, cluster, dict(slos), **kw)
+        return dict(base.rate), "partitioned plan without the batch-fill rule"
 
 
 def _solve(columns: list[_Column], cluster: Cluster, w: Mapping[str, float],
@@ -388,7 +507,7 @@ def _read(columns: list[_Column], sol: dict[str, Any],
         r = min(rp * gd for rp, gd in zip(c.rate_per, gs))
         stages = [StagePlan(c.cuts[d], c.cuts[d + 1], c.types[d], c.vs[d], gs[d], c.lat[d],
                             c.rate_per[d], c.xfer[d]) for d in range(len(c.types))]
-        pipelines.append(PipelinePlan(c.model, c.batch, stages, r))
+        pipelines.append(PipelinePlan(c.model, c.batch, stages, r, c.fill))
         rate[c.model] += r
     return pipelines, rate
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from av_infer.pipeline.planner import ClusterPlan, PipelinePlan
+from av_infer.pipeline.profile_files import batches_at
 from av_infer.profiles import BlockProfile
 
 COMPUTE, UPLINK, DOWNLINK = 0, 1, 2
@@ -203,10 +204,13 @@ class ReservationTables:
 
 def build_routes(plan: ClusterPlan, profiles: Mapping[str, Mapping[str, BlockProfile]],
                  link_of: Mapping[str, tuple[float, float]],
+                 gpus_per_server: Mapping[str, int] | None = None,
                  ) -> tuple[list[Route], list[str], list[str]]:
-    """Routes of every pipeline of ``plan``; the compute ids and physical ids, in table
+    """Routes of every pipeline of ``plan``; the compute ids and link ids, in table
     order. ``link_of``: device type -> (Gbit/s, per-transfer us); transfers are half as
-    long when the plan sends float16 feature maps."""
+    long when the plan sends float16 feature maps. ``gpus_per_server``: device type ->
+    devices per server; the devices of one server share its uplink and downlink (link
+    id ``type@server``), else each physical device has its own (link id ``type#i``)."""
     compute_ids: list[str] = []
     phys_ids: list[str] = []
     cidx: dict[str, int] = {}
@@ -222,6 +226,9 @@ def build_routes(plan: ClusterPlan, profiles: Mapping[str, Mapping[str, BlockPro
                 if cidx[mid] == len(compute_ids):
                     compute_ids.append(mid)
                 ph = mid.split("/")[0]
+                gps = (gpus_per_server or {}).get(st.device_type, 1)
+                if gps > 1:
+                    ph = f"{st.device_type}@{int(ph.split('#')[1]) // gps}"
                 if ph not in pidx:
                     pidx[ph] = len(phys_ids)
                     phys_ids.append(ph)
@@ -232,7 +239,7 @@ def build_routes(plan: ClusterPlan, profiles: Mapping[str, Mapping[str, BlockPro
         stage_s: dict[int, list[float]] = {}
         xfer_s: dict[int, list[float]] = {}
         by_type = profiles[p.model]
-        batches = sorted(set.intersection(*(set(by_type[s.device_type].batches)
+        batches = sorted(set.intersection(*(set(batches_at(by_type[s.device_type], s.v))
                                             for s in p.stages)))
         for b in batches:
             stage_s[b] = [sum(by_type[s.device_type].latency(s.v, b)[s.first:s.end]) / 1e6

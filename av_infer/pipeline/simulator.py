@@ -82,7 +82,8 @@ def simulate(plan: ClusterPlan, profiles: Mapping[str, Mapping[str, BlockProfile
     ``duration_s`` of virtual time and count what meets its SLO."""
     rng = np.random.default_rng(seed)
     link_of = {t.name: (t.link_gbps, t.link_us) for t in cluster.types}
-    routes, compute_ids, phys_ids = build_routes(plan, profiles, link_of)
+    routes, compute_ids, phys_ids = build_routes(
+        plan, profiles, link_of, {t.name: t.gpus_per_server for t in cluster.types})
     tables = ReservationTables(len(compute_ids), len(phys_ids))
     batcher = ReservationBatcher(routes, tables)
     models = batcher.models()
