@@ -12,25 +12,7 @@ from pathlib import Path
 
 from av_infer.devices import DEVICE_NAMES
 from av_infer.errors import AvInferError
-
-
-def parse_input_shapes(values: Sequence[str] | None) -> dict[str, list[int]] | list[int] | None:
-    """``1,3,320,320`` (single-input model) or ``name=1,3,320,320`` per input."""
-    if not values:
-        return None
-    named: dict[str, list[int]] = {}
-    for v in values:
-        name, sep, dims = v.rpartition("=")
-        try:
-            shape = [int(d) for d in dims.split(",") if d.strip()]
-        except ValueError:
-            raise SystemExit(f"--input-shape: not a list of integers: {v!r}") from None
-        if not sep:
-            if len(values) > 1:
-                raise SystemExit("--input-shape: use NAME=DIMS when giving several shapes")
-            return shape
-        named[name] = shape
-    return named
+from av_infer.model.shape_args import parse_input_shapes
 
 
 def resolve_model(name_or_path: str, variant: str) -> tuple[str, Path]:
@@ -228,9 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     from av_infer.bench.cli import add_bench_parser
 
     add_bench_parser(sub)
-    from av_infer.pipeline.cli import add_pipeline_parser
+    from av_infer.pipeline.cli import add_pipeline_parser, add_profile_parser
 
     add_pipeline_parser(sub)
+    add_profile_parser(sub)
     from av_infer.qos.cli import add_qos_parser
 
     add_qos_parser(sub)

@@ -1,7 +1,7 @@
 """The public Runtime: load models, submit requests, get futures; everything else is inside.
 
 Why a thin shell around the scheduler: the ROS nodes, the CLI and the benches all talk to
-this one API (DESIGN.md: ROS code never reaches past it). The Runtime validates everything
+this one API (docs/design.md: ROS code never reaches past it). The Runtime validates everything
 a caller can get wrong *before* anything is queued (a bad request becomes an already-failed
 future, never an exception and never a queue entry), copies inputs so callers can reuse
 their buffers, and owns the *driver* of the synchronous :class:`Scheduler`
@@ -212,6 +212,7 @@ class Runtime:
         pin: bool = False,
         profile: str | os.PathLike | ModelProfile | None = None,
         whole: bool | None = None,
+        precision: str | None = None,
     ) -> ModelInfo:
         """Compile ``source`` (ONNX path/bytes/ModelProto, or a ready Plan) with the
         device's compiler (``Device.compile``) and make it resident on the device under
@@ -228,11 +229,19 @@ class Runtime:
 
         With a plan cache (``plan_cache=`` of the constructor, ``model.plan_store``), a plan
         compiled before from the same bytes, input shapes, compiler and device is read from
-        disk instead of compiled (``ModelInfo.plan_cache`` says which happened)."""
+        disk instead of compiled (``ModelInfo.plan_cache`` says which happened).
+
+        ``precision``: ``fp32`` | ``tf32`` | ``fp16`` (``Plan.precision``; default: the
+        plan's own, fp32); a device runs those in its ``precisions`` (cpu: fp32 only)."""
         self._check_open()
         prof = _load_profile(name, profile)
         if not isinstance(name, str) or not name:
             raise InvalidParameterError(f"model name must be a non-empty string, got {name!r}")
+        runs = tuple(getattr(self._device, "precisions", ("fp32",)))
+        if precision is not None and precision not in runs:
+            raise InvalidParameterError(
+                f"model {name!r}: precision {precision!r}; device {self._device.name} runs "
+                f"{', '.join(runs)}")
         with self._lock:
             if name in self._models:
                 raise ModelNameInUseError(f"model {name!r} is already loaded; unload it first")
@@ -248,6 +257,8 @@ class Runtime:
                                                 whole)
             else:
                 plan = self._device.compile(source, input_shapes, name=name, whole=whole)
+        if precision is not None and precision != plan.precision:
+            plan = replace(plan, precision=precision)  # a copy: cached plans stay as they are
         if self._sched.c + 1 > plan.reuse_guard:
             raise InvalidParameterError(
                 f"model {name!r}: plan reuse_guard={plan.reuse_guard} cannot restore with "

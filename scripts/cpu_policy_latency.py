@@ -2,7 +2,7 @@
 """RT latency on the CPU device, per policy, with and without a closed-loop BE load.
 
 RT: scaled resnet152 submitted periodically (default 20 Hz for 5 s) by one RT client with
-a relative deadline of one period; latency = completion - *scheduled* arrival (DESIGN.md).
+a relative deadline of one period; latency = completion - *scheduled* arrival (docs/design.md).
 BE: ``--be-clients`` closed-loop clients running scaled vgg19 (each submits its next request
 when the previous one completes). Prints one row per (policy, load).
 

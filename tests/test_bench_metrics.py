@@ -1,4 +1,4 @@
-"""Metrics of the benchmark report on hand-made records (DESIGN.md definitions)."""
+"""Metrics of the benchmark report on hand-made records (docs/design.md definitions)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 threads at once, shutdown with work in flight, RT overload, and a short soak. The long
 forms run in ``make soak`` (av_infer/bench/soak.py, the same code, longer).
 
-Every test checks DESIGN.md's "every request is answered exactly once" with
+Every test checks docs/design.md's "every request is answered exactly once" with
 ``soak.Ledger``: no request lost, none answered twice, nothing but a Result or an
 AvInferError. Waits are hang guards only; nothing asserts a duration (the overload test
 measures shares in the simulator's virtual time)."""

@@ -1,4 +1,4 @@
-"""The ROS layer never reaches past the public ``av_infer`` API (DESIGN.md: "ROS code
+"""The ROS layer never reaches past the public ``av_infer`` API (docs/design.md: "ROS code
 never reaches past the public Runtime API"; issue 16, defect 9).
 
 The nodes' sources are read with ``ast`` (no ROS needed): every import of an ``av_infer``

@@ -193,7 +193,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
     import json
 
     from av_infer.bench.peer import PeerConfig, format_peer, peer_command, run_peer
-    from av_infer.cli import parse_input_shapes
+    from av_infer.model.shape_args import parse_input_shapes
 
     if args.device != "cpu" and "--device" in sys.argv:
         raise SystemExit("bench --peer: the comparison runs on the cpu device")

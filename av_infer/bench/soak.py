@@ -4,7 +4,7 @@
 Why one module: the tests and ``make soak`` run the same code at two lengths, so a figure
 in docs/reliability.md is what the tests check, only longer.
 
-What every run counts, for DESIGN.md's "every request is answered exactly once"
+What every run counts, for docs/design.md's "every request is answered exactly once"
 (:class:`Ledger`):
 
 * ``submitted``, ``ok``, typed errors by ``code`` (AvInferError subclasses);

@@ -92,7 +92,7 @@ class ResetInfo:
     dropped: int
     restore_c: int = 0
     #: a launch of the stream is executing now (None: the device cannot tell): preemption
-    #: latency is measured only where BE was running (DESIGN.md, Metrics)
+    #: latency is measured only where BE was running (docs/design.md, Metrics)
     running: bool | None = None
     #: padded launches the reset dropped, in queue order, each ``(task, kernel, parts)``
     #: with the BE ``parts`` as in ``Completion.parts``: those blocks never ran, and the

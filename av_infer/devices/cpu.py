@@ -68,8 +68,8 @@ from av_infer.kernels.ort_segments import (
     is_segment_plan,
     measure_kill_cost,
 )
+from av_infer.latency import LatencyRecorder, summarize_ms
 from av_infer.model.plan import Plan
-from av_infer.sched.stats import LatencyRecorder, summarize_ms
 
 log = logging.getLogger(__name__)
 

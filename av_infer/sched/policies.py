@@ -1,5 +1,5 @@
 """The scheduling policies, in one table: what each one does, so the scheduler has no
-policy-name ``if`` chains and comparisons stay honest (DESIGN.md "Policies").
+policy-name ``if`` chains and comparisons stay honest (docs/design.md "Policies").
 
 Every policy runs RT requests one at a time in EDF order (optionally switched at kernel
 boundaries, ``edf_preempt``); they differ in how BE work shares the device with RT work.

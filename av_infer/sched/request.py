@@ -34,7 +34,7 @@ class Priority(enum.IntEnum):
 class Timings:
     """Timestamps on the device clock (seconds) and preemption counters of one request.
 
-    ``arrival`` is the scheduled arrival (what latency is measured from, DESIGN.md);
+    ``arrival`` is the scheduled arrival (what latency is measured from, docs/design.md);
     ``start`` when the scheduler first gave it to a stream; ``first_kernel_start`` when its
     first kernel started on the device (preemption latency = this - arrival, for RT);
     ``end`` when its last kernel completed.

@@ -8,7 +8,7 @@ processed one at a time; events posted while one is being handled (a future's ca
 submitting again, a simulator completing inline) are queued and handled after it, so the
 handlers are never re-entered.
 
-Decisions follow DESIGN.md and REEF §3-4: RT requests in EDF order, one RT task fed at a
+Decisions follow docs/design.md and REEF §3-4: RT requests in EDF order, one RT task fed at a
 time; BE requests round-robin across clients, one BE stream per running BE task. What an
 RT arrival does to running BE work is the policy's ``preempt`` kind (see policies.py):
 
@@ -536,7 +536,7 @@ class Scheduler:
             s.outstanding -= 1
             if s.kind == "be" and comp.executed is not False:
                 self._be_seen = comp.t_end  # BE progressed
-            if s.stop_from is not None:  # preemption latency (DESIGN.md, Metrics)
+            if s.stop_from is not None:  # preemption latency (docs/design.md, Metrics)
                 stop = comp.t_stop if comp.t_stop == comp.t_stop else comp.t_end
                 with self.stats.lock:
                     self.stats.preemption_stop.add(max(0.0, stop - s.stop_from))

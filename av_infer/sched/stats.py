@@ -1,77 +1,20 @@
 """Counters and latency recorders for diagnostics (``Runtime.stats()``).
 
-Why keep raw samples: tail percentiles (p99, p99.9) of a few thousand requests are only
-honest when computed from the samples, not from a histogram; a capped window keeps memory
-bounded on long runs. Only the scheduler writes; readers take a snapshot under a lock.
+The recorders themselves (raw samples, percentiles) are ``av_infer.latency``. Only the
+scheduler writes; readers take a snapshot under a lock.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import Any
 
-import numpy as np
+from av_infer.latency import LatencyRecorder, summarize_ms
 
-#: Samples kept per recorder (the most recent ones): enough for a p99.9 with 16 samples
-#: above it, small enough (128 kB) that a runtime's memory stops growing within minutes.
-SAMPLE_CAP = 16_384
 #: Clients counted by name; more distinct names (a remote publisher inventing one per
 #: request) are counted together under OTHER_CLIENTS, so the table stays bounded.
 MAX_CLIENTS = 256
 OTHER_CLIENTS = "(other clients)"
-
-
-class LatencyRecorder:
-    """The last ``cap`` samples (seconds, in a numpy ring) plus all-time count/sum/max.
-
-    ``add`` is O(1); ``sample`` copies the ring (a memcpy) so callers holding the stats lock
-    keep it for microseconds and compute percentiles after releasing it."""
-
-    __slots__ = ("_ring", "_cap", "count", "total", "max")
-
-    def __init__(self, cap: int = SAMPLE_CAP) -> None:
-        self._cap = int(cap)
-        self._ring = np.empty(0, dtype=np.float64)  # grows to cap
-        self.count = 0
-        self.total = 0.0
-        self.max = -math.inf
-
-    def add(self, seconds: float) -> None:
-        n = self.count
-        if n < self._cap and n >= len(self._ring):
-            grown = np.empty(min(self._cap, max(64, 2 * len(self._ring))), dtype=np.float64)
-            grown[:n] = self._ring[:n]
-            self._ring = grown
-        self._ring[n % self._cap] = seconds
-        self.count = n + 1
-        self.total += seconds
-        if seconds > self.max:
-            self.max = seconds
-
-    def sample(self) -> tuple[np.ndarray, int, float, float]:
-        """(samples copy, count, total, max): cheap, take it under the stats lock."""
-        return self._ring[: min(self.count, self._cap)].copy(), self.count, self.total, self.max
-
-    def summary_ms(self) -> dict[str, float | None]:
-        """p50/p90/p99/p999/mean/max in milliseconds (None when there are no samples)."""
-        return summarize_ms(self.sample())
-
-
-def summarize_ms(sample: tuple[np.ndarray, int, float, float]) -> dict[str, float | None]:
-    """Percentiles of a ``LatencyRecorder.sample()`` (call it outside any lock)."""
-    a, count, total, mx = sample
-    if not len(a):
-        return {k: None for k in ("p50", "p90", "p99", "p999", "mean", "max")}
-    p50, p90, p99, p999 = np.percentile(a * 1e3, [50, 90, 99, 99.9])
-    return {
-        "p50": float(p50),
-        "p90": float(p90),
-        "p99": float(p99),
-        "p999": float(p999),
-        "mean": total / count * 1e3,
-        "max": mx * 1e3,
-    }
 
 
 class ClientStats:
@@ -104,7 +47,7 @@ class Stats:
         self.padded_blocks = 0  # BE blocks that ran inside padded launches
         self.padded_kernels = 0  # BE kernels completed by padding
         #: RT arrival -> the BE launch running at arrival left the device (evicted, killed
-        #: or finished), per preempted stream that had one (DESIGN.md, preemption latency)
+        #: or finished), per preempted stream that had one (docs/design.md, preemption latency)
         self.preemption_stop = LatencyRecorder()
         #: the same up to the moment the device *reported* that launch (a killed CPU launch
         #: reports once its thread has the GIL again: an upper bound)
