@@ -37,7 +37,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--preempt-drain", action="store_true",
                    help="reef: start RT only after the <= c launched BE kernels drained "
                    "(REEF-N's literal order; Runtime(preempt_drain=True))")
-    p.add_argument("--gpu", default="mi50", help="simulated GPU (sim only): mi50, h100, orin")
+    p.add_argument("--gpu", default=None,
+                   help="simulated GPU (sim only): mi50 (default), h100, orin; with "
+                   "--compare-sim the default is the GPU the results were measured on")
     p.add_argument("--contention", default="calibrated",
                    help="sim: memory-side contention model: calibrated or paper (default; "
                    "streams on DISB A at REEF's 1.84x), bandwidth (uncalibrated), none (SM "
@@ -240,7 +242,7 @@ def cmd_compare_sim(args: argparse.Namespace) -> int:
 
     from av_infer.bench import compare_sim, contention_fit
 
-    gpu = args.gpu if "--gpu" in sys.argv else None
+    gpu = args.gpu  # None: the GPU the results name
     pols = None if args.policy == "all" else [x.strip() for x in args.policy.split(",")]
     opts = compare_sim.CompareOptions(
         gpu=gpu, contention=args.contention, profiles=args.profiles,
@@ -277,6 +279,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_peer(args)
     if args.compare_sim or args.refit_contention:
         return cmd_compare_sim(args)
+    args.gpu = args.gpu or "mi50"
     cfg = BenchConfig(device=args.device, duration=args.duration, seed=args.seed,
                       scale=args.scale, c=args.c, preempt_drain=args.preempt_drain,
                       gpu=args.gpu, deadline_ms=args.deadline_ms,

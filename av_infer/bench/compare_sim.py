@@ -197,19 +197,32 @@ def _standalone_n(doc: dict[str, Any]) -> int:
     return max([n for n in ns if n > 0] or [20])
 
 
-def _standalone_scale(wl: Workload, cfg: BenchConfig, doc: dict[str, Any]
-                      ) -> dict[str, float]:
-    """Per model: GPU standalone p50 / the simulator's with the derived profile."""
-    probe = Bench(wl, replace(cfg, profile_scale=None, standalone_n=3, warmup=1))
-    ref = probe.standalone()
-    out: dict[str, float] = {}
-    for m, src in probe.sources.items():
-        if src.profile_source != "derived":
-            continue  # measured profiles are not rescaled
-        gpu_ms = (doc.get("models", {}).get(m) or {}).get("standalone_p50_ms")
-        if gpu_ms and m in ref and ref[m]["p50_s"] > 0:
-            out[m] = float(gpu_ms) / (ref[m]["p50_s"] * 1e3)
-    return out
+def _standalone_scale(wl: Workload, cfg: BenchConfig, doc: dict[str, Any],
+                      rounds: int = 3, tol: float = 0.002) -> dict[str, float]:
+    """Per model with a derived profile: the factor on its kernel durations that makes its
+    standalone p50 in the simulator the GPU run's (``models.<m>.standalone_p50_ms``).
+    Launch costs do not scale, so the factor is refined (``rounds`` at most, until every
+    model is within ``tol``)."""
+    gpu_ms = {m: float(v["standalone_p50_ms"]) for m, v in doc.get("models", {}).items()
+              if (v or {}).get("standalone_p50_ms")}
+    scale: dict[str, float] = {}
+    for _ in range(rounds):
+        probe = Bench(wl, replace(cfg, profile_scale=dict(scale) or None, standalone_n=3,
+                                  warmup=1))
+        ref = probe.standalone()
+        worst = 0.0
+        for m, src in probe.sources.items():
+            if src.profile_source not in ("derived", "derived-scaled") or m not in gpu_ms:
+                continue  # measured profiles are not rescaled
+            sim_ms = ref[m]["p50_s"] * 1e3
+            if sim_ms <= 0:
+                continue
+            ratio = gpu_ms[m] / sim_ms
+            worst = max(worst, abs(ratio - 1.0))
+            scale[m] = scale.get(m, 1.0) * ratio
+        if worst <= tol:
+            break
+    return scale
 
 
 def _contention_desc(name: str, gpu: str) -> dict[str, Any]:

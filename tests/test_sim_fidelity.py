@@ -1,0 +1,291 @@
+"""Issue 33: measured profiles in the simulator, the simulator twin of a GPU result
+(``--compare-sim``) and the refit of the contention model (``--refit-contention``).
+
+Virtual time only (the simulator's): every number asserted here is deterministic. The
+"GPU" results are simulator reports written in the GPU file's format, so the truth is
+known: the twin of a run must reproduce it exactly, and a fit must recover the ``beta``
+that produced it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from av_infer import profiles
+from av_infer.bench import compare_sim, contention_fit
+from av_infer.bench.harness import Bench, BenchConfig
+from av_infer.bench.report import build_report
+from av_infer.bench.workload import load_workload
+from av_infer.cli import main
+from av_infer.devices import sim_contention
+from av_infer.devices.sim import SimDevice
+
+#: vgg19 (scaled) RT at 200 Hz beside resnet152 (scaled) BE on a simulated h100: small,
+#: fast, and with streams sensitive to beta between ~30 and ~1000.
+WORKLOAD = {"time": 10, "tasks": [
+    {"id": "cam_rt", "load": {"type": "periodic", "frequency": 200},
+     "client": {"model_name": "vgg19"}},
+    {"id": "bg_be", "load": {"type": "continuous"}, "client": {"model_name": "resnet152"}},
+]}
+H100_NAME = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture(scope="module")
+def wl_file(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("wl") / "synth.json"
+    p.write_text(json.dumps(WORKLOAD))
+    return p
+
+
+def _gpu_doc(wl_file: Path, policies: list[str], contention: str, *, duration: float = 0.4,
+             rate_scale: float = 1.0, profiles_dir: str | None = None) -> dict:
+    """A simulator run dressed as a GPU result (what gpu_check.sh's DISB step writes)."""
+    wl = load_workload(str(wl_file))
+    if rate_scale != 1.0:
+        wl = wl.scaled(rate_scale)
+    cfg = BenchConfig(device="sim", duration=duration, gpu="h100", scale="scaled",
+                      sim_models="zoo", contention=contention, progress=False,
+                      standalone_n=5, profiles=profiles_dir)
+    bench = Bench(wl, cfg)
+    doc = build_report(bench, [bench.run_policy(p) for p in policies])
+    doc.update(device="cuda", gpu=None, contention=None, dkp_placement=None)
+    return doc
+
+
+# -- profile files ----------------------------------------------------------------------
+
+
+def _measured(plan_name: str, factor: float, gpu_name: str = H100_NAME) -> profiles.ModelProfile:
+    from av_infer.bench.harness import _cached_plan
+    from av_infer.model import zoo
+
+    plan = _cached_plan(str(zoo.path(plan_name, variant="scaled")), plan_name)
+    prof = profiles.derive_profile(plan, "h100")
+    for kp in prof.kernels:
+        kp.duration_us *= factor
+    prof.source, prof.variant = "measured", "scaled"
+    prof.gpu = {"name": gpu_name, "sms": 132, "clock_sm_mhz": 1980, "clock_mem_mhz": 2619}
+    prof.kernels[0].vendor = "cudnn"
+    return prof
+
+
+def test_profile_format_round_trips_new_fields_and_reads_old_files(tmp_path) -> None:
+    prof = _measured("vgg19", 1.0)
+    back = profiles.ModelProfile.from_json(prof.to_json())
+    assert back == prof and back.gpu["clock_sm_mhz"] == 1980
+    assert back.kernels[0].vendor == "cudnn" and back.kernels[0].kind == "conv"
+    old = json.loads(prof.to_json())  # a file written before the optional fields
+    for k in ("source", "gpu", "variant"):
+        old.pop(k)
+    for k in old["kernels"]:
+        k.pop("kind")
+        k.pop("vendor")
+    legacy = profiles.ModelProfile.from_json(json.dumps(old))
+    assert legacy.source == "" and legacy.gpu is None and legacy.kernels[0].vendor == ""
+
+
+def test_profile_dir_loads_by_model_skips_block_profiles_and_refuses_duplicates(tmp_path) -> None:
+    prof = _measured("vgg19", 1.0)
+    paths = profiles.save_profile_dir([prof], tmp_path)
+    assert paths == [tmp_path / "vgg19.profile.json"]
+    (tmp_path / "x.profile.json").write_text(json.dumps({"format": 1, "kind": "blocks"}))
+    got = profiles.load_profile_dir(tmp_path)
+    assert list(got) == ["vgg19"] and got["vgg19"].source == "measured"
+    prof.save(tmp_path / "vgg19_again.profile.json")
+    with pytest.raises(ValueError, match="two profiles of 'vgg19'"):
+        profiles.load_profile_dir(tmp_path)
+    (tmp_path / "vgg19_again.profile.json").write_text("{not json")
+    with pytest.raises(ValueError, match="vgg19_again.profile.json: not JSON"):
+        profiles.load_profile_dir(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        profiles.load_profile_dir(tmp_path / "absent")
+
+
+def test_gpu_key_maps_driver_names() -> None:
+    assert profiles.gpu_key(H100_NAME) == "h100"
+    assert profiles.gpu_key("AMD Instinct MI50") == "mi50"
+    assert profiles.gpu_key("CPU emulator (docs/cuda_emu.md)") is None
+
+
+def test_sim_bench_uses_measured_profiles_and_says_so(wl_file, tmp_path) -> None:
+    profiles.save_profile_dir([_measured("vgg19", 3.0)], tmp_path)
+    wl = load_workload(str(wl_file))
+    base = BenchConfig(device="sim", duration=0.2, gpu="h100", scale="scaled",
+                       sim_models="zoo", progress=False, standalone_n=3)
+    derived = Bench(wl, base)
+    measured = Bench(wl, BenchConfig(**{**base.__dict__, "profiles": str(tmp_path)}))
+    assert measured.sources["vgg19"].profile_source == "measured"
+    assert measured.sources["resnet152"].profile_source == "derived"
+    d_ref, m_ref = derived.standalone(), measured.standalone()
+    # 3x every kernel: the model alone takes ~3x (launch costs do not scale)
+    assert 2.8 < m_ref["vgg19"]["p50_s"] / d_ref["vgg19"]["p50_s"] < 3.0
+    assert m_ref["resnet152"]["p50_s"] == pytest.approx(d_ref["resnet152"]["p50_s"], rel=1e-9)
+    doc = build_report(measured, [])
+    assert doc["profiles"] == {"dir": str(tmp_path), "sim_models": "zoo",
+                               "by_model": {"vgg19": "measured", "resnet152": "derived"}}
+    assert doc["models"]["vgg19"]["profile"] == "measured"
+    assert H100_NAME in doc["models"]["vgg19"]["source"]
+
+
+def test_measured_profiles_of_another_gpu_or_plan_are_refused(wl_file, tmp_path) -> None:
+    wl = load_workload(str(wl_file))
+    cfg = BenchConfig(device="sim", duration=0.2, gpu="mi50", scale="scaled",
+                      sim_models="zoo", progress=False, profiles=str(tmp_path))
+    profiles.save_profile_dir([_measured("vgg19", 1.0)], tmp_path)
+    with pytest.raises(ValueError, match="measured on NVIDIA H100.*--gpu h100"):
+        Bench(wl, cfg)
+    prof = _measured("vgg19", 1.0)
+    prof.kernels.pop()
+    prof.save(tmp_path / "vgg19.profile.json")
+    with pytest.raises(ValueError, match="kernels, the zoo:vgg19/scaled plan has"):
+        Bench(wl, BenchConfig(**{**cfg.__dict__, "gpu": "h100"}))
+
+
+def test_bench_cli_profiles_flag(wl_file, tmp_path, capsys) -> None:
+    profiles.save_profile_dir([_measured("vgg19", 1.0)], tmp_path / "p")
+    rc = main(["bench", "--workload", str(wl_file), "--policy", "rt_only", "--gpu", "h100",
+               "--scale", "scaled", "--sim-models", "zoo", "--profiles", str(tmp_path / "p"),
+               "--duration", "0.1", "--standalone-n", "2", "--no-progress", "--json", "-"])
+    out = capsys.readouterr()
+    assert rc == 0
+    doc = json.loads(out.out)
+    assert doc["profiles"]["by_model"] == {"vgg19": "measured", "resnet152": "derived"}
+    assert "[measured profile]" in out.err
+    rc = main(["bench", "--workload", str(wl_file), "--profiles", str(tmp_path / "none"),
+               "--no-progress"])
+    assert rc == 2 and "does not exist" in capsys.readouterr().err
+
+
+# -- the twin ---------------------------------------------------------------------------
+
+
+def test_twin_of_a_run_reproduces_it_exactly(wl_file, tmp_path) -> None:
+    profiles.save_profile_dir([_measured("vgg19", 2.0)], tmp_path / "p")
+    gdoc = _gpu_doc(wl_file, ["rt_only", "streams", "reef"], "calibrated", rate_scale=0.5,
+                    profiles_dir=str(tmp_path / "p"))
+    bundle = tmp_path / "disb_cuda.json"
+    bundle.write_text(json.dumps({"policies": {"synth": gdoc}, "sweep_c": {}}))
+    opts = compare_sim.CompareOptions(gpu=None, contention="calibrated",
+                                      profiles=str(tmp_path / "p"))
+    doc = compare_sim.run_compare(bundle, opts)
+    assert doc["gpu"] == "h100"  # from the measured profiles
+    pols = {r["policy"] for r in doc["rows"]}
+    assert pols == {"standalone", "rt_only", "streams", "reef"}
+    judged = [r for r in doc["rows"] if r["limit"] is not None]
+    assert len(judged) == 9 and doc["within"] == doc["judged"] == 9
+    for r in doc["rows"]:
+        assert set(r) >= {"workload", "policy", "metric", "sim", "gpu", "rel_err"}
+        assert r["workload"] == "synth"
+        if r["gpu"]:
+            assert r["rel_err"] == 0.0, r
+    assert doc["sim"]["synth"]["rate_scale"] == 0.5
+    assert doc["sim"]["synth"]["profiles"]["by_model"]["vgg19"] == "measured"
+    # another contention model is a different simulator: the streams rows move
+    other = compare_sim.run_compare(bundle, compare_sim.CompareOptions(
+        contention="none", profiles=str(tmp_path / "p"), policies=["streams"]))
+    p50 = next(r for r in other["rows"] if r["metric"] == "rt_p50_ms")
+    assert p50["rel_err"] < 0
+    assert "streams" in compare_sim.format_table(other)
+
+
+def test_standalone_calibration_scales_derived_profiles_to_the_gpu(wl_file, tmp_path) -> None:
+    gdoc = _gpu_doc(wl_file, ["rt_only"], "calibrated", duration=0.2)
+    for m in gdoc["models"].values():
+        m["standalone_p50_ms"] *= 4.0  # the "GPU" is 4x slower than the derived profile
+    f = tmp_path / "g.json"
+    f.write_text(json.dumps(gdoc))
+    opts = compare_sim.CompareOptions(gpu="h100", calibrate="standalone")
+    doc = compare_sim.run_compare(f, opts)
+    sa = [r for r in doc["rows"] if r["policy"] == "standalone"]
+    assert len(sa) == 2 and all(abs(r["rel_err"]) < 0.01 for r in sa)
+    assert set(doc["sim"]["synth"]["profiles"]["by_model"].values()) == {"derived-scaled"}
+
+
+def test_gpu_results_that_are_not_are_refused(tmp_path) -> None:
+    f = tmp_path / "x.json"
+    f.write_text(json.dumps({"hello": 1}))
+    with pytest.raises(ValueError, match="no DISB result"):
+        compare_sim.load_gpu_results(f)
+    with pytest.raises(ValueError, match="not JSON"):
+        (tmp_path / "y.json").write_text("{")
+        compare_sim.load_gpu_results(tmp_path / "y.json")
+
+
+def test_compare_sim_cli_writes_sim_fidelity_rows(wl_file, tmp_path, capsys) -> None:
+    gdoc = _gpu_doc(wl_file, ["rt_only"], "calibrated", duration=0.2)
+    f = tmp_path / "g.json"
+    f.write_text(json.dumps(gdoc))
+    out = tmp_path / "sim_fidelity.json"
+    rc = main(["bench", "--compare-sim", str(f), "--gpu", "h100", "--json", str(out),
+               "--no-progress"])
+    assert rc == 0
+    assert "rt_p50_ms" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert doc["judged"] == 3 and doc["within"] == 3
+    rc = main(["bench", "--compare-sim", str(tmp_path / "absent.json"), "--gpu", "h100"])
+    assert rc == 2
+
+
+# -- contention models ------------------------------------------------------------------
+
+
+def test_paper_is_the_old_calibrated_model_and_files_are_checked(tmp_path) -> None:
+    assert sim_contention.check_model("paper", "h100") == \
+        sim_contention.check_model("calibrated", "h100") == 180.0
+    p = sim_contention.save_params(tmp_path / "c.json", "h100", 42.5, {"from": "test"})
+    assert sim_contention.check_model(str(p), "h100") == 42.5
+    assert SimDevice(gpu="h100", contention=str(p))._beta == 42.5
+    with pytest.raises(ValueError, match="fitted on h100"):
+        sim_contention.check_model(str(p), "mi50")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": 1, "kind": "contention", "model": "bandwidth-share",
+                               "gpu": "h100", "beta": -1}))
+    with pytest.raises(ValueError, match="beta must be a number > 0"):
+        sim_contention.check_model(str(bad), "h100")
+    with pytest.raises(FileNotFoundError):
+        sim_contention.check_model(str(tmp_path / "absent.json"), "h100")
+    assert sim_contention.describe("paper", "h100")["source"].startswith("paper")
+
+
+def test_refit_recovers_the_beta_of_a_synthetic_gpu(wl_file, tmp_path) -> None:
+    true_beta = 150.0
+    gdoc = _gpu_doc(wl_file, ["rt_only", "streams"], f"beta={true_beta}", duration=0.3)
+    f = tmp_path / "disb_cuda.json"
+    f.write_text(json.dumps({"policies": {"synth": gdoc}}))
+    out = tmp_path / "fit.json"
+    doc = contention_fit.refit(f, compare_sim.CompareOptions(gpu="h100"), ["streams"], out,
+                               lo=10.0, hi=1000.0, grid=8, refine=10)
+    assert abs(doc["beta"] / true_beta - 1) < 0.05, doc["evaluations"]
+    assert doc["loss_mean_sq_log"] < 1e-4
+    assert {r["policy"] for r in doc["rows"]} == {"streams"}  # rt_only carries no beta
+    params = sim_contention.load_params(out)
+    assert params["beta"] == doc["beta"] and params["gpu"] == "h100"
+    assert params["fit"]["from"] == str(f)
+    assert "beta =" in contention_fit.format_fit(doc)
+    with pytest.raises(ValueError, match="nothing to fit"):
+        contention_fit.refit(f, compare_sim.CompareOptions(gpu="h100"), ["reef_dkp"],
+                             tmp_path / "none.json")
+
+
+# -- measured profiles from the cuda device's profiler (CPU emulator) --------------------
+
+
+def test_gpu_profiles_writes_measured_files_on_the_emulator(tmp_path) -> None:
+    from av_infer.bench import gpu_profiles
+    from av_infer.devices.cuda import availability
+    from tests.checks import require
+
+    ok, why = availability(emulate=True)
+    require("ok" if ok else None, f"the CUDA emulator cannot run: {why}")
+    rc = gpu_profiles.main(["--device", "cuda-emu", "--models", "tiny_cnn", "--variant",
+                            "scaled", "--repeats", "1", "--out", str(tmp_path)])
+    assert rc == 0
+    got = profiles.load_profile_dir(tmp_path)
+    prof = got["tiny_cnn"]
+    assert prof.source == "measured" and prof.variant == "scaled"
+    assert prof.gpu["emulated"] is True and prof.gpu["sms"] == prof.sms > 0
+    assert all(k.duration_us > 0 and k.blocks_per_sm >= 1 and k.kind for k in prof.kernels)
+    assert all(k.vendor == "" for k in prof.kernels)  # our own kernels only, today
