@@ -83,6 +83,9 @@ ctypedef CUresult (*p_cuModuleLoadData)(CUmodule*, const void*) noexcept nogil
 ctypedef CUresult (*p_cuModuleUnload)(CUmodule) noexcept nogil
 ctypedef CUresult (*p_cuModuleGetFunction)(CUfunction*, CUmodule, const char*) noexcept nogil
 ctypedef CUresult (*p_cuFuncGetAttribute)(int*, int, CUfunction) noexcept nogil
+#: a vendor op's launcher (``cuda_vendor.pyx``: ``vendor_launch``): (op, the task's packed
+#: struct of the kernel, CUstream, the stream's vendor context) -> 0 or a vendor status
+ctypedef int (*p_vendor_launch)(void*, const char*, CUstream, void*) noexcept nogil
 
 
 cdef struct Driver:
@@ -239,6 +242,9 @@ cdef struct Stream:
     uint32_t count
     uint64_t launched
     uint64_t completed
+    void* vctx                  # vendor context (cuDNN handle, workspace); NULL: none
+    uint32_t hflag              # host copy of the flag word, for vendor launches
+    uint64_t vskipped           # vendor launches not issued because the flag was up
 
 cdef struct TaskRec:
     int64_t id                  # -1: empty slot (there are no tombstones; see _remove)
@@ -251,6 +257,8 @@ cdef struct TaskRec:
     CUfunction* pfuncs          # DKP: padded launch of kernel k (NULL: plain), lazily made
     uint32_t* pgeom
     char** pargs                # its by-value AviPadArgs bytes
+    p_vendor_launch* vfn        # vendor op of kernel k (NULL: a kernel of ours); NULL: none
+    void** vop
 
 cdef struct Comp:
     int32_t stream
@@ -421,6 +429,7 @@ cdef class Dispatcher:
         """
         cdef Stream* st = &self._st[s]
         cdef CUresult r
+        st.hflag = value  # vendor launches check this copy (set before the device's word)
         with nogil:
             self._cur()
             if self._drv.cuStreamWriteValue32 != NULL:
@@ -442,7 +451,14 @@ cdef class Dispatcher:
 
     def stream_stats(self, int s):
         return {"launched": self._st[s].launched, "completed": self._st[s].completed,
-                "in_flight": self._st[s].count}
+                "in_flight": self._st[s].count, "vendor_skipped": self._st[s].vskipped}
+
+    def set_stream_vendor(self, int s, uintptr_t ctx):
+        """The vendor context (``cuda_vendor.Vendor.stream_ctx``) of stream ``s``: its
+        cuDNN handle and workspace; set before a vendor op is queued on the stream."""
+        if not 0 <= s < self._nst:
+            raise IndexError(f"no stream {s}")
+        self._st[s].vctx = <void*>ctx
 
     # -- modules ------------------------------------------------------------------------
     def load_module(self, bytes image):
@@ -563,6 +579,10 @@ cdef class Dispatcher:
         free(r.pfuncs)
         free(r.pgeom)
         free(r.pargs)
+        free(r.vfn)
+        free(r.vop)
+        r.vfn = NULL
+        r.vop = NULL
         r.funcs = NULL
         r.geom = NULL
         r.args = NULL
@@ -571,11 +591,29 @@ cdef class Dispatcher:
         r.pgeom = NULL
         r.pargs = NULL
 
-    def register_task(self, int64_t task, funcs, bytes geom, bytes args, offs):
+    def register_task(self, int64_t task, funcs, bytes geom, bytes args, offs, vendor=None):
         """Launch table of a task: per kernel its CUfunction, 7 geometry words (uint32:
-        grid xyz, block xyz, smem) and the offset of its packed struct in ``args``."""
+        grid xyz, block xyz, smem) and the offset of its packed struct in ``args``.
+
+        ``vendor``: per kernel None or ``(launcher address, op address)``: that kernel is a
+        vendor op, launched by calling the launcher on the stream (``cuda_vendor.pyx``)
+        with the same packed struct, unless the stream's flag is up (it cannot check it)."""
         cdef int32_t nk = len(funcs)
         cdef int32_t i
+        cdef p_vendor_launch* vf = NULL
+        cdef void** vo = NULL
+        if vendor is not None and any(v is not None for v in vendor):
+            if len(vendor) != nk:
+                raise ValueError("vendor table size does not match")
+            vf = <p_vendor_launch*>calloc(nk, sizeof(p_vendor_launch))
+            vo = <void**>calloc(nk, sizeof(void*))
+            if vf == NULL or vo == NULL:
+                free(vf); free(vo)
+                raise MemoryError()
+            for i in range(nk):
+                if vendor[i] is not None:
+                    vf[i] = <p_vendor_launch><uintptr_t>vendor[i][0]
+                    vo[i] = <void*><uintptr_t>vendor[i][1]
         if task < 0:
             raise ValueError(f"task ids are >= 0, got {task}")
         if len(geom) != nk * GEOM_WORDS * 4 or len(offs) != nk:
@@ -585,7 +623,7 @@ cdef class Dispatcher:
         cdef char* ag = <char*>malloc(max(len(args), 1))
         cdef int64_t* of = <int64_t*>malloc(max(nk, 1) * sizeof(int64_t))
         if fs == NULL or gm == NULL or ag == NULL or of == NULL:
-            free(fs); free(gm); free(ag); free(of)
+            free(fs); free(gm); free(ag); free(of); free(vf); free(vo)
             raise MemoryError()
         for i in range(nk):
             fs[i] = <CUfunction><uintptr_t>funcs[i]
@@ -600,7 +638,7 @@ cdef class Dispatcher:
         else:
             if (self._tlive + 1) * 2 > self._tcap and not self._grow():
                 PyThread_release_lock(self._tlock)
-                free(fs); free(gm); free(ag); free(of)
+                free(fs); free(gm); free(ag); free(of); free(vf); free(vo)
                 raise MemoryError("task table")
             r = self._find(task, True)
             self._tlive += 1
@@ -611,6 +649,8 @@ cdef class Dispatcher:
         r.geom = gm
         r.args = ag
         r.offs = of  # pfuncs/pgeom/pargs: NULL in every free slot (calloc, _free_rec)
+        r.vfn = vf
+        r.vop = vo
         PyThread_release_lock(self._tlock)
 
     def set_padded(self, int64_t task, int32_t kernel, uintptr_t func, bytes geom, bytes args):
@@ -758,6 +798,18 @@ cdef class Dispatcher:
                     r = self._drv.cuLaunchKernel(rec.pfuncs[k], g[0], g[1], g[2], g[3], g[4],
                                                  g[5], g[6], st.s, params, NULL)
                     _drop_padded(rec, k)
+                    if r == CUDA_SUCCESS:
+                        r = self._drv.cuEventRecord(st.ev[slot], st.s)
+                    rec.inflight += 1
+                elif rec != NULL and 0 <= k < rec.nk and rec.vfn != NULL and rec.vfn[k] != NULL:
+                    # a vendor op: a closed kernel cannot read the flag, so it is checked
+                    # here; while it is up the op is not issued and completes like a kernel
+                    # of ours that returned at its flag check (an event only)
+                    if st.hflag:
+                        st.vskipped += 1
+                        r = CUDA_SUCCESS
+                    else:
+                        r = rec.vfn[k](rec.vop[k], rec.args + rec.offs[k], st.s, st.vctx)
                     if r == CUDA_SUCCESS:
                         r = self._drv.cuEventRecord(st.ev[slot], st.s)
                     rec.inflight += 1

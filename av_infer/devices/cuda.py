@@ -45,6 +45,17 @@ NVRTC, and "device" memory is host memory. Only memory and compilation differ
 (:class:`~av_infer.devices.cuda_memory.CupyMemory` vs ``HostMemory``); the dispatcher,
 packing, vHQs and completions are the same code.
 
+Vendor ops (``vendor="auto"|"force"``, docs/cuda_vendor.md): conv / gemm kernels that
+cuDNN / cuBLASLt compute exactly as ours do become vendor ops at ``load_plan`` (one op per
+kernel, algorithm chosen once, pinned); each is still kernel ``k`` of the plan in the vHQ,
+launched by the dispatcher through ``cuda_vendor.pyx`` with the same packed struct, and
+issued only while the stream's flag is down (a closed kernel cannot check it). ``auto``
+keeps, per op, the faster of the two (CUDA events at load); ``force`` takes the vendor's
+wherever it can (how the emulator tests cover it). Which kernels stay ours, and why:
+:meth:`CudaDevice.vendor_report`. Precision per plan (``plan.precision``: fp32 | tf32 |
+fp16): our conv/gemm kernels use TF32 tiles under tf32 and fp16, vendor ops the library's
+TF32 / FP16 tensor-core maths on FP32 storage.
+
 Split by responsibility: this module launches (models, tasks, streams, padded launches,
 completions); ``cuda_memory`` holds memory and copies, ``cuda_padcache`` compiles and
 caches the padded dispatcher modules, ``cuda_profiling`` times kernels and queries
@@ -68,6 +79,7 @@ from av_infer.devices.base import Completion, CompletionCallback, Device, ResetI
 from av_infer.devices.cuda_memory import CupyMemory, HostMemory
 from av_infer.devices.cuda_padcache import PadModuleCache
 from av_infer.devices.cuda_profiling import DriverTiming
+from av_infer.devices.cuda_vendor import MODES, PRECISIONS, VendorLibraryError, VendorSpec
 from av_infer.devices.faults import InjectedFault
 from av_infer.errors import (
     DeviceFaultError,
@@ -129,6 +141,12 @@ class _Model:
     weights: Any  # cupy uint8 array
     aux: list[Any]
     weight_bytes: int
+    precision: str = "fp32"
+    #: per kernel None (ours) or (launcher address, op address) for the dispatcher
+    vendor: list[tuple[int, int] | None] = field(default_factory=list)
+    #: per kernel: {"kernel", "kind", "path": "vendor"|"own", "reason", "own_us", "vendor_us"}
+    vendor_report: list[dict[str, Any]] = field(default_factory=list)
+    zero_bias: list[Any] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -154,11 +172,32 @@ class CudaDevice(Device):
     supports_padding = True
     padding_reason = ""
 
+    #: plan precisions this device runs (``Plan.precision``)
+    precisions = PRECISIONS
+
     def __init__(self, device_id: int = 0, c: int = 4, tf32: bool = False,
                  cache_dir: str | None = None, compiler: Compiler | None = None,
-                 emulate: bool = False, sms: int = 16) -> None:
+                 emulate: bool = False, sms: int = 16, vendor: str | None = None,
+                 workspace_mb: int | None = None) -> None:
         """``emulate``: run on the CPU emulator (docs/cuda_emu.md); ``sms`` is then the
-        SM count padding selection assumes (a real GPU reports its own)."""
+        SM count padding selection assumes (a real GPU reports its own).
+
+        ``vendor``: ``off`` | ``auto`` | ``force`` (module docstring; default
+        ``$AV_INFER_CUDA_VENDOR``, else ``auto`` on a GPU and ``off`` on the emulator, whose
+        vendor libraries are its own emulated ones). Unless ``off``, cuBLASLt and cuDNN 9
+        must be found (``cuda_vendor.find_library``), else :class:`VendorLibraryError`.
+        ``workspace_mb``: vendor workspace per stream (default
+        ``$AV_INFER_VENDOR_WORKSPACE_MB``, else 32 on a GPU, 1 on the emulator)."""
+        import os
+
+        mode = vendor if vendor is not None else os.environ.get("AV_INFER_CUDA_VENDOR", "")
+        mode = mode.strip().lower() or ("off" if emulate else "auto")
+        if mode not in MODES:
+            raise ValueError(f"vendor must be one of {MODES}, got {mode!r}")
+        ws_mb = workspace_mb if workspace_mb is not None else int(
+            os.environ.get("AV_INFER_VENDOR_WORKSPACE_MB", "1" if emulate else "32"))
+        if ws_mb < 0:
+            raise ValueError(f"workspace_mb must be >= 0, got {ws_mb}")
         ok, why = availability(device_id, emulate=emulate)
         if not ok:
             kind = "cuda emulator" if emulate else "cuda device"
@@ -192,6 +231,12 @@ class CudaDevice(Device):
         self._cache = CompileCache(cache_dir)
         self._pads = PadModuleCache(self._disp, self._cache, self._compiler, self.arch)
         self._timing = DriverTiming(self._driver_path, self._mem, self._errstr)
+        self.vendor_mode = mode
+        self._ws_bytes = int(ws_mb) << 20
+        self._vendor: Any = None
+        self._ws: list[Any] = []  # per stream: its vendor workspace (device memory)
+        if mode != "off":
+            self._vendor = self._load_vendor()
         #: one owner of _tasks / _zombies / _padded (module docstring, "Threads")
         self._books = threading.Lock()
         #: BE parts of the padded launches queued or in flight, by (RT task, kernel): the
@@ -219,10 +264,104 @@ class CudaDevice(Device):
     def now(self) -> float:
         return time.perf_counter()  # CLOCK_MONOTONIC, the dispatcher's clock too
 
+    # -- vendor libraries (cuda_vendor.py, cuda_vendor.pyx) -------------------------------
+    def _load_vendor(self) -> Any:
+        """cuBLASLt and cuDNN, dlopened from where ``find_library`` finds them (the emulator:
+        its own driver library, which exports the emulated entry points)."""
+        from av_infer._cy.cuda_vendor import Vendor
+        from av_infer.devices.cuda_vendor import cudnn_preload, find_library
+
+        if self.emulated:
+            lt = dnn = self._driver_path
+            pre: list[str] = []
+        else:
+            lt, dnn = find_library("cublaslt"), find_library("cudnn")
+            pre = cudnn_preload(dnn)
+        try:
+            return Vendor(lt, dnn, pre)
+        except OSError as e:
+            raise VendorLibraryError(str(e), [lt, dnn], "found, but it does not load") from e
+
+    def _stream_vendor(self, sid: int) -> None:
+        """Give stream ``sid`` its vendor context: a workspace and a cuDNN handle on it."""
+        ws = self._mem.alloc(max(self._ws_bytes, 256))
+        self._ws.append(ws)
+        ctx = self._vendor.stream_ctx(self._disp.stream_handle(sid), self._mem.ptr(ws),
+                                      self._ws_bytes)
+        self._disp.set_stream_vendor(sid, ctx)
+
+    def vendor_report(self, handle: Any) -> list[dict[str, Any]]:
+        """Per conv/gemm kernel of a loaded plan: which path runs it (``vendor`` | ``own``),
+        why it stays ours, the measured µs of both (``auto``) and the vendor algorithm."""
+        return [dict(r) for r in handle.vendor_report]
+
+    def _build_vendor_ops(self, m: _Model) -> None:
+        """Vendor op per eligible kernel (the fallback to ours is per op and reported)."""
+        from av_infer.devices.cuda_vendor import vendor_spec
+
+        v = self._vendor
+        have = {"cublaslt": v.has_cublaslt, "cudnn": v.has_cudnn}
+        m.vendor = [None] * len(m.src.specs)
+        launch = v.launch_address
+        for k, spec in zip(m.plan.kernels, m.src.specs, strict=True):
+            if k.kind not in ("conv", "gemm", "conv_transpose"):
+                continue
+            vs: VendorSpec = vendor_spec(m.plan, k, spec, have)
+            row: dict[str, Any] = {"kernel": k.index, "kind": k.kind, "name": k.name,
+                                   "path": "own", "reason": vs.reason}
+            m.vendor_report.append(row)
+            if vs.kind is None:
+                continue
+            params = dict(vs.params, precision=m.precision, max_ws=self._ws_bytes)
+            try:
+                if vs.kind == "conv":
+                    zb = 0
+                    if vs.needs_zero_bias:
+                        buf = self._mem.alloc(4 * vs.needs_zero_bias, zero=True)
+                        m.zero_bias.append(buf)
+                        zb = self._mem.ptr(buf)
+                    op, _ws = v.conv_op(zero_bias=zb, **params)
+                else:
+                    op, _ws = v.matmul_op(**params)
+            except RuntimeError as e:  # no algorithm for these shapes: ours runs it
+                row["reason"] = str(e)
+                continue
+            info = v.op_info(op)
+            row.update(op=info["kind"], algo=info["algo"], workspace=info["workspace"])
+            if self.vendor_mode == "auto":
+                own = self.time_kernel(m, k.index, 3)
+                ven = self._time_vendor(m, k.index, op, 3)
+                row["own_us"], row["vendor_us"] = round(own, 2), round(ven, 2)
+                if ven > own:
+                    row["reason"] = "ours measured faster"
+                    continue
+            row["path"], row["reason"] = "vendor", ""
+            m.vendor[k.index] = (launch, op)
+        if not any(m.vendor):
+            m.vendor = []
+        n = sum(1 for r in m.vendor_report if r["path"] == "vendor")
+        log.info("%s: %d of %d conv/gemm kernels on vendor ops (%s, %s)", m.plan.name, n,
+                 len(m.vendor_report), self.vendor_mode, m.precision)
+
+    def _time_vendor(self, m: _Model, k: int, op: int, repeats: int) -> float:
+        spec = m.src.specs[k]
+        return self._timing.time_vendor(
+            self._vendor, op, lambda arena: spec.pack(self._resolver(m, arena)),
+            m.plan.arena_bytes, repeats, self._ws_bytes)
+
     # -- models ---------------------------------------------------------------------------
+    @staticmethod
+    def plan_precision(plan: Plan) -> str:
+        """The precision a plan asks for (``Plan.precision``; fp32 when absent)."""
+        p = getattr(plan, "precision", "fp32") or "fp32"
+        if p not in PRECISIONS:
+            raise InvalidInputError(f"precision must be one of {PRECISIONS}, got {p!r}")
+        return p
+
     def compile_plan(self, plan: Plan) -> tuple[PlanSource, bytes]:
-        """Source and cubin of a plan (through the disk cache)."""
-        src = build_plan_source(plan, tf32=self.tf32)
+        """Source and cubin of a plan (through the disk cache); our conv/gemm kernels use
+        TF32 tiles for ``tf32=True`` devices and tf32 / fp16 plans."""
+        src = build_plan_source(plan, tf32=self.tf32 or self.plan_precision(plan) != "fp32")
         image = self._cache.get_or_compile(self._compiler, src.source, self.arch, ())
         return src, image
 
@@ -248,7 +387,10 @@ class CudaDevice(Device):
         aux = [mem.to_device(a) for a in src.aux]
         mem.synchronize()
         wb = int(weights.nbytes) + sum(int(a.nbytes) for a in aux)
-        return _Model(plan, src, module, funcs, geom, weights, aux, wb)
+        m = _Model(plan, src, module, funcs, geom, weights, aux, wb, self.plan_precision(plan))
+        if self._vendor is not None:
+            self._build_vendor_ops(m)
+        return m
 
     def kernel_geometry(self, handle: Any, k: int) -> tuple[int, int]:
         """(logical blocks, threads) of kernel ``k`` as launched here: what DKP parts count
@@ -298,7 +440,8 @@ class CudaDevice(Device):
             offs.append(pos)
             pos += len(blob)
         blob = b"".join(packed)
-        self._disp.register_task(task, handle.funcs, handle.geom, blob, offs)
+        self._disp.register_task(task, handle.funcs, handle.geom, blob, offs,
+                                 handle.vendor or None)
         t = _Task(handle, arena, blob, offs)
         with self._books:
             self._tasks[task] = t
@@ -381,6 +524,8 @@ class CudaDevice(Device):
             flag = self._flag_addr(sid)
             got = self._disp.open_stream(vhq, int(priority) > 0, flag)
             assert got == sid
+            if self._vendor is not None:
+                self._stream_vendor(sid)
             self._vhqs.append(vhq)
             self._prio.append(int(priority))
             self._stream_cap.append(None)
@@ -465,6 +610,8 @@ class CudaDevice(Device):
         spec = t.model.src.specs[kernel]
         if spec.nblk != spec.grid[0]:
             return False
+        if t.model.vendor and t.model.vendor[kernel] is not None:
+            return False  # a vendor op has no body to pad (BE parts run our bodies)
         bes = []
         for p in parts:  # block ranges are checked by PaddedModule.launch
             bt = self._tasks.get(int(p[0]))
@@ -510,6 +657,8 @@ class CudaDevice(Device):
         """Median µs of ``repeats`` CUDA-event-timed launches of kernel ``k`` alone (after
         one warm-up launch), on a zeroed scratch arena and a private stream with a clear
         flag word; never goes through the dispatcher."""
+        if handle.vendor and handle.vendor[k] is not None:
+            return self._time_vendor(handle, k, handle.vendor[k][1], repeats)
         spec = handle.src.specs[k]
         return self._timing.time_kernel(
             handle.funcs[k], spec, lambda arena: spec.pack(self._resolver(handle, arena)),
@@ -579,7 +728,10 @@ class CudaDevice(Device):
             rec = self._tasks.get(task)
             if rec is not None and rec.error is None:
                 if status != 0:
-                    why = "unknown task/kernel" if status < 0 else self._errstr(status)
+                    why = ("unknown task/kernel" if status < 0 else
+                           self._vendor.error_string(status)
+                           if status >= 0x10000 and self._vendor is not None
+                           else self._errstr(status))
                     rec.error, rec.error_kernel = f"{why} (CUresult {status})", k
                 elif faults is not None:
                     try:
@@ -605,6 +757,8 @@ class CudaDevice(Device):
         for s in range(len(self._vhqs)):
             self._disp.sync_stream(s)
         self._pads.unload_all()
+        if self._vendor is not None:
+            self._vendor.close()
         with self._books:
             self._tasks.clear()
             self._zombies.clear()
@@ -629,6 +783,11 @@ class CudaDevice(Device):
         out["compile_cache"] = {"dir": str(self._cache.dir), "hits": self._cache.hits,
                                 "misses": self._cache.misses}
         out["padding"] = self._pads.stats()
+        out["vendor"] = {"mode": self.vendor_mode}
+        if self._vendor is not None:
+            out["vendor"].update(
+                cublaslt=self._vendor.cublaslt_path, cudnn=self._vendor.cudnn_path,
+                versions=self._vendor.versions(), workspace_bytes_per_stream=self._ws_bytes)
         return out
 
 

@@ -88,3 +88,43 @@ class DriverTiming:
             cu.cuEventDestroy_v2(end)
             cu.cuStreamDestroy_v2(sp)
         return float(statistics.median(times))
+
+    def time_vendor(self, vendor: Any, op: int, pack: Callable[[Any], bytes], arena_bytes: int,
+                    repeats: int, ws_bytes: int) -> float:
+        """Median µs of ``repeats`` CUDA-event-timed runs of vendor op ``op`` (after one
+        warm-up), on a zeroed scratch arena and a private stream with its own workspace
+        (the vendor counterpart of :meth:`time_kernel`; ``vendor``: ``cuda_vendor.Vendor``)."""
+        cu, mem = self._driver(), self._mem
+        arena = mem.alloc(arena_bytes, zero=True)
+        ws = mem.alloc(max(ws_bytes, 256))
+        args = pack(arena)
+        sp = ctypes.c_void_p()
+        self._check(cu.cuStreamCreate(ctypes.byref(sp), 1), "cuStreamCreate")
+        ctx = vendor.stream_ctx(sp.value or 0, mem.ptr(ws), ws_bytes)
+        start, end = ctypes.c_void_p(), ctypes.c_void_p()
+        self._check(cu.cuEventCreate(ctypes.byref(start), 0), "cuEventCreate")
+        self._check(cu.cuEventCreate(ctypes.byref(end), 0), "cuEventCreate")
+
+        def launch() -> None:
+            rc = vendor.launch(op, args, sp.value or 0, ctx)
+            if rc != 0:
+                raise DeviceFaultError(f"vendor op failed: {vendor.error_string(rc)}")
+
+        times = []
+        try:
+            launch()
+            for _ in range(max(1, int(repeats))):
+                self._check(cu.cuEventRecord(start, sp), "cuEventRecord")
+                launch()
+                self._check(cu.cuEventRecord(end, sp), "cuEventRecord")
+                self._check(cu.cuEventSynchronize(end), "cuEventSynchronize")
+                ms = ctypes.c_float(0.0)
+                self._check(cu.cuEventElapsedTime(ctypes.byref(ms), start, end),
+                            "cuEventElapsedTime")
+                times.append(ms.value * 1000.0)
+        finally:
+            cu.cuStreamSynchronize(sp)
+            cu.cuEventDestroy_v2(start)
+            cu.cuEventDestroy_v2(end)
+            cu.cuStreamDestroy_v2(sp)
+        return float(statistics.median(times))

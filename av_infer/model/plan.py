@@ -126,6 +126,10 @@ class Plan:
     #: segment plans (``model.segments``): the program each ``ort_segment`` kernel runs,
     #: indexed by its ``args["segment"]``; empty for kernel plans
     segments: list[Any] = field(default_factory=list)
+    #: numeric precision the model runs at: ``fp32`` (default), ``tf32`` or ``fp16``; set
+    #: at load (``Runtime.load_model(precision=...)``), read by devices that offer more than
+    #: FP32 (cuda: ``CudaDevice.precisions``); not part of the compiled plan's JSON
+    precision: str = "fp32"
 
     # -- sizes ----------------------------------------------------------------------------
     @property

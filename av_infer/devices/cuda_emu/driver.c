@@ -630,7 +630,12 @@ EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n, CUf
 }
 
 /* -- streams ------------------------------------------------------------------------ */
-enum op_kind { OP_KERNEL, OP_WRITE32, OP_MEMSET32, OP_MEMCPY, OP_RECORD, OP_WAIT };
+enum op_kind { OP_KERNEL, OP_WRITE32, OP_MEMSET32, OP_MEMCPY, OP_RECORD, OP_WAIT, OP_HOST };
+
+/* A host operation (the emulated vendor libraries, vendor_emu.c): fn(data, run) runs on the
+ * stream's worker in stream order; run = 0 when an earlier launch failed on the stream (fn
+ * only frees data then); a nonzero return fails the stream like a failing kernel. */
+typedef int (*emu_host_fn)(void* data, int run);
 
 struct emu_event;
 
@@ -666,6 +671,10 @@ struct op {
             struct emu_stream* src;
             uint64_t seq;
         } wait;
+        struct {
+            emu_host_fn fn;
+            void* data;
+        } host;
     } u;
 };
 
@@ -790,6 +799,19 @@ static void run_op(struct emu_stream* s, struct op* op) {
             wait_done(op->u.wait.src, op->u.wait.seq);
             stream_unref(op->u.wait.src);
             break;
+        case OP_HOST: {
+            int ok = atomic_load(&s->err_seq) == 0;
+            int rc = op->u.host.fn(op->u.host.data, ok);
+            if (ok && rc != 0) {
+                uint64_t zero = 0;
+                atomic_compare_exchange_strong(&s->err_seq, &zero, op->seq);
+                set_error("vendor operation returned %d (stream %p, op #%llu): the stream "
+                          "reports CUDA_ERROR_LAUNCH_FAILED from now on", rc, (void*)s,
+                          (unsigned long long)op->seq);
+            }
+            atomic_thread_fence(memory_order_seq_cst);
+            break;
+        }
     }
 }
 
@@ -1093,6 +1115,15 @@ EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t n, 
     return enqueue_simple(h, op);
 }
 
+/* Enqueue a host operation on stream h (vendor_emu.c); on failure data is NOT freed. */
+static CUresult emu_enqueue_host(CUstream h, emu_host_fn fn, void* data) {
+    struct op* op = new_op(OP_HOST);
+    if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+    op->u.host.fn = fn;
+    op->u.host.data = data;
+    return enqueue_simple(h, op);
+}
+
 EXPORT CUresult cuMemsetD32Async_v2(CUdeviceptr dst, unsigned int value, size_t n,
                                     CUstream h) {
     return cuMemsetD32Async(dst, value, n, h);
@@ -1312,3 +1343,6 @@ EXPORT CUresult cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
     *ms = (float)((double)(t[1] - t[0]) / 1e6);
     return CUDA_SUCCESS;
 }
+
+/* The emulated cuBLASLt / cuDNN entry points (docs/cuda_emu.md section 3). */
+#include "vendor_emu.c"

@@ -1,0 +1,393 @@
+"""Vendor ops (cuBLASLt / cuDNN) behind the cuda dispatcher, on the CPU emulator.
+
+``CudaDevice(emulate=True, vendor="force")`` loads the emulator's own cuBLASLt / cuDNN entry
+points (docs/cuda_emu.md §3) through the same ``cuda_vendor.pyx`` loader and launcher a GPU
+uses: ops built once at load, launched by the nogil dispatcher as kernel indices of the plan
+in the vHQ (counted against c), not issued while the stream's flag is up. Checked here:
+zoo models through vendor ops against ONNX Runtime, the flag check, preempt / reset /
+restore with vendor launches, the scheduler on top, precisions, the per-op fallback report
+and the typed error for a missing library. The same tests on a GPU: ``gpu`` marked ones.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import queue
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from av_infer.devices.base import Completion
+from av_infer.devices.cuda import availability
+from av_infer.devices.cuda_vendor import TOLERANCE, VendorLibraryError, find_library, max_error
+from av_infer.errors import DeviceUnavailableError, InvalidParameterError
+from av_infer.kernels.cuda.samples import chain_plan
+from av_infer.model.plan_builder import PlanBuilder
+from tests.checks import require
+
+EMU_OK, EMU_WHY = availability(emulate=True)
+GPU_OK, GPU_WHY = availability()
+
+
+@pytest.fixture(scope="module")
+def dev():
+    require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    from av_infer.devices.cuda import CudaDevice
+
+    d = CudaDevice(emulate=True, vendor="force")
+    yield d
+    d.close()
+
+
+class Runner:
+    """Plans through the device without a scheduler; completions routed by task id."""
+
+    def __init__(self, dev) -> None:
+        self.dev = dev
+        self.q: queue.Queue[Completion] = queue.Queue()
+        self.stream = dev.open_stream(0)
+        self.last: dict[int, int] = {}
+        dev.start(self.q.put)
+        self.next = 0
+
+    def wait(self, task: int, kernel: int) -> None:
+        while self.last.get(task, -1) < kernel:
+            c = self.q.get(timeout=120)
+            assert c.task is not None
+            self.last[c.task] = max(self.last.get(c.task, -1), c.kernel)
+
+    def run(self, handle, x) -> dict[str, np.ndarray]:
+        t = self.next = self.next + 1
+        n = len(handle.plan.kernels)
+        self.dev.new_task(handle, t)
+        self.dev.write_inputs(t, x)
+        self.dev.enqueue(self.stream, t, 0, n - 1)
+        self.wait(t, n - 1)
+        out = self.dev.read_outputs(t)
+        self.dev.release_task(t)
+        return out
+
+
+@pytest.fixture(scope="module")
+def runner(dev):
+    return Runner(dev)
+
+
+def vendor_runs(dev) -> tuple[int, int]:
+    """(matmuls, convs) the emulated vendor libraries have executed in this process."""
+    out = (ctypes.c_uint64 * 2)()
+    ctypes.CDLL(dev._driver_path).avi_emu_vendor_runs(out)
+    return int(out[0]), int(out[1])
+
+
+def _zoo(name: str):
+    from av_infer.model import zoo
+    from av_infer.model.compiler import compile_model
+
+    variant = "scaled"
+    p = zoo.path(name, variant)
+    return p, compile_model(p, name=name), zoo.sample_inputs(name, variant, seed=3)
+
+
+def _ort(path, x) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, x), strict=True))
+
+
+ZOO = ["tiny_cnn", "tiny_mlp", "tiny_transformer", "vgg19", "resnet152", "densenet201",
+       "inception_v3", "distilbert"]
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_through_vendor_ops_matches_onnxruntime(name, dev, runner):
+    path, plan, x = _zoo(name)
+    h = dev.load_plan(plan)
+    rep = dev.vendor_report(h)
+    n_vendor = [r for r in rep if r["path"] == "vendor"]
+    own = [(r["name"], r["reason"]) for r in rep if r["path"] == "own"]
+    print(f"{name}: {len(n_vendor)} of {len(rep)} conv/gemm kernels on vendor ops; ours: {own}")
+    assert all(r["reason"] for r in rep if r["path"] == "own")  # every fallback says why
+    mm = sum(1 for r in n_vendor if r["kind"] == "gemm")
+    cv = sum(1 for r in n_vendor if r["kind"] == "conv")
+    if any(k.kind == "conv" for k in plan.kernels):
+        assert cv > 0
+    before = vendor_runs(dev)
+    got = runner.run(h, x)
+    after = vendor_runs(dev)
+    assert (after[0] - before[0], after[1] - before[1]) == (mm, cv)  # each op ran once
+    want = _ort(path, x)
+    for k, w in want.items():
+        err = max_error(got[k], w)
+        print(f"  {k}: max error {err:.2e} (fp32 tolerance {TOLERANCE['fp32']:.0e})")
+        assert err <= TOLERANCE["fp32"], (name, k, err)
+    dev.unload_plan(h)
+
+
+def _hand_plan(pads, epilogue, name="hand"):
+    rng = np.random.default_rng(0)
+    b = PlanBuilder(name)
+    x = b.tensor("x", (1, 4, 9, 9), role="input")
+    w = b.weight("w", rng.standard_normal((8, 4, 3, 3)).astype(np.float32))
+    bias = b.weight("b", rng.standard_normal(8).astype(np.float32))
+    ho = 9 + pads[0] + pads[2] - 2
+    wo = 9 + pads[1] + pads[3] - 2
+    y = b.tensor("y", (1, 8, ho, wo), role="output")
+    b.kernel("conv", [x, w], [y], strides=[1, 1], pads=list(pads), dilations=[1, 1], group=1,
+             bias=bias, epilogue=epilogue)
+    return b.build(), {"x": rng.standard_normal((1, 4, 9, 9)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("pads,epilogue,reason", [
+    ((0, 0, 1, 1), [["relu", {}]], "asymmetric padding"),
+    ((1, 1, 1, 1), [["sigmoid", {}]], "epilogue"),
+])
+def test_kernels_a_vendor_op_cannot_compute_stay_ours_and_say_why(pads, epilogue, reason, dev,
+                                                                  runner):
+    from av_infer.kernels.cpu import CpuPlanRunner
+
+    plan, x = _hand_plan(pads, epilogue)
+    h = dev.load_plan(plan)
+    (row,) = dev.vendor_report(h)
+    assert row["path"] == "own" and reason in row["reason"]
+    assert not h.vendor  # no vendor table: the dispatcher launches our kernel
+    got = runner.run(h, x)
+    want = CpuPlanRunner(plan).run(x)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
+
+
+def test_vendor_launch_is_not_issued_while_the_flag_is_up(dev, runner):
+    """A closed kernel cannot read the flag: the dispatcher checks it before issuing a
+    vendor op. Launched under a raised flag every kernel completes (ours return at their
+    check, vendor ops are not issued), and none of the vendor ops ran."""
+    plan, x = chain_plan(seed=2)
+    h = dev.load_plan(plan)
+    nv = sum(1 for v in h.vendor if v is not None)
+    assert nv >= 7  # the chain's seven convs and its gemm
+    s = runner.stream
+    ref = runner.run(h, x)
+    skipped0 = dev._disp.stream_stats(s)["vendor_skipped"]
+    runs0 = vendor_runs(dev)
+    dev.set_preempt(s, True)
+    try:
+        t = 900
+        dev.new_task(h, t)
+        dev.write_inputs(t, x)
+        dev.enqueue(s, t, 0, len(plan.kernels) - 1)
+        runner.wait(t, len(plan.kernels) - 1)
+    finally:
+        dev.set_preempt(s, False)
+    assert dev._disp.stream_stats(s)["vendor_skipped"] - skipped0 == nv
+    assert vendor_runs(dev) == runs0
+    # the same task again with the flag down: every kernel runs, the result is the reference
+    dev.enqueue(s, t, 0, len(plan.kernels) - 1)
+    runner.last[t] = -1
+    runner.wait(t, len(plan.kernels) - 1)
+    out = dev.read_outputs(t)
+    dev.release_task(t)
+    for k in ref:
+        assert np.array_equal(out[k], ref[k])
+
+
+def test_preempted_be_with_vendor_ops_is_bit_identical(dev, runner):
+    """REEF-N's reset for closed kernels: reset the vHQ, raise the flag, let the <= c
+    launches in flight (vendor ops among them) finish, restore from max(done, k_l - c)."""
+    from av_infer._cy.vhq import restore_point
+
+    plan, x = chain_plan(seed=5)
+    h = dev.load_plan(plan)
+    n = len(plan.kernels)
+    s = runner.stream
+    ref = runner.run(h, x)
+    rng = random.Random(0)
+    restored = 0
+    for trial in range(20):
+        t = 1000 + trial
+        dev.new_task(h, t)
+        dev.write_inputs(t, x)
+        dev.enqueue(s, t, 0, n - 1)
+        runner.wait(t, rng.randrange(0, n))
+        info = dev.reset(s)
+        dev.set_preempt(s, True)
+        if info is not None:
+            runner.wait(info.task, info.last_sent)
+        dev.set_preempt(s, False)
+        if info is not None and info.task == t:
+            start = restore_point(info.last_sent, info.done, info.restore_c or dev._c)
+            if start <= n - 1:
+                restored += 1
+                runner.last[t] = start - 1
+                dev.enqueue(s, t, start, n - 1)
+                runner.wait(t, n - 1)
+        out = dev.read_outputs(t)
+        for k in ref:
+            assert np.array_equal(out[k], ref[k]), (trial, info)
+        dev.release_task(t)
+    assert restored > 0
+
+
+def test_scheduler_reef_preempts_be_running_vendor_ops():
+    """The real scheduler on a vendor-op device: BE results under RT preemption equal the
+    unpreempted result bit for bit, and vendor ops ran."""
+    require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    from av_infer import Runtime
+    from av_infer.devices.cuda import CudaDevice
+
+    _, be, x = _zoo("resnet152")
+    _, rt_plan, x_rt = _zoo("tiny_mlp")
+    d = CudaDevice(emulate=True, vendor="force")
+    runs0 = vendor_runs(d)
+    with Runtime(d, policy="reef", c=4) as rt:
+        rt.load_model("be", be)
+        rt.load_model("rt", rt_plan)
+        ref = rt.submit("be", x, client="be").result(timeout=120).outputs
+        futs = [rt.submit("be", x, client="be") for _ in range(6)]
+
+        def rt_load() -> None:
+            for _ in range(30):
+                rt.submit("rt", x_rt, priority="RT").result(timeout=60)
+                time.sleep(0.002)
+
+        th = threading.Thread(target=rt_load)
+        th.start()
+        try:
+            for f in futs:
+                out = f.result(timeout=300).outputs
+                for k in ref:
+                    assert np.array_equal(out[k], ref[k])
+        finally:
+            th.join()
+        assert rt.stats()["preemptions"] > 0
+    assert vendor_runs(d)[1] > runs0[1]
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp16"])
+def test_precision_through_the_runtime_against_onnxruntime(precision):
+    """``load_model(precision=...)``: vendor ops run the library's TF32 / FP16 maths (the
+    emulator rounds operands as the library's mode does); outputs within the stated
+    tolerance of ONNX Runtime, and different from FP32 (the rounding is real)."""
+    require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    from av_infer import Runtime
+    from av_infer.devices.cuda import CudaDevice
+
+    path, plan, x = _zoo("resnet152")
+    want = _ort(path, x)
+    with Runtime(CudaDevice(emulate=True, vendor="force"), policy="reef") as rt:
+        rt.load_model("m32", plan)
+        rt.load_model("m", plan, precision=precision)
+        got32 = rt.submit("m32", x).result(timeout=120).outputs
+        got = rt.submit("m", x).result(timeout=120).outputs
+    for k, w in want.items():
+        err = max_error(got[k], w)
+        print(f"resnet152 {precision} {k}: max error {err:.2e} "
+              f"(tolerance {TOLERANCE[precision]:.0e}); fp32 {max_error(got32[k], w):.2e}")
+        assert err <= TOLERANCE[precision]
+        assert not np.array_equal(got[k], got32[k])
+
+
+def test_fp16_gemm_is_fp16_operands_with_fp32_accumulation(dev, runner):
+    rng = np.random.default_rng(1)
+    b = PlanBuilder("g16")
+    a = b.tensor("a", (8, 64), role="input")
+    wv = rng.standard_normal((64, 16)).astype(np.float32)
+    bv = rng.standard_normal(16).astype(np.float32)
+    w = b.weight("w", wv)
+    bias = b.weight("bias", bv)
+    y = b.tensor("y", (8, 16), role="output")
+    b.kernel("gemm", [a, w], [y], trans_a=0, trans_b=0, alpha=1.0, beta=1.0, bias=bias,
+             epilogue=[["relu", {}]])
+    plan = b.build()
+    plan.precision = "fp16"
+    xa = (rng.standard_normal((8, 64)) * 3).astype(np.float32)
+    h = dev.load_plan(plan)
+    assert [r["path"] for r in dev.vendor_report(h)] == ["vendor"]
+    got = runner.run(h, {"a": xa})["y"]
+    f16 = np.float16
+    want = np.maximum(xa.astype(f16).astype(np.float64) @ wv.astype(f16).astype(np.float64)
+                      + bv, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    exact = np.maximum(xa.astype(np.float64) @ wv.astype(np.float64) + bv, 0)
+    assert np.max(np.abs(got - exact)) > 1e-3  # FP16 operands, visibly
+
+
+def test_missing_library_is_a_typed_error_naming_every_place(tmp_path, monkeypatch):
+    import av_infer.devices.cuda_vendor as cv
+
+    with pytest.raises(VendorLibraryError) as e:
+        find_library("cudnn", env={"AV_INFER_CUDNN": str(tmp_path / "nowhere")})
+    assert isinstance(e.value, DeviceUnavailableError)
+    assert "libcudnn.so.9" in str(e.value) and str(tmp_path / "nowhere") in str(e.value)
+    # no override: every wheel folder and the loader path are named
+    site_dir = tmp_path / "site"
+    (site_dir / "nvidia" / "cudnn" / "lib").mkdir(parents=True)
+    monkeypatch.setattr(cv, "_site_dirs", lambda: [site_dir])
+    monkeypatch.setattr(cv, "_loadable", lambda name: False)  # as on a machine without it
+    with pytest.raises(VendorLibraryError) as e:
+        find_library("cublaslt", env={})
+    msg = str(e.value)
+    assert "libcublasLt.so.13" in msg and "libcublasLt.so.12" in msg
+    assert str(site_dir / "nvidia" / "cu13" / "lib") in msg
+    assert str(site_dir / "nvidia" / "cudnn" / "lib") in msg
+    assert "system loader path" in msg and "vendor='off'" in msg
+    assert e.value.searched and e.value.library.startswith("cuBLASLt")
+    # a file that is there is found, by override folder or wheel folder
+    lib = site_dir / "nvidia" / "cudnn" / "lib" / "libcudnn.so.9"
+    lib.write_bytes(b"\x7fELF")
+    assert find_library("cudnn", env={}) == str(lib)
+    assert find_library("cudnn", env={"AV_INFER_CUDNN": str(lib.parent)}) == str(lib)
+
+
+def test_a_library_that_does_not_load_names_itself(tmp_path):
+    from av_infer._cy.cuda_vendor import Vendor
+
+    bad = tmp_path / "libcublasLt.so.13"
+    bad.write_bytes(b"not an ELF file")
+    with pytest.raises(OSError, match="libcublasLt.so.13"):
+        Vendor(str(bad), None)
+
+
+def test_settings_are_validated_first():
+    require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    from av_infer import Runtime
+    from av_infer.devices.cuda import CudaDevice
+
+    with pytest.raises(ValueError, match="vendor"):
+        CudaDevice(emulate=True, vendor="sometimes")
+    _, plan, _ = _zoo("tiny_mlp")
+    with Runtime("cpu") as rt:
+        with pytest.raises(InvalidParameterError, match="fp32"):
+            rt.load_model("m", plan, precision="fp16")
+        rt.load_model("m", plan)  # the refused load changed nothing: the name is free
+    with Runtime(CudaDevice(emulate=True, vendor="force")) as rt:
+        with pytest.raises(InvalidParameterError, match="int8"):
+            rt.load_model("m", plan, precision="int8")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU_OK, reason=f"no usable GPU: {GPU_WHY}")
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_gpu_vendor_zoo_against_onnxruntime(precision):
+    """On a GPU: cuBLASLt / cuDNN found and loaded, scaled zoo models through vendor ops
+    within the precision's tolerance of ONNX Runtime."""
+    from av_infer.devices.cuda import CudaDevice
+
+    d = CudaDevice(vendor="force")
+    try:
+        r = Runner(d)
+        for name in ("resnet152", "distilbert"):
+            path, plan, x = _zoo(name)
+            plan.precision = precision
+            h = d.load_plan(plan)
+            assert any(row["path"] == "vendor" for row in d.vendor_report(h))
+            got = r.run(h, x)
+            for k, w in _ort(path, x).items():
+                err = max_error(got[k], w)
+                print(f"{name} {precision} {k}: {err:.2e} (tolerance {TOLERANCE[precision]})")
+                assert err <= TOLERANCE[precision]
+    finally:
+        d.close()
