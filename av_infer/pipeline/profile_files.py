@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,7 +106,8 @@ class MeasuredProfile:
             "latency_unit": "us", "bytes_unit": "B", "n_blocks": self.n_blocks,
             "cut_bytes": [float(x) for x in self.cut_bytes],
             "fractions": {str(v): {"batches": sorted(rows),
-                                   "latency": [list(rows[b]) for b in sorted(rows)]}
+                                   "latency": [[round(x, 3) for x in rows[b]]
+                                               for b in sorted(rows)]}
                           for v, rows in sorted(self.table.items())},
             "provenance": self.provenance,
         }
@@ -113,7 +115,11 @@ class MeasuredProfile:
     def save(self, path: str | os.PathLike[str]) -> None:
         from av_infer.profiles import atomic_write_text
 
-        atomic_write_text(path, json.dumps(self.to_doc(), indent=1) + "\n")
+        text = json.dumps(self.to_doc(), indent=1)
+        # one line per list of numbers (a latency row, the cut bytes): readable diffs
+        text = re.sub(r"\[\s+([-+0-9.eE,\s]+?)\s+\]",
+                      lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
+        atomic_write_text(path, text + "\n")
 
     def file_name(self) -> str:
         return f"{self.model}.{self.device_type}{SUFFIX}"
