@@ -197,14 +197,38 @@ def save_profile_dir(profiles: dict[str, ModelProfile] | list[ModelProfile],
     return out
 
 
+def save_profile_bundle(profiles: list[ModelProfile], path: str | os.PathLike[str]) -> Path:
+    """Several profiles in one file, ``{"format": 1, "kind": "profile-bundle", "profiles":
+    {model: profile}}`` (what a GPU session returns: one file instead of one per model)."""
+    doc = {"format": PROFILE_FORMAT_VERSION, "kind": "profile-bundle",
+           "profiles": {p.model: json.loads(p.to_json()) for p in profiles}}
+    atomic_write_text(path, json.dumps(doc, indent=1))
+    return Path(path)
+
+
 def load_profile_dir(path: str | os.PathLike[str]) -> dict[str, ModelProfile]:
-    """Every ``*.profile.json`` under ``path`` (not recursive), keyed by ``model``.
+    """Every ``*.profile.json`` under ``path`` (not recursive), keyed by ``model``; or,
+    when ``path`` is a file, the profiles of a bundle (:func:`save_profile_bundle`).
 
     What the simulator's ``--profiles DIR`` reads. ValueError (naming the file) for a file
     that is not a kernel profile of this format, or two files of the same model;
-    FileNotFoundError if ``path`` is not a directory. Block profiles (``kind: blocks``)
+    FileNotFoundError if ``path`` does not exist. Block profiles (``kind: blocks``)
     in the same directory are skipped: they are the pipeline planner's."""
     d = Path(path)
+    if d.is_file():
+        try:
+            doc = json.loads(d.read_text())
+        except ValueError as e:
+            raise ValueError(f"{d}: not JSON ({e})") from None
+        if not isinstance(doc, dict) or doc.get("kind") != "profile-bundle" or \
+                doc.get("format") != PROFILE_FORMAT_VERSION:
+            raise ValueError(f"{d}: not a profile bundle of format {PROFILE_FORMAT_VERSION}")
+        try:
+            return {m: ModelProfile.from_json(json.dumps(v))
+                    for m, v in (doc.get("profiles") or {}).items()}
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(f"{d}: a profile in the bundle is not of format "
+                             f"{PROFILE_FORMAT_VERSION} ({e})") from None
     if not d.is_dir():
         raise FileNotFoundError(f"profile directory {d} does not exist")
     out: dict[str, ModelProfile] = {}

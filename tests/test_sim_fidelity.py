@@ -280,12 +280,35 @@ def test_gpu_profiles_writes_measured_files_on_the_emulator(tmp_path) -> None:
 
     ok, why = availability(emulate=True)
     require("ok" if ok else None, f"the CUDA emulator cannot run: {why}")
+    bundle = tmp_path / "b" / "sim_profiles.json"
     rc = gpu_profiles.main(["--device", "cuda-emu", "--models", "tiny_cnn", "--variant",
-                            "scaled", "--repeats", "1", "--out", str(tmp_path)])
+                            "scaled", "--repeats", "1", "--out", str(tmp_path),
+                            "--bundle", str(bundle)])
     assert rc == 0
     got = profiles.load_profile_dir(tmp_path)
+    assert profiles.load_profile_dir(bundle) == got  # the one-file form holds the same
     prof = got["tiny_cnn"]
     assert prof.source == "measured" and prof.variant == "scaled"
     assert prof.gpu["emulated"] is True and prof.gpu["sms"] == prof.sms > 0
     assert all(k.duration_us > 0 and k.blocks_per_sm >= 1 and k.kind for k in prof.kernels)
     assert all(k.vendor == "" for k in prof.kernels)  # our own kernels only, today
+
+
+def test_gpu_profiles_names_vendor_ops_on_the_emulator(tmp_path) -> None:
+    from av_infer.bench import gpu_profiles
+    from av_infer.devices.cuda import availability
+    from tests.checks import require
+
+    ok, why = availability(emulate=True)
+    require("ok" if ok else None, f"the CUDA emulator cannot run: {why}")
+    bundle = tmp_path / "v.json"
+    rc = gpu_profiles.main(["--device", "cuda-emu", "--vendor", "force", "--models",
+                            "tiny_cnn", "--variant", "scaled", "--repeats", "1",
+                            "--bundle", str(bundle)])
+    assert rc == 0
+    prof = profiles.load_profile_dir(bundle)["tiny_cnn"]
+    assert prof.gpu["vendor_mode"] == "force"
+    by_kind = {(k.kind, k.vendor) for k in prof.kernels}
+    assert ("conv", "cudnn") in by_kind and ("gemm", "cublaslt") in by_kind
+    assert all(k.vendor == "" for k in prof.kernels if k.kind not in ("conv", "gemm"))
+    assert all(k.duration_us > 0 for k in prof.kernels)

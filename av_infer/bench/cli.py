@@ -46,7 +46,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "sharing only), beta=X, or a parameter FILE.json from "
                    "--refit-contention (docs/bench.md, docs/sim_fidelity.md)")
     p.add_argument("--profiles", metavar="DIR",
-                   help="sim: measured kernel profiles (<model>.profile.json, e.g. from "
+                   help="sim: measured kernel profiles (DIR of <model>.profile.json or a "
+                   "bundle FILE.json, e.g. from "
                    "python -m av_infer.bench.gpu_profiles); models without one use the "
                    "REEF trace or a derived profile (models.<m>.profile says which)")
     p.add_argument("--sim-models", choices=["reef", "zoo"], default="reef",
