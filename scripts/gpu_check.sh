@@ -15,8 +15,13 @@
 #              p50/p99, throughput                                     -> disb_cuda.json
 #   sweep_A, sweep_C           the same workloads under reef for c = 1, 2, 4
 #   sweep_A_wait, sweep_C_wait the same under wait (last: run only if time is left)
+#   sim_profiles, sim_disb     issue 33, scripts/gpu_sim_steps.sh: measured kernel profiles
+#              of the full-size zoo (~20-90 s) -> sim_profiles.json; DISB A, C, trace, D,
+#              E, B under rt_only/streams/reef/reef_dkp, 2 s each (~30 s per workload)
+#              -> disb_sim.json. Lowest priority: alone with
+#              GPU_CHECK_STEPS=build,sim_profiles,sim_disb (~4-5 min)
 # Always: gpu_check.log (everything printed) and gpu_check_steps.json (status, rc and
-# seconds per step). At most 5 files in $OUT, no folders.
+# seconds per step). At most 7 files in $OUT, no folders.
 #
 # Knobs: GPU_CHECK_STEPS (comma list of the steps above; default all), GPU_CHECK_BUDGET_S,
 # GPU_CHECK_DISB_S (seconds per DISB policy run, default 4), GPU_CHECK_SWEEP_S (default 3),
@@ -39,7 +44,7 @@ if [ -z "${PY:-}" ]; then
 fi
 export PY PYTHONUNBUFFERED=1 GPU_CHECK_NO_INSTALL="${GPU_CHECK_NO_INSTALL:-}"
 BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
-STEPS=${GPU_CHECK_STEPS:-build,pytest,bench,disb_A,disb_C,sweep_A,sweep_C,sweep_A_wait,sweep_C_wait}
+STEPS=${GPU_CHECK_STEPS:-build,pytest,bench,disb_A,disb_C,sweep_A,sweep_C,sweep_A_wait,sweep_C_wait,sim_profiles,sim_disb}
 DISB_S=${GPU_CHECK_DISB_S:-4}
 SWEEP_S=${GPU_CHECK_SWEEP_S:-3}
 RATE_SCALE=${GPU_CHECK_RATE_SCALE:-0.5}
@@ -157,6 +162,8 @@ for pol in reef wait; do
             --sweep-policy "$1" --duration "$2"' "$wl" "$pol" "$SWEEP_S"
     done
 done
+step sim_profiles 120 bash scripts/gpu_sim_steps.sh profiles "$OUTDIR"
+step sim_disb 270 bash scripts/gpu_sim_steps.sh disb "$OUTDIR"
 rm -rf "$PARTS"
 echo "gpu_check: exit $rc after $((SECONDS - T0))s; in $OUTDIR: $(cd "$OUTDIR" && ls | tr '\n' ' ')"
 exit $rc
