@@ -391,3 +391,38 @@ def test_gpu_vendor_zoo_against_onnxruntime(precision):
                 assert err <= TOLERANCE[precision]
     finally:
         d.close()
+
+
+def test_peer_torch_without_torch_or_gpu_says_why_and_exits_2(capsys):
+    """``bench --peer torch`` where it cannot run: exit 2 and the reason, nothing loaded."""
+    from av_infer.bench.peer_torch import PeerUnavailable, TorchPeerConfig, check_available
+    from av_infer.cli import main
+
+    cfg = TorchPeerConfig.for_workload("A")
+    try:
+        check_available(cfg)
+    except PeerUnavailable:
+        pass
+    else:
+        pytest.skip("torch and a GPU are here: the comparison would run")
+    assert main(["bench", "--peer", "torch", "--workload", "A", "--duration", "1"]) == 2
+    assert "cannot run here" in capsys.readouterr().err
+
+
+def test_peer_torch_avi_side_on_the_emulator():
+    """The avi system of ``--peer torch`` (DISB A's models, scaled) on the emulator with
+    vendor ops: the report keys other tools read. Emulated: no figure is GPU speed."""
+    require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    from av_infer.bench.peer_torch import TorchPeerConfig, run_torch_peer, summary_row
+
+    cfg = TorchPeerConfig.for_workload("A", rate_scale=0.05, systems=("avi",), emulate=True,
+                                       vendor="force", scale="scaled", duration=1.5,
+                                       warmup=0.2, progress=False)
+    doc = run_torch_peer(cfg)
+    a = doc["avi"]
+    assert "error" not in a, a
+    assert a["rt_n"] >= 1 and a["rt_p50_ms"] > 0 and a["be_rps"] >= 0
+    assert set(a["preemption_us"]) == {"p50", "p99", "n"}
+    assert a["vendor"]["mode"] == "force" and a["vendor"]["models"]["rt"]["vendor"] > 0
+    row = summary_row(doc)
+    assert row["workload"] == "A" and set(row["avi"]) == {"rt_p50_ms", "rt_p99_ms", "be_rps"}

@@ -99,7 +99,15 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "peer comparison (--peer ort)",
         "the same load through av_infer (cpu), one ORT session per model with a thread per "
         "client, and the RT model alone in ORT; --policy, --c, --duration, --json apply")
-    g.add_argument("--peer", choices=["ort"], help="run the side-by-side comparison")
+    g.add_argument("--peer", choices=["ort", "torch"],
+                   help="run the side-by-side comparison (torch: on a GPU, av_infer cuda vs "
+                   "torch streams with priorities, eager and CUDA graphs, and the RT model "
+                   "alone; --workload A|C, --rate-scale, --precision, --vendor apply)")
+    g.add_argument("--precision", choices=["fp32", "tf32", "fp16"], default="fp32",
+                   help="--peer torch: every model at this precision (%(default)s)")
+    g.add_argument("--vendor", choices=["off", "auto", "force"], default="auto",
+                   help="--peer torch: av_infer's cuda vendor ops (cuDNN/cuBLASLt; "
+                   "%(default)s)")
     g.add_argument("--rt-model", default="resnet152",
                    help="zoo name, exported model (ocr_det, ocr_rec, ocr_cls) or ONNX path "
                    "(%(default)s)")
@@ -237,6 +245,42 @@ def cmd_peer(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_peer_torch(args: argparse.Namespace) -> int:
+    """``av-infer bench --peer torch`` (av_infer/bench/peer_torch.py); exit 2 where it
+    cannot run (no GPU, no torch), with the reason."""
+    import json
+
+    from av_infer.bench.peer_torch import (
+        WORKLOADS,
+        PeerUnavailable,
+        TorchPeerConfig,
+        format_torch_peer,
+        run_torch_peer,
+    )
+
+    if args.workload not in WORKLOADS:
+        raise SystemExit(f"bench --peer torch: --workload {sorted(WORKLOADS)}")
+    policy = "reef" if args.policy == "all" else args.policy
+    be_clients = args.be_clients if "--be-clients" in sys.argv else 0
+    cfg = TorchPeerConfig.for_workload(
+        args.workload, args.rate_scale, be_clients=be_clients, precision=args.precision,
+        policy=policy, c=args.c, duration=args.duration, warmup=args.warmup,
+        scale=args.scale or "full", vendor=args.vendor, progress=not args.no_progress)
+    try:
+        doc = run_torch_peer(cfg)
+    except PeerUnavailable as e:
+        print(f"bench --peer torch: cannot run here: {e}", file=sys.stderr)
+        return 2
+    if args.json == "-":
+        print(json.dumps(doc, indent=2))
+        print(format_torch_peer(doc), file=sys.stderr)
+        return 0
+    print(format_torch_peer(doc))
+    if args.json:
+        print(f"wrote {write_json(doc, args.json)}", file=sys.stderr)
+    return 0
+
+
 def cmd_compare_sim(args: argparse.Namespace) -> int:
     """``--compare-sim GPU_JSON`` (sim_fidelity rows) and ``--refit-contention GPU_JSON``."""
     import json
@@ -276,6 +320,8 @@ def cmd_compare_sim(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Entry point of ``av-infer bench``."""
+    if args.peer == "torch":
+        return cmd_peer_torch(args)
     if args.peer:
         return cmd_peer(args)
     if args.compare_sim or args.refit_contention:

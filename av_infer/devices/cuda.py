@@ -53,8 +53,9 @@ issued only while the stream's flag is down (a closed kernel cannot check it). `
 keeps, per op, the faster of the two (CUDA events at load); ``force`` takes the vendor's
 wherever it can (how the emulator tests cover it). Which kernels stay ours, and why:
 :meth:`CudaDevice.vendor_report`. Precision per plan (``plan.precision``: fp32 | tf32 |
-fp16): our conv/gemm kernels use TF32 tiles under tf32 and fp16, vendor ops the library's
-TF32 / FP16 tensor-core maths on FP32 storage.
+fp16): our conv/gemm kernels use TF32 tiles under tf32 (FP32 under fp16: one compiled
+variant less on a GPU's clock), vendor ops the library's TF32 / FP16 tensor-core maths on
+FP32 storage.
 
 Split by responsibility: this module launches (models, tasks, streams, padded launches,
 completions); ``cuda_memory`` holds memory and copies, ``cuda_padcache`` compiles and
@@ -183,15 +184,16 @@ class CudaDevice(Device):
         SM count padding selection assumes (a real GPU reports its own).
 
         ``vendor``: ``off`` | ``auto`` | ``force`` (module docstring; default
-        ``$AV_INFER_CUDA_VENDOR``, else ``auto`` on a GPU and ``off`` on the emulator, whose
-        vendor libraries are its own emulated ones). Unless ``off``, cuBLASLt and cuDNN 9
-        must be found (``cuda_vendor.find_library``), else :class:`VendorLibraryError`.
+        ``$AV_INFER_CUDA_VENDOR``, else ``off``: the vendor path has not run on a GPU yet,
+        docs/cuda_vendor.md; the emulator's vendor libraries are its own emulated ones).
+        Unless ``off``, cuBLASLt and cuDNN 9 must be found (``cuda_vendor.find_library``),
+        else :class:`VendorLibraryError`.
         ``workspace_mb``: vendor workspace per stream (default
         ``$AV_INFER_VENDOR_WORKSPACE_MB``, else 32 on a GPU, 1 on the emulator)."""
         import os
 
         mode = vendor if vendor is not None else os.environ.get("AV_INFER_CUDA_VENDOR", "")
-        mode = mode.strip().lower() or ("off" if emulate else "auto")
+        mode = mode.strip().lower() or "off"
         if mode not in MODES:
             raise ValueError(f"vendor must be one of {MODES}, got {mode!r}")
         ws_mb = workspace_mb if workspace_mb is not None else int(
@@ -234,6 +236,8 @@ class CudaDevice(Device):
         self.vendor_mode = mode
         self._ws_bytes = int(ws_mb) << 20
         self._vendor: Any = None
+        #: plan name -> {"precision", "vendor", "own"}: conv/gemm kernels per path (telemetry)
+        self._vendor_models: dict[str, dict[str, Any]] = {}
         self._ws: list[Any] = []  # per stream: its vendor workspace (device memory)
         if mode != "off":
             self._vendor = self._load_vendor()
@@ -340,6 +344,8 @@ class CudaDevice(Device):
         if not any(m.vendor):
             m.vendor = []
         n = sum(1 for r in m.vendor_report if r["path"] == "vendor")
+        self._vendor_models[m.plan.name] = {"precision": m.precision, "vendor": n,
+                                            "own": len(m.vendor_report) - n}
         log.info("%s: %d of %d conv/gemm kernels on vendor ops (%s, %s)", m.plan.name, n,
                  len(m.vendor_report), self.vendor_mode, m.precision)
 
@@ -360,8 +366,8 @@ class CudaDevice(Device):
 
     def compile_plan(self, plan: Plan) -> tuple[PlanSource, bytes]:
         """Source and cubin of a plan (through the disk cache); our conv/gemm kernels use
-        TF32 tiles for ``tf32=True`` devices and tf32 / fp16 plans."""
-        src = build_plan_source(plan, tf32=self.tf32 or self.plan_precision(plan) != "fp32")
+        TF32 tiles for ``tf32=True`` devices and tf32 plans."""
+        src = build_plan_source(plan, tf32=self.tf32 or self.plan_precision(plan) == "tf32")
         image = self._cache.get_or_compile(self._compiler, src.source, self.arch, ())
         return src, image
 
@@ -787,7 +793,8 @@ class CudaDevice(Device):
         if self._vendor is not None:
             out["vendor"].update(
                 cublaslt=self._vendor.cublaslt_path, cudnn=self._vendor.cudnn_path,
-                versions=self._vendor.versions(), workspace_bytes_per_stream=self._ws_bytes)
+                versions=self._vendor.versions(), workspace_bytes_per_stream=self._ws_bytes,
+                models=dict(self._vendor_models))
         return out
 
 
