@@ -8,10 +8,13 @@ DEMO_ARGS ?=
 BENCH_ARGS ?=
 SOAK_ARGS ?=
 PYTEST_ARGS ?=
+# Third-party interface packages built from ros/<pkg> (see their rule below)
+IFACE_PKGS   := vision_msgs
+IFACE_STAMPS := $(IFACE_PKGS:%=$(VENV)/.stamp-iface-%)
 
 .PHONY: setup build test demo bench soak lint gpu-check clean
 
-setup: $(VENV)/.stamp-deps $(VENV)/.stamp-models $(VENV)/.stamp-msgs build
+setup: $(VENV)/.stamp-deps $(VENV)/.stamp-models $(VENV)/.stamp-msgs $(IFACE_STAMPS) build
 
 $(VENV)/.stamp-deps: requirements.txt constraints.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -40,6 +43,23 @@ $(VENV)/.stamp-msgs: $(MSGS_SRC) $(VENV)/.stamp-deps
 	cmake --install build/av_infer_msgs > /dev/null
 	$(VPY) -c "import av_infer_msgs.msg, av_infer_msgs.srv"
 	touch $@
+
+# Third-party interface packages with their published definitions (ros/<pkg>, copied from
+# upstream; docs/ros.md): vision_msgs (Detection2DArray). Built and installed into the venv
+# exactly like av_infer_msgs; each rebuilt only when its own files change (IFACE_PKGS).
+define iface_rule
+$(VENV)/.stamp-iface-$(1): $(wildcard ros/$(1)/msg/*.msg) ros/$(1)/CMakeLists.txt ros/$(1)/package.xml $(VENV)/.stamp-deps
+	rm -rf build/$(1)
+	V=$$(abspath $(VENV)); AMENT_PREFIX_PATH=$$$$V CMAKE_PREFIX_PATH=$$$$V PATH=$$$$V/bin:$$$$PATH \
+	  cmake -S ros/$(1) -B build/$(1) -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -DBUILD_TESTING=OFF -DCMAKE_INSTALL_PREFIX=$$$$V -DPython3_EXECUTABLE=$$$$V/bin/python \
+	  --log-level=WARNING > /dev/null
+	cmake --build build/$(1) > build/$(1).log || (tail -40 build/$(1).log; exit 1)
+	cmake --install build/$(1) > /dev/null
+	$$(VPY) -c "import $(1).msg"
+	touch $$@
+endef
+$(foreach p,$(IFACE_PKGS),$(eval $(call iface_rule,$(p))))
 
 # Cython hot paths (cython_ext/*.pyx -> av_infer/_cy/*.so) and the console script.
 build: $(VENV)/.stamp-build
@@ -73,4 +93,4 @@ gpu-check: setup
 	bash scripts/gpu_check.sh
 
 clean:
-	rm -rf build av_infer/_cy/*.so av_infer/_cy/*.c cython_ext/*.c $(VENV)/.stamp-build $(VENV)/.stamp-msgs
+	rm -rf build av_infer/_cy/*.so av_infer/_cy/*.c cython_ext/*.c $(VENV)/.stamp-build $(VENV)/.stamp-msgs $(IFACE_STAMPS)

@@ -51,6 +51,7 @@ from av_infer_nodes.common import (
     response_msg,
     stamp_tuple,
 )
+from av_infer_nodes.detections import DECODER_PARAMS, decoder_from_params, detections_msg
 from av_infer_nodes.handoff import Handoff
 from av_infer_nodes.preprocess import RESIZE_METHODS, ImageFormatError, image_to_tensor
 from rcl_interfaces.msg import SetParametersResult
@@ -58,9 +59,13 @@ from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackRet
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, qos_profile_sensor_data
 from sensor_msgs.msg import Image
+from vision_msgs.msg import Detection2DArray
 
-from av_infer import InvalidParameterError
+from av_infer import AvInferError, InvalidParameterError
 from av_infer import tensor_codec as codec
+from av_infer.detect import DECODERS, Decoder, fit
+from av_infer.detect.decoders import BOX_FORMATS
+from av_infer.detect.geometry import Fit
 
 #: SensorDataQoS with depth 1 (best effort, volatile, keep last 1).
 IMAGE_QOS = QoSProfile(depth=1, history=qos_profile_sensor_data.history,
@@ -68,6 +73,9 @@ IMAGE_QOS = QoSProfile(depth=1, history=qos_profile_sensor_data.history,
                        durability=qos_profile_sensor_data.durability)
 
 ResultListener = Callable[[Reply, Image, float], None]
+
+#: Detection2DArray publisher QoS: reliable like ``~/output``.
+DETECTIONS_TOPIC = "~/output/detections"
 
 #: Parameters that make up the client's configuration in an in-process runtime.
 CLIENT_CONFIG = ("relative_deadline_ms", "hard_deadline_ms", "variant_group", "drop_late")
@@ -97,7 +105,7 @@ class ImageInferenceNode(LifecycleNode):
         self._lock = threading.Lock()
         self.counters = {"received": 0, "submitted": 0, "completed": 0, "failed": 0,
                          "dropped_not_ready": 0, "dropped_busy": 0, "dropped_inactive": 0,
-                         "invalid": 0}
+                         "invalid": 0, "decode_failed": 0}
         self._in_flight = 0
         self._listeners: list[ResultListener] = []
         self._last_not_ready_log = 0.0
@@ -108,6 +116,17 @@ class ImageInferenceNode(LifecycleNode):
         self._pub = self.create_publisher(TensorList, "~/output", 10, event_callbacks=PUB_EVENTS)
         self._err_pub = self.create_publisher(InferResponse, "~/errors", 10,
                                               event_callbacks=PUB_EVENTS)
+        #: the detector-head decoder (parameter ``decoder``; None: raw tensors only) and
+        #: its publisher, created with the first decoder
+        try:
+            self._decoder: Decoder | None = decoder_from_params(self.p)
+        except (ValueError, OSError) as exc:  # refuse to start, with the reason
+            self.destroy_node()
+            raise InvalidParameterError(str(exc)) from None
+        self._det_pub: Any = None
+        if self._decoder is not None:
+            self._det_pub = self._detections_publisher()
+        self._last_decode_log = 0.0
         self._sub = self.create_subscription(Image, "image", self._on_image, IMAGE_QOS,
                                              event_callbacks=SUB_EVENTS)
         self.add_on_set_parameters_callback(self._on_set_parameters)
@@ -228,6 +247,32 @@ class ImageInferenceNode(LifecycleNode):
             "debug_topics": declare(self, "debug_topics", False,
                                     "Publish ~/debug/processing_time_ms and "
                                     "~/debug/pipeline_latency_ms.", read_only=True),
+            "decoder": declare(self, "decoder", "none",
+                               "Detector head to decode into vision_msgs/Detection2DArray "
+                               "on ~/output/detections: none, yolo ([1, 4+nc, N]) or ssd "
+                               "(boxes [1, N, 4] + scores [1, N, nc]).",
+                               constraints="none, yolo or ssd"),
+            "score_threshold": declare(self, "score_threshold", 0.25,
+                                       "Detections: lowest class score kept.",
+                                       float_range=(0.0, 1.0)),
+            "iou_threshold": declare(self, "iou_threshold", 0.45,
+                                     "Detections: NMS drops a box whose IoU with a kept box "
+                                     "of its class is above this.", float_range=(0.0, 1.0)),
+            "max_detections": declare(self, "max_detections", 100,
+                                      "Detections: at most this many per image.",
+                                      int_range=(1, 1000)),
+            "class_names_file": declare(self, "class_names_file", "",
+                                        "Detections: class names, one per line ('': the "
+                                        "class index as class_id)."),
+            "box_format": declare(self, "box_format", "xyxy",
+                                  "ssd decoder: boxes as xyxy or cxcywh.",
+                                  constraints="xyxy or cxcywh"),
+            "boxes_normalized": declare(self, "boxes_normalized", False,
+                                        "ssd decoder: boxes in [0, 1] of the model input "
+                                        "(else input pixels)."),
+            "background_class": declare(self, "background_class", -1,
+                                        "ssd decoder: a class never reported (SSD's 0); -1 "
+                                        "none.", int_range=(-1, 100000)),
         }
 
     def _validate(self, name: str, value: Any) -> str | None:
@@ -269,8 +314,24 @@ class ImageInferenceNode(LifecycleNode):
         if name == "request_timeout_s":
             ok = isinstance(value, float) and 0.1 <= value <= 600.0
             return None if ok else "request_timeout_s must be in [0.1, 600]"
-        if name in ("drop_late", "run_in_callback"):
+        if name in ("drop_late", "run_in_callback", "boxes_normalized"):
             return None if isinstance(value, bool) else f"{name} must be a bool"
+        if name == "decoder":
+            return None if value in DECODERS else f"decoder must be one of {', '.join(DECODERS)}"
+        if name == "box_format":
+            return None if value in BOX_FORMATS else (
+                f"box_format must be one of {', '.join(BOX_FORMATS)}")
+        if name in ("score_threshold", "iou_threshold"):
+            ok = isinstance(value, float) and 0.0 <= value <= 1.0
+            return None if ok else f"{name} must be in [0, 1]"
+        if name == "max_detections":
+            ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1000
+            return None if ok else "max_detections must be in 1..1000"
+        if name == "background_class":
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= -1
+            return None if ok else "background_class must be >= -1"
+        if name == "class_names_file":
+            return None if isinstance(value, str) else "class_names_file must be a string"
         if self.has_parameter(name) and self.describe_parameter(name).read_only:
             return f"{name} is read-only (a restart is needed)"
         return None
@@ -286,8 +347,17 @@ class ImageInferenceNode(LifecycleNode):
                 self._configure_local_client(merged)
             except Exception as exc:  # noqa: BLE001 - refused with the typed error's text
                 errors.append(f"{type(exc).__name__}: {exc}")
+        decoder = self._decoder
+        if not errors and any(prm.name in DECODER_PARAMS for prm in params):
+            try:  # the whole decoder from the merged values: a refusal changes nothing
+                decoder = decoder_from_params(merged)
+            except (ValueError, OSError) as exc:
+                errors.append(str(exc))
         if errors:
             return SetParametersResult(successful=False, reason="; ".join(errors))
+        if decoder is not None and self._det_pub is None:
+            self._det_pub = self._detections_publisher()
+        self._decoder = decoder
         for prm in params:  # all valid: take effect from the next image
             if prm.name in self.p:
                 self.p[prm.name] = prm.value
@@ -364,6 +434,7 @@ class ImageInferenceNode(LifecycleNode):
                                      shape, p["resize"], p["mean"], p["std"], out=buf)
             if buf is None:
                 inputs = {input_name: tensor}
+            geom = fit(int(msg.height), int(msg.width), shape[2], shape[3], "stretch")
         except (ImageFormatError, ValueError) as exc:
             self.counters["invalid"] += 1
             self._publish(Reply(id=rid, code="invalid_input", message=str(exc), model=model),
@@ -381,26 +452,54 @@ class ImageInferenceNode(LifecycleNode):
             self.counters["submitted"] += 1
         fut = client.submit(ctrl, inputs, run_here=p["run_in_callback"])
         if fut.done():  # ran to completion on this thread (run_in_callback)
-            self._done(fut, msg, t_recv)
+            self._done(fut, msg, t_recv, geom)
         else:
-            fut.add_done_callback(lambda f: self._post(f, msg, t_recv))
+            fut.add_done_callback(lambda f: self._post(f, msg, t_recv, geom))
 
-    def _post(self, fut: Future, image: Image, t_recv: float) -> None:
+    def _post(self, fut: Future, image: Image, t_recv: float, geom: Fit | None = None) -> None:
         """On the runtime's (or the response callback's) thread: hand over to the executor."""
-        if not self._handoff.post(lambda: self._done(fut, image, t_recv)):
-            self._done(fut, image, t_recv)
+        if not self._handoff.post(lambda: self._done(fut, image, t_recv, geom)):
+            self._done(fut, image, t_recv, geom)
 
-    def _done(self, fut: Future, image: Image, t_recv: float) -> None:
+    def _done(self, fut: Future, image: Image, t_recv: float, geom: Fit | None = None) -> None:
         reply: Reply = fut.result()
         with self._lock:
             self._in_flight -= 1
             self.counters["completed" if reply.ok else "failed"] += 1
-        self._publish(reply, image, t_recv)
+        self._publish(reply, image, t_recv, geom)
 
-    def _publish(self, reply: Reply, image: Image, t_recv: float) -> None:
+    def _publish_detections(self, reply: Reply, image: Image, geom: Fit) -> None:
+        """The outputs decoded into ``~/output/detections`` (``decoder`` set). Outputs the
+        decoder cannot read are counted (``decode_failed``) and logged at most every 5 s:
+        the image's one answer on ``~/output``/``~/errors`` is already out."""
+        decoder = self._decoder
+        if decoder is None or self._det_pub is None:
+            return
+        try:
+            outputs = (reply.outputs if reply.outputs is not None
+                       else codec.tensors_dict(reply.tensors or []))
+            dets = decoder.decode(outputs, geom)
+        except (ValueError, AvInferError) as exc:  # DecodeError, CodecError
+            with self._lock:
+                self.counters["decode_failed"] += 1
+            now = time.monotonic()
+            if now - self._last_decode_log > 5.0:
+                self._last_decode_log = now
+                self.get_logger().error(f"{decoder.kind} decoder: {exc}")
+            return
+        self._det_pub.publish(detections_msg(dets, image.header))
+
+    def _detections_publisher(self) -> Any:
+        return self.create_publisher(Detection2DArray, DETECTIONS_TOPIC, 10,
+                                     event_callbacks=PUB_EVENTS)
+
+    def _publish(self, reply: Reply, image: Image, t_recv: float,
+                 geom: Fit | None = None) -> None:
         try:
             if reply.ok:
                 self._pub.publish(TensorList(header=image.header, tensors=reply.tensor_msgs()))
+                if geom is not None:
+                    self._publish_detections(reply, image, geom)
             else:
                 self._err_pub.publish(response_msg(reply, image.header))
             publish_debug(self._debug, self, t_recv, image.header.stamp)
