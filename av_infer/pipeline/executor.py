@@ -390,7 +390,7 @@ class PipelineExecutor:
             if alive == 0:
                 log.error("pipeline: no live lane left; cannot re-plan")
                 return
-            self.cluster = Cluster(((t, alive),))
+            self.cluster = Cluster(((t, alive),), self.cluster.defs)  # keeps its links
             try:
                 assert self.replan is not None
                 plan = self.replan(self.cluster)
