@@ -6,7 +6,14 @@
 # Steps, in priority order, each capped and all within GPU_CHECK_BUDGET_S (default 480 s,
 # i.e. 8 minutes of a 10-minute call; steps that no longer fit are skipped and listed):
 #   build      Cython extensions (installs .[gpu] first only where cupy is missing)
-#   pytest     pytest -m gpu on the cuda device and compile tests    -> gpu_pytest.xml
+#   vendor     issue 30: python -m av_infer.bench.gpu_vendor: the five full-size DISB models
+#              through vendor ops (cuDNN/cuBLASLt, vendor=auto) at fp32 and fp16 vs ONNX
+#              Runtime (tolerance per precision, printed), ours vs torch eager and CUDA
+#              graphs at the same precision, host cost per launched op  -> gpu_vendor.json
+#   peer_torch issue 30: av-infer bench --peer torch, DISB A at fp32 then fp16, then C at
+#              fp32 (GPU_CHECK_PEER_S s per system, rates x GPU_CHECK_PEER_RATE_SCALE,
+#              default 1 = REEF's)                                      -> peer_torch.json
+#   pytest     pytest -m gpu on the cuda device, compile and vendor tests -> gpu_pytest.xml
 #   bench      python -m av_infer.bench.gpu_bench: dispatch us/kernel, conv/gemm and zoo
 #              latency vs torch / ORT-CUDA, zoo vs ORT (1e-3), padded-no-BE overhead
 #              (REEF Fig. 18a), the 5x5 DKP pair table (Fig. 16)       -> gpu_check.json
@@ -20,15 +27,22 @@
 #              E, B under rt_only/streams/reef/reef_dkp, 2 s each (~30 s per workload)
 #              -> disb_sim.json. Lowest priority: alone with
 #              GPU_CHECK_STEPS=build,sim_profiles,sim_disb (~4-5 min)
-# Always: gpu_check.log (everything printed) and gpu_check_steps.json (status, rc and
-# seconds per step). At most 7 files in $OUT, no folders.
+# Always: gpu_check.log (everything printed), gpu_check_steps.json (status, rc and
+# seconds per step) and gpu_summary.json (issue 30 item 7's shape, from gpu_vendor.json and
+# peer_torch.json: python -m av_infer.bench.gpu_summary; written even when steps failed).
+# At most 10 files in $OUT, no folders (raised from 5 for issue 30's three and issue 33's two).
+# Priority (2026-11-26): vendor and peer_torch first: the older steps ran on an H100 once
+# already (docs/gpu_results.md); the vendor path never has.
 #
 # Knobs: GPU_CHECK_STEPS (comma list of the steps above; default all), GPU_CHECK_BUDGET_S,
 # GPU_CHECK_DISB_S (seconds per DISB policy run, default 4), GPU_CHECK_SWEEP_S (default 3),
 # GPU_CHECK_RATE_SCALE (DISB request rates x F, default 0.5: at REEF's rates, vgg19 RT at
 # 100 Hz, our full-size vgg19 of 13.4 ms on an H100 overloads the GPU under every policy,
 # rt_only too, 2026-11-26, docs/gpu_results.md; 1 reproduces REEF's rates),
-# GPU_CHECK_PAIR_S (seconds per DKP pair and policy, default 0.5), GPU_CHECK_NO_INSTALL=1
+# GPU_CHECK_PAIR_S (seconds per DKP pair and policy, default 0.5), GPU_CHECK_PEER_S
+# (seconds per system of a --peer torch run, default 3), GPU_CHECK_PEER_RATE_SCALE
+# (default 1), GPU_CHECK_COMMIT (the commit for gpu_summary.json where the checkout has no
+# .git; default: git rev-parse HEAD), GPU_CHECK_NO_INSTALL=1
 # (never pip install), PY (the interpreter: default .venv/bin/python if present, else
 # python3, which on the GPU image has cupy, torch and onnxruntime and cannot fetch).
 # The DISB steps read the workloads from shared/disb beside the checkout or inside it: a
@@ -44,13 +58,16 @@ if [ -z "${PY:-}" ]; then
 fi
 export PY PYTHONUNBUFFERED=1 GPU_CHECK_NO_INSTALL="${GPU_CHECK_NO_INSTALL:-}"
 BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
-STEPS=${GPU_CHECK_STEPS:-build,pytest,bench,disb_A,disb_C,sweep_A,sweep_C,sweep_A_wait,sweep_C_wait,sim_profiles,sim_disb}
+STEPS=${GPU_CHECK_STEPS:-build,vendor,peer_torch,pytest,bench,disb_A,disb_C,sweep_A,sweep_C,sweep_A_wait,sweep_C_wait,sim_profiles,sim_disb}
 DISB_S=${GPU_CHECK_DISB_S:-4}
 SWEEP_S=${GPU_CHECK_SWEEP_S:-3}
 RATE_SCALE=${GPU_CHECK_RATE_SCALE:-0.5}
 export RATE_SCALE
 PAIR_S=${GPU_CHECK_PAIR_S:-0.5}
+PEER_S=${GPU_CHECK_PEER_S:-3}
+PEER_RATE_SCALE=${GPU_CHECK_PEER_RATE_SCALE:-1}
 PARTS=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_parts.XXXXXX")
+trap 'rm -rf "$PARTS"' EXIT
 export PARTS
 T0=$SECONDS
 rc=0
@@ -69,6 +86,7 @@ import json, sys
 from pathlib import Path
 parts, out = Path(sys.argv[1]), Path(sys.argv[2])
 doc = {"policies": {}, "sweep_c": {}}
+peers = []
 for p in sorted(parts.glob("*.json")):
     kind, *rest = p.stem.split("_")
     try:
@@ -79,6 +97,10 @@ for p in sorted(parts.glob("*.json")):
         doc["policies"][rest[0]] = d
     elif kind == "sweep":
         doc["sweep_c"].setdefault(rest[1], {})[rest[0]] = d
+    elif kind == "peer":
+        peers.append(d)
+if peers:
+    (out / "peer_torch.json").write_text(json.dumps({"runs": peers}, indent=1))
 if doc["policies"] or doc["sweep_c"]:
     (out / "disb_cuda.json").write_text(json.dumps(doc, indent=1))
 log = parts / "steps.tsv"
@@ -135,7 +157,18 @@ disb() {
     echo "${cmd[*]}"
     "${cmd[@]}"
 }
-export -f build disb
+# peer WORKLOAD PRECISION: one av-infer bench --peer torch run into $PARTS/peer_<n>.json
+peer() {
+    local wl=$1 prec=$2 n
+    n=$(ls "$PARTS"/peer_*.json 2>/dev/null | wc -l)
+    local cmd=("$PY" -m av_infer.cli bench --peer torch --workload "$wl" --precision "$prec"
+               --rate-scale "$PEER_RATE_SCALE" --duration "$PEER_S" --no-progress
+               --json "$PARTS/peer_${n}_${wl}_${prec}.json")
+    echo "${cmd[*]}"
+    "${cmd[@]}"
+}
+export -f build disb peer
+export PEER_S PEER_RATE_SCALE
 
 POLICIES=rt_only,reef,wait,streams,prio_streams
 step build 180 bash -c build
@@ -143,8 +176,10 @@ if [ "$rc" -ne 0 ]; then
     echo "gpu_check: build or CUDA availability failed; nothing else can run"
     exit 1
 fi
+step vendor 150 "$PY" -m av_infer.bench.gpu_vendor --out "$OUTDIR"
+step peer_torch 170 bash -c 'peer A fp32 && peer A fp16 && peer C fp32'
 step pytest 150 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_cuda_device.py \
-    tests/test_cuda_compile.py --junitxml="$OUTDIR/gpu_pytest.xml"
+    tests/test_cuda_compile.py tests/test_cuda_vendor.py --junitxml="$OUTDIR/gpu_pytest.xml"
 step bench 240 "$PY" -m av_infer.bench.gpu_bench --out "$OUTDIR" --pair-seconds "$PAIR_S"
 for wl in A C; do
     cap=90
@@ -164,6 +199,9 @@ for pol in reef wait; do
 done
 step sim_profiles 120 bash scripts/gpu_sim_steps.sh profiles "$OUTDIR"
 step sim_disb 270 bash scripts/gpu_sim_steps.sh disb "$OUTDIR"
-rm -rf "$PARTS"
+COMMIT=${GPU_CHECK_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+"$PY" -m av_infer.bench.gpu_summary "$OUTDIR" --commit "$COMMIT" \
+    --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" \
+    || echo "gpu_check: gpu_summary.json could not be written"
 echo "gpu_check: exit $rc after $((SECONDS - T0))s; in $OUTDIR: $(cd "$OUTDIR" && ls | tr '\n' ' ')"
 exit $rc

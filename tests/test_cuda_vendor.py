@@ -409,9 +409,10 @@ def test_peer_torch_without_torch_or_gpu_says_why_and_exits_2(capsys):
     assert "cannot run here" in capsys.readouterr().err
 
 
-def test_peer_torch_avi_side_on_the_emulator():
-    """The avi system of ``--peer torch`` (DISB A's models, scaled) on the emulator with
-    vendor ops: the report keys other tools read. Emulated: no figure is GPU speed."""
+def test_peer_torch_avi_side_and_gpu_summary_on_the_emulator(tmp_path):
+    """The avi system of ``--peer torch`` (DISB A's models, scaled) and the vendor bench on
+    the emulator with vendor ops, then gpu_summary.json from both in issue 30 item 7's
+    exact shape. Emulated: no figure is GPU speed."""
     require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
     from av_infer.bench.peer_torch import TorchPeerConfig, run_torch_peer, summary_row
 
@@ -426,3 +427,25 @@ def test_peer_torch_avi_side_on_the_emulator():
     assert a["vendor"]["mode"] == "force" and a["vendor"]["models"]["rt"]["vendor"] > 0
     row = summary_row(doc)
     assert row["workload"] == "A" and set(row["avi"]) == {"rt_p50_ms", "rt_p99_ms", "be_rps"}
+
+    import json
+
+    from av_infer.bench import gpu_vendor
+    from av_infer.bench.gpu_summary import main as summary_main
+
+    (tmp_path / "peer_torch.json").write_text(json.dumps({"runs": [doc]}, default=str))
+    assert gpu_vendor.main(["--emulate", "--out", str(tmp_path), "--models", "tiny_cnn",
+                            "--reps", "1", "--chain-ops", "8"]) == 0
+    vend = json.loads((tmp_path / "gpu_vendor.json").read_text())
+    assert vend["host_cost"]["vendor"]["vendor_ops"] == 8
+    assert vend["host_cost"]["own"]["vendor_ops"] == 0
+    assert [(r["model"], r["precision"], r["ok"]) for r in vend["models"]] == [
+        ("tiny_cnn", "fp32", True), ("tiny_cnn", "fp16", True)]
+    assert summary_main([str(tmp_path), "--gpu", "emu", "--commit", "c0"]) == 0
+    summ = json.loads((tmp_path / "gpu_summary.json").read_text())
+    assert set(summ) == {"gpu", "commit", "models", "launch_host_us", "preemption_us", "peer"}
+    assert set(summ["models"][0]) == {"model", "precision", "ours_ms", "torch_eager_ms",
+                                      "torch_graphs_ms", "ok"}
+    assert summ["launch_host_us"] > 0 and set(summ["preemption_us"]) == {"p50", "p99", "n"}
+    (peer,) = summ["peer"]
+    assert set(peer) == {"workload", "precision", "avi", "torch_prio", "torch_rt_alone"}
