@@ -181,3 +181,31 @@ def test_same_type_partitions_at_different_fractions(tmp_path):
     off = plan_cluster(profs, cluster, {"m": 1.0}, margin=0.0, max_partitions=2,
                        same_type_partitions=False)
     assert off.rate["m"] == pytest.approx(250_000, rel=1e-6)
+
+
+def test_the_data_plane_shares_one_link_per_server(tmp_path):
+    # The link instance's plan: 2 a's and 2 b's, each type one 2-GPU server. The
+    # reservation tables get one uplink/downlink per server (a@0, b@0), not per GPU.
+    from av_infer.pipeline.reservation import build_routes
+
+    profs, cluster = _link_instance(tmp_path)
+    plan = plan_cluster(profs, cluster, {"m": 0.05}, margin=0.0, max_partitions=2)
+    links = {t.name: (t.link_gbps, t.link_us) for t in cluster.types}
+    _, compute, phys = build_routes(plan, profs, links,
+                                    {t.name: t.gpus_per_server for t in cluster.types})
+    assert len(compute) == 4 and sorted(phys) == ["a@0", "b@0"]
+    _, _, per_gpu = build_routes(plan, profs, links)
+    assert len(per_gpu) == 4
+
+
+def test_batch_fill_estimate_falls_back_when_no_partitioning_cannot_serve(tmp_path):
+    # The link instance cannot run whole on one type (101 us > 50 us), so the
+    # no-partition estimate is infeasible and the estimate is the partitioned plan's rate
+    # without the rule (250 000 req/s); at batch 1 the fill time is 0 and the plan is the
+    # one of the server-sharing test.
+    profs, cluster = _link_instance(tmp_path)
+    plan = plan_cluster(profs, cluster, {"m": 0.05}, margin=0.0, max_partitions=2,
+                        batch_fill_factor=1.3)
+    assert plan.rules["fill_rate_source"].startswith("partitioned plan")
+    assert plan.rules["fill_rate"]["m"] == pytest.approx(250_000, rel=1e-6)
+    assert plan.rate["m"] == pytest.approx(250_000, rel=1e-6)
