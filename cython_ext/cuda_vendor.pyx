@@ -58,6 +58,7 @@ cdef enum:
     CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6
     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1
     CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK = 3
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5   # B, C, D: 6, 7, 8
     CUBLASLT_REDUCTION_SCHEME_NONE = 0
     CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE = 2
     CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE = 4
@@ -407,13 +408,16 @@ cdef class Vendor:
     def matmul_op(self, *, int M, int N, int K, int a_rowmajor, int64_t lda, int b_rowmajor,
                   int64_t ldb, int batch=1, int64_t stride_a=0, int64_t stride_b=0,
                   float alpha=1.0, float beta=1.0, int bias_epi=0, int relu=0, int c_slot=0,
-                  str precision="fp32", size_t max_ws=0):
+                  str precision="fp32", size_t max_ws=0, int align_a=256, int align_b=256,
+                  int align_c=256, int align_d=256):
         """A row-major ``y[M,N] = alpha * a[M,K] @ b[K,N]`` (+ epilogue), batched.
 
         ``a_rowmajor``: a's rows are contiguous (``lda`` = its row stride), else a is stored
         column-major (``lda`` = its column stride); same for b. ``bias_epi``: add the bias
         vector of N (bias slot) before ``relu``; ``c_slot``: 1 adds the residual (res slot),
-        2 adds ``beta`` times a full-shape bias. Returns (op address, workspace bytes)."""
+        2 adds ``beta`` times a full-shape bias. ``align_*``: the bytes every address of
+        that operand is a multiple of (the heuristic assumes 256 unless told: an algorithm
+        needing more would fail at the launch). Returns (op address, workspace bytes)."""
         if self._lt == NULL:
             raise RuntimeError("cuBLASLt is not loaded")
         cdef VOp* op = <VOp*>calloc(1, sizeof(VOp))
@@ -470,6 +474,11 @@ cdef class Vendor:
         try:
             _lt_check(lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsmax, 8), "pref ws")
             _lt_check(lt.pref_set(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, 4), "pref reduction")
+            # Lt-A is the plan's b, Lt-B the plan's a (the row-major swap above)
+            for i, al in enumerate((align_b, align_a, align_c, align_d)):
+                mask = <uint32_t>al
+                _lt_check(lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i,
+                                      &mask, 4), "pref alignment")
             memset(res, 0, sizeof(res))
             st = lt.heuristic(lt.handle, op.mdesc, op.adesc, op.bdesc, op.cdesc, op.ddesc, pref,
                               1, res, &nres)

@@ -449,3 +449,74 @@ def test_peer_torch_avi_side_and_gpu_summary_on_the_emulator(tmp_path):
     assert summ["launch_host_us"] > 0 and set(summ["preemption_us"]) == {"p50", "p99", "n"}
     (peer,) = summ["peer"]
     assert set(peer) == {"workload", "precision", "avi", "torch_prio", "torch_rt_alone"}
+
+
+def test_misaligned_operand_views_are_declared_to_the_library(dev, runner):
+    """A gemm reading a view 4 bytes into its buffer: the op tells cuBLASLt the real
+    alignment (the emulated library, like the real one, fails a pointer less aligned than
+    the algorithm was chosen for), so it runs and matches numpy."""
+    rng = np.random.default_rng(3)
+    b = PlanBuilder("mis")
+    big = b.tensor("big", (1, 8 * 32 + 1), role="input")
+    a = b.tensor("a", (8, 32), buffer=b.tensors[big].buffer, byte_offset=4)
+    wv = rng.standard_normal((32, 8)).astype(np.float32)
+    w = b.weight("w", wv)
+    y = b.tensor("y", (8, 8), role="output")
+    b.kernel("gemm", [a, w], [y], trans_a=0, trans_b=0, alpha=1.0, beta=1.0, bias=None,
+             epilogue=[])
+    plan = b.build()
+    h = dev.load_plan(plan)
+    (row,) = dev.vendor_report(h)
+    assert row["path"] == "vendor", row
+    xb = rng.standard_normal((1, 8 * 32 + 1)).astype(np.float32)
+    got = runner.run(h, {"big": xb})["y"]
+    np.testing.assert_allclose(got, xb[0, 1:].reshape(8, 32) @ wv, rtol=1e-5, atol=1e-5)
+
+
+def test_a_failing_vendor_launch_fails_its_task_with_the_library_s_words():
+    """A vendor launch that returns an error (here: a stream without its vendor context)
+    is the task's DeviceFaultError naming the cause, like a failing cuLaunchKernel."""
+    require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    from av_infer.devices.cuda import CudaDevice
+    from av_infer.errors import DeviceFaultError
+
+    d = CudaDevice(emulate=True, vendor="force")
+    try:
+        r = Runner(d)
+        d._disp.set_stream_vendor(r.stream, 0)
+        plan, x = chain_plan(seed=1)
+        h = d.load_plan(plan)
+        t = 5
+        d.new_task(h, t)
+        d.write_inputs(t, x)
+        d.enqueue(r.stream, t, 0, len(plan.kernels) - 1)
+        r.wait(t, len(plan.kernels) - 1)
+        with pytest.raises(DeviceFaultError, match="without a vendor context"):
+            d.read_outputs(t)
+        d.release_task(t)
+    finally:
+        d.close()
+
+
+def test_auto_mode_picks_per_op_by_measurement():
+    """``vendor="auto"``: each eligible op is timed both ways at load (CUDA events; on the
+    emulator host time, which says nothing about a GPU) and runs on the faster path."""
+    require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    from av_infer.devices.cuda import CudaDevice
+
+    d = CudaDevice(emulate=True, vendor="auto")
+    try:
+        _, plan, x = _zoo("tiny_cnn")
+        h = d.load_plan(plan)
+        rows = d.vendor_report(h)
+        assert rows and all("own_us" in r and "vendor_us" in r for r in rows)
+        for r in rows:
+            assert r["path"] == ("vendor" if r["vendor_us"] <= r["own_us"] else "own"), r
+        got = Runner(d).run(h, x)
+        from av_infer.kernels.cpu import CpuPlanRunner
+
+        want = CpuPlanRunner(plan).run(x)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)
+    finally:
+        d.close()

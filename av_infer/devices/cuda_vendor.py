@@ -208,6 +208,25 @@ def _epilogue(k: Kernel) -> tuple[bool, bool, str]:
     return False, False, f"epilogue {steps} (vendor: [add][relu] only)"
 
 
+def _align(plan: Plan, name: str | None, stride_elems: int = 0, itemsize: int = 4) -> int:
+    """Bytes every address of tensor ``name`` is a multiple of, at most 256 (allocations
+    are 256-byte aligned on a GPU; buffer offsets 64; views add their byte offset), and of
+    its batch stride when it has one."""
+    if not name:
+        return 256
+    t = plan.tensors[name]
+    a = 256
+    for v in (plan.buffers[t.buffer].offset + t.byte_offset, stride_elems * itemsize):
+        if v:
+            a = min(a, v & -v)
+    return a
+
+
+#: bytes cuDNN's fused conv wants every operand aligned to (a conservative floor; cuBLASLt
+#: is told each operand's alignment instead) and the bias epilogue's pointer
+MIN_ALIGN = 16
+
+
 def vendor_spec(plan: Plan, k: Kernel, spec: LaunchSpec, have: Mapping[str, bool]) -> VendorSpec:
     """The vendor op computing kernel ``k`` exactly as our kernel ``spec`` does, or why not.
     ``have``: {"cublaslt": bool, "cudnn": bool} (libraries loaded)."""
@@ -231,6 +250,12 @@ def vendor_spec(plan: Plan, k: Kernel, spec: LaunchSpec, have: Mapping[str, bool
             return VendorSpec(k.index, None, reason="non per-channel bias")
         if float(f["alpha"]) != 1.0:
             return VendorSpec(k.index, None, reason="alpha != 1")
+        names = [k.inputs[0], k.inputs[1], k.outputs[0], k.args.get("bias")]
+        if residual:
+            names.append(next(s[1] for s in k.args["epilogue"] if s[0] == "add"))
+        low = [n for n in names if n and _align(plan, n) < MIN_ALIGN]
+        if low:
+            return VendorSpec(k.index, None, reason=f"{low} not {MIN_ALIGN}-byte aligned")
         params = dict(n=n, c=int(f["C"]), h=int(f["H"]), w=int(f["W"]), cout=int(f["cout"]),
                       kh=int(f["kh"]), kw=int(f["kw"]), ho=int(f["ho"]), wo=int(f["wo"]),
                       pad_h=int(pb[0]), pad_w=int(pb[1]), stride_h=int(s[0]),
@@ -270,11 +295,21 @@ def vendor_spec(plan: Plan, k: Kernel, spec: LaunchSpec, have: Mapping[str, bool
             return VendorSpec(k.index, None, reason=f"bias of {f['bias_n']} (beta {beta})")
     elif f["bias_mode"] != 0:
         return VendorSpec(k.index, None, reason="broadcast bias")
+    cname = None
     if residual:
         c_slot = 1
+        cname = next(s[1] for s in k.args["epilogue"] if s[0] == "add")
+    elif c_slot == 2:
+        cname = k.args.get("bias")
+    if bias_epi and _align(plan, k.args.get("bias")) < MIN_ALIGN:
+        return VendorSpec(k.index, None, reason=f"bias not {MIN_ALIGN}-byte aligned")
+    mn = M * N if batch > 1 else 0
     params = dict(M=M, N=N, K=K, a_rowmajor=a_row, lda=lda, b_rowmajor=b_row, ldb=ldb,
                   batch=batch, stride_a=sa, stride_b=sb, alpha=float(f["alpha"]), beta=beta,
-                  bias_epi=bias_epi, relu=int(relu), c_slot=c_slot)
+                  bias_epi=bias_epi, relu=int(relu), c_slot=c_slot,
+                  align_a=_align(plan, k.inputs[0], sa), align_b=_align(plan, k.inputs[1], sb),
+                  align_c=_align(plan, cname or k.outputs[0], mn),
+                  align_d=_align(plan, k.outputs[0], mn))
     return VendorSpec(k.index, "matmul", params)
 
 

@@ -24,6 +24,9 @@
  * D = act(alpha*op(A)op(B) + beta*C + bias), cuDNN y = act(alpha1*conv(x,w) + alpha2*z + bias).
  * Constraints mirrored from the libraries: cuDNN's fused call with the identity activation
  * only with IMPLICIT_PRECOMP_GEMM (else CUDNN_STATUS_NOT_SUPPORTED); float data only.
+ * Alignment: the cuBLASLt algorithm needs the MIN_ALIGNMENT_*_BYTES the preference promised
+ * (256 by default, as the library assumes) and the bias 16 bytes; cuDNN 16 bytes for every
+ * operand: a misaligned pointer fails the call (INVALID_VALUE / BAD_PARAM).
  * Heuristics: cuBLASLt returns one algorithm (workspace 0); cuDNN lists IMPLICIT_PRECOMP_GEMM,
  * IMPLICIT_GEMM and GEMM, deterministic, with the descriptor's math type, workspace 0.
  */
@@ -89,7 +92,7 @@ struct lt_layout {
     int32_t batch;
     int64_t stride;
 };
-struct lt_pref { uint64_t max_ws; uint32_t reduction_mask; };
+struct lt_pref { uint64_t max_ws; uint32_t reduction_mask; uint32_t align[4]; };
 
 EXPORT cublasStatus_t cublasLtCreate(void** h) {
     if (!h) return CUBLAS_STATUS_INVALID_VALUE;
@@ -187,6 +190,12 @@ EXPORT cublasStatus_t cublasLtMatmulPreferenceSetAttribute(void* pv, int attr, c
     if (!p || !buf) return CUBLAS_STATUS_INVALID_VALUE;
     if (attr == 1 && n == 8) { p->max_ws = *(const uint64_t*)buf; return CUBLAS_STATUS_SUCCESS; }
     if (attr == 3 && n == 4) { p->reduction_mask = *(const uint32_t*)buf; return CUBLAS_STATUS_SUCCESS; }
+    if (attr >= 5 && attr <= 8 && n == 4) {             /* MIN_ALIGNMENT_{A,B,C,D}_BYTES */
+        uint32_t a = *(const uint32_t*)buf;
+        if (a == 0 || (a & (a - 1))) return CUBLAS_STATUS_INVALID_VALUE;
+        p->align[attr - 5] = a;
+        return CUBLAS_STATUS_SUCCESS;
+    }
     return CUBLAS_STATUS_NOT_SUPPORTED;
 }
 
@@ -224,8 +233,12 @@ EXPORT cublasStatus_t cublasLtMatmulAlgoGetHeuristic(void* h, void* dv, void* a,
     cublasStatus_t st = lt_check(dv, a, b, c, D);
     if (st) return st;
     struct lt_heur* r = out;
+    struct lt_pref* pr = pref;
     memset(r, 0, sizeof *r);
     r->algo[0] = 0x415649454d55ULL;   /* "AVIEMU": the one emulated algorithm */
+    /* like the library's kernels, it needs the alignment the preference promised
+     * (default 256 bytes): cublasLtMatmul checks the pointers against it */
+    for (int i = 0; i < 4; ++i) r->algo[1 + i] = pr->align[i] ? pr->align[i] : 256;
     r->waves = 1.0f;
     *got = 1;
     return CUBLAS_STATUS_SUCCESS;
@@ -307,6 +320,22 @@ EXPORT cublasStatus_t cublasLtMatmul(void* h, void* dv, const void* alpha, const
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     if (w->beta != 0.0f && !C) {
+        free(w);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    const uint64_t* al = algo;
+    const struct lt_layout* L[4] = {&w->a, &w->b, &w->c, &w->D};
+    const void* P[4] = {A, B, w->beta != 0.0f ? C : NULL, D};
+    for (int i = 0; i < 4; ++i) {
+        uint64_t need = al[1 + i] ? al[1 + i] : 256;
+        uint64_t addr = (uint64_t)(uintptr_t)P[i];
+        if (!P[i]) continue;
+        if (addr % need || (L[i]->batch > 1 && ((uint64_t)L[i]->stride * 4) % need)) {
+            free(w);
+            return CUBLAS_STATUS_INVALID_VALUE;  /* misaligned for the chosen algorithm */
+        }
+    }
+    if ((w->d.epilogue == 4 || w->d.epilogue == 6) && ((uintptr_t)w->d.bias % 16)) {
         free(w);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
@@ -537,6 +566,10 @@ EXPORT cudnnStatus_t cudnnConvolutionBiasActivationForward(
     if (b->n != 1 || b->c != yt->c || b->h != 1 || b->w != 1) return CUDNN_STATUS_BAD_PARAM;
     if (algo < 0 || algo > 2) return CUDNN_STATUS_NOT_SUPPORTED;
     if (act->mode == 5 && algo != 1) return CUDNN_STATUS_NOT_SUPPORTED;  /* as the library */
+    /* 16-byte aligned operands (the floor the vendor path promises cuDNN) */
+    const void* ptrs[5] = {x, w, y, bias, z};
+    for (int i = 0; i < 5; ++i)
+        if (ptrs[i] && ((uintptr_t)ptrs[i] % 16)) return CUDNN_STATUS_BAD_PARAM;
     struct dnn_work* k = calloc(1, sizeof *k);
     if (!k) return CUDNN_STATUS_ALLOC_FAILED;
     k->x = *(struct dnn_tensor*)xd;
