@@ -53,12 +53,19 @@ from av_infer_nodes.common import (
 )
 from av_infer_nodes.detections import DECODER_PARAMS, decoder_from_params, detections_msg
 from av_infer_nodes.handoff import Handoff
-from av_infer_nodes.preprocess import RESIZE_METHODS, ImageFormatError, image_to_tensor
+from av_infer_nodes.image_decode import CONVERTED, convert_raw, decode_compressed
+from av_infer_nodes.preprocess import (
+    ENCODINGS,
+    FIT_MODES,
+    RESIZE_METHODS,
+    ImageFormatError,
+    image_to_tensor,
+)
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, qos_profile_sensor_data
-from sensor_msgs.msg import Image
+from sensor_msgs.msg import CameraInfo, CompressedImage, Image
 from vision_msgs.msg import Detection2DArray
 
 from av_infer import AvInferError, InvalidParameterError
@@ -127,8 +134,19 @@ class ImageInferenceNode(LifecycleNode):
         if self._decoder is not None:
             self._det_pub = self._detections_publisher()
         self._last_decode_log = 0.0
-        self._sub = self.create_subscription(Image, "image", self._on_image, IMAGE_QOS,
+        # one subscription on `image`: raw Image or, with input:=compressed, CompressedImage
+        in_type = CompressedImage if self.p["input"] == "compressed" else Image
+        self._sub = self.create_subscription(in_type, "image", self._on_image, IMAGE_QOS,
                                              event_callbacks=SUB_EVENTS)
+        #: the latest CameraInfo (use_camera_info) and the input-side model it implies
+        self._camera_info: CameraInfo | None = None
+        self._info_sub = self._info_pub = None
+        if self.p["use_camera_info"]:
+            self._info_sub = self.create_subscription(CameraInfo, "camera_info",
+                                                      self._on_camera_info, IMAGE_QOS,
+                                                      event_callbacks=SUB_EVENTS)
+            self._info_pub = self.create_publisher(CameraInfo, "~/output/camera_info", 10,
+                                                   event_callbacks=PUB_EVENTS)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._configure_error: BaseException | None = None
         if self.p["autostart"]:
@@ -247,6 +265,19 @@ class ImageInferenceNode(LifecycleNode):
             "debug_topics": declare(self, "debug_topics", False,
                                     "Publish ~/debug/processing_time_ms and "
                                     "~/debug/pipeline_latency_ms.", read_only=True),
+            "input": declare(self, "input", "raw",
+                             "What `image` carries: raw (sensor_msgs/Image: rgb8, bgr8, "
+                             "mono8, yuv422/uyvy, yuyv, bayer_*8) or compressed "
+                             "(sensor_msgs/CompressedImage: JPEG, PNG).", read_only=True,
+                             constraints="raw or compressed"),
+            "fit": declare(self, "fit", "stretch",
+                           "How the image fills the model input: stretch, or letterbox "
+                           "(one scale, centred, padded grey 114).",
+                           constraints="stretch or letterbox"),
+            "use_camera_info": declare(self, "use_camera_info", False,
+                                       "Subscribe `camera_info`: refuse images of another "
+                                       "size, publish ~/output/camera_info for the model "
+                                       "input.", read_only=True),
             "decoder": declare(self, "decoder", "none",
                                "Detector head to decode into vision_msgs/Detection2DArray "
                                "on ~/output/detections: none, yolo ([1, 4+nc, N]) or ssd "
@@ -291,6 +322,8 @@ class ImageInferenceNode(LifecycleNode):
         if name == "resize":
             return None if value in RESIZE_METHODS else (
                 f"resize must be one of {', '.join(RESIZE_METHODS)}")
+        if name == "fit":
+            return None if value in FIT_MODES else f"fit must be one of {', '.join(FIT_MODES)}"
         if name in ("mean", "std"):
             vals = as_float_list(value) if value is not None else []
             if len(vals) not in (1, 3):
@@ -402,7 +435,32 @@ class ImageInferenceNode(LifecycleNode):
             self._last_not_ready_log = now
             self.get_logger().warning(f"dropping images: {why}")
 
-    def _on_image(self, msg: Image) -> None:
+    def _on_camera_info(self, msg: CameraInfo) -> None:
+        self._camera_info = msg
+
+    def _pixels(self, msg: Image | CompressedImage) -> tuple[str, int, int, int, Any]:
+        """``(encoding, height, width, step, data)`` the gather reads: a raw rgb8/bgr8/mono8
+        image as it is (no copy), anything else decoded or converted first
+        (``image_decode``); ImageFormatError when it cannot be."""
+        if isinstance(msg, CompressedImage):
+            enc, arr = decode_compressed(msg.format, msg.data)
+        elif msg.encoding in CONVERTED:
+            enc, arr = convert_raw(msg.encoding, msg.height, msg.width, msg.step, msg.data)
+        elif msg.encoding not in ENCODINGS:
+            raise ImageFormatError(f"unsupported encoding {msg.encoding!r} (supported: "
+                                   f"{', '.join([*ENCODINGS, *CONVERTED])})")
+        else:
+            return msg.encoding, int(msg.height), int(msg.width), int(msg.step), msg.data
+        return enc, arr.shape[0], arr.shape[1], arr.strides[0], arr
+
+    def _check_camera_info(self, height: int, width: int) -> None:
+        info = self._camera_info
+        if info is not None and info.width and info.height and (
+                (info.width, info.height) != (width, height)):
+            raise ImageFormatError(f"image is {width}x{height}, camera_info says "
+                                   f"{info.width}x{info.height}")
+
+    def _on_image(self, msg: Image | CompressedImage) -> None:
         t_recv = time.monotonic()
         p = self.p
         model = p["model"]
@@ -425,16 +483,18 @@ class ImageInferenceNode(LifecycleNode):
                 raise ImageFormatError(f"model {model!r} has {len(spec)} inputs; image nodes "
                                        "feed single-input models")
             (input_name, (shape, _dtype)), = spec.items()
-            shape = _concrete_shape(shape, msg)
+            enc, height, width, step, data = self._pixels(msg)
+            self._check_camera_info(height, width)
+            shape = _concrete_shape(shape, height, width)
             inputs = client.input_buffers(model)
             buf = inputs.get(input_name)
             if buf is None or list(buf.shape) != shape:  # dynamic dims: a buffer of the size
                 buf = None
-            tensor = image_to_tensor(msg.encoding, msg.height, msg.width, msg.step, msg.data,
-                                     shape, p["resize"], p["mean"], p["std"], out=buf)
+            tensor = image_to_tensor(enc, height, width, step, data, shape, p["resize"],
+                                     p["mean"], p["std"], out=buf, fit=p["fit"])
             if buf is None:
                 inputs = {input_name: tensor}
-            geom = fit(int(msg.height), int(msg.width), shape[2], shape[3], "stretch")
+            geom = fit(height, width, shape[2], shape[3], p["fit"])
         except (ImageFormatError, ValueError) as exc:
             self.counters["invalid"] += 1
             self._publish(Reply(id=rid, code="invalid_input", message=str(exc), model=model),
@@ -500,6 +560,9 @@ class ImageInferenceNode(LifecycleNode):
                 self._pub.publish(TensorList(header=image.header, tensors=reply.tensor_msgs()))
                 if geom is not None:
                     self._publish_detections(reply, image, geom)
+                    info = self._camera_info
+                    if self._info_pub is not None and info is not None:
+                        self._info_pub.publish(input_camera_info(info, geom, image.header))
             else:
                 self._err_pub.publish(response_msg(reply, image.header))
             publish_debug(self._debug, self, t_recv, image.header.stamp)
@@ -526,9 +589,27 @@ def _deadlines_conflict(p: dict[str, Any]) -> str | None:
     return None
 
 
-def _concrete_shape(shape: list[Any], image: Image) -> list[int]:
+def input_camera_info(info: CameraInfo, geom: Fit, header: Any) -> CameraInfo:
+    """``info`` for the model input the image was fitted into (``geom``): K and P scaled
+    and shifted as the pixels were (pixel centres at integers, OpenCV's convention:
+    ``u' = (u + 0.5) * s - 0.5 + pad``), the input's size, no ROI or binning; the
+    distortion model is the camera's (resizing does not undistort)."""
+    sx, sy = geom.scale_x, geom.scale_y
+    ox, oy = 0.5 * sx - 0.5 + geom.pad_x, 0.5 * sy - 0.5 + geom.pad_y
+    k = list(info.k)
+    k[0], k[1], k[2] = k[0] * sx, k[1] * sx, k[2] * sx + ox * k[8]
+    k[4], k[5] = k[4] * sy, k[5] * sy + oy * k[8]
+    p = list(info.p)
+    p[0], p[1], p[2], p[3] = p[0] * sx, p[1] * sx, p[2] * sx + ox * p[10], p[3] * sx
+    p[5], p[6], p[7] = p[5] * sy, p[6] * sy + oy * p[10], p[7] * sy
+    return CameraInfo(header=header, height=geom.dst_h, width=geom.dst_w,
+                      distortion_model=info.distortion_model, d=list(info.d), k=k,
+                      r=list(info.r), p=p)
+
+
+def _concrete_shape(shape: list[Any], height: int, width: int) -> list[int]:
     """Model input shape with dynamic dims bound: N=1, C=3, H/W from the image."""
     if len(shape) != 4:
         return [int(d) if isinstance(d, int) else 1 for d in shape]
-    fill = [1, 3, int(image.height), int(image.width)]
+    fill = [1, 3, int(height), int(width)]
     return [int(d) if isinstance(d, int) and d > 0 else f for d, f in zip(shape, fill)]

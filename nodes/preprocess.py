@@ -22,6 +22,12 @@ ENCODINGS: dict[str, tuple[int, tuple[int, ...]]] = {
     "mono8": (1, (0,)),
 }
 RESIZE_METHODS = ("nearest", "bilinear")
+#: How the image fills the model input: ``stretch`` (each axis scaled on its own) or
+#: ``letterbox`` (one scale, centred, the rest ``LETTERBOX_PAD``); av_infer.detect.geometry
+#: maps boxes back for both.
+FIT_MODES = ("stretch", "letterbox")
+#: The grey that letterboxing pads with (Ultralytics' value, in 0..255 pixel units).
+LETTERBOX_PAD = 114
 
 
 class ImageFormatError(ValueError):
@@ -101,29 +107,50 @@ def resize(img: np.ndarray, out_h: int, out_w: int, method: str = "bilinear") ->
 
 @lru_cache(maxsize=32)
 def _gather_plan(encoding: str, height: int, width: int, step: int, c: int, h: int, w: int,
-                 method: str, mean: tuple[float, ...], std: tuple[float, ...]
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 method: str, mean: tuple[float, ...], std: tuple[float, ...],
+                 fit_mode: str = "stretch") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Resize, channel order/count, scaling, normalisation and the NCHW transpose of one
     camera -> model pair as ONE weighted gather over the raw bytes: ``out[i] =
     sum_k weight[k, i] * raw[index[k, i]] - offset[i]`` (``i`` over C x H x W).
 
     Built once per pair (cameras keep their size) and cached; per frame only the gather and
     a multiply-add over the *output* elements remain, whatever the camera resolution.
+
+    ``letterbox``: the image is resized into the centred content window of
+    ``geometry.fit`` and the padding gets weight 0 and the offset that makes it
+    ``LETTERBOX_PAD`` after normalisation.
     """
+    from av_infer.detect.geometry import fit as fit_geometry
+
     ch_in, order = ENCODINGS[encoding]
-    same = (height, width) == (h, w)
+    g = fit_geometry(height, width, h, w, fit_mode)
+    ch, cw = g.content_hw if fit_mode == "letterbox" else (h, w)
+    py, px = int(g.pad_y), int(g.pad_x)
+    same = (height, width) == (ch, cw)
     if same or method == "nearest":
-        ys = np.arange(h) if same else _taps(height, h, "nearest")[0]
-        xs = np.arange(w) if same else _taps(width, w, "nearest")[0]
-        spatial = [(ys[:, None], xs[None, :], np.ones((h, w), np.float32))]
+        ys = np.arange(ch) if same else _taps(height, ch, "nearest")[0]
+        xs = np.arange(cw) if same else _taps(width, cw, "nearest")[0]
+        spatial = [(ys[:, None], xs[None, :], np.ones((ch, cw), np.float32))]
     else:
-        y0, y1, wy = _taps(height, h, method)
-        x0, x1, wx = _taps(width, w, method)
+        y0, y1, wy = _taps(height, ch, method)
+        x0, x1, wx = _taps(width, cw, method)
         wy, wx = wy[:, None], wx[None, :]
         spatial = [(y0[:, None], x0[None, :], (1 - wy) * (1 - wx)),
                    (y0[:, None], x1[None, :], (1 - wy) * wx),
                    (y1[:, None], x0[None, :], wy * (1 - wx)),
                    (y1[:, None], x1[None, :], wy * wx)]
+    content = np.zeros((h, w), bool)
+    content[py:py + ch, px:px + cw] = True
+    if (ch, cw) != (h, w):  # embed the content taps in the input; padding reads byte 0
+        embedded = []
+        for yy, xx, sw in spatial:
+            fy, fx, fw = (np.zeros((h, w), np.intp), np.zeros((h, w), np.intp),
+                          np.zeros((h, w), np.float32))
+            fy[content] = np.broadcast_to(yy, (ch, cw)).ravel()
+            fx[content] = np.broadcast_to(xx, (ch, cw)).ravel()
+            fw[content] = np.broadcast_to(sw, (ch, cw)).ravel()
+            embedded.append((fy, fx, fw))
+        spatial = embedded
     if ch_in == c:
         sources = [[(order[co], 1.0)] for co in range(c)]
     elif ch_in == 1:  # grey feeds every channel
@@ -144,7 +171,9 @@ def _gather_plan(encoding: str, height: int, width: int, step: int, c: int, h: i
     # int32 indices gather faster than intp; a camera frame is far below 2 GiB
     index = np.concatenate(idx, axis=1).astype(np.int32 if step * height < 2**31 else np.intp)
     weight = np.concatenate(wts, axis=1).astype(np.float32)
-    offset = np.repeat((m / sd).astype(np.float32), h * w)
+    pad = (m - LETTERBOX_PAD / 255.0) / sd  # what -offset must be where there is no image
+    offset = np.concatenate([np.where(content.ravel(), m[co] / sd[co], pad[co])
+                             for co in range(c)]).astype(np.float32)
     for a in (index, weight, offset):
         a.flags.writeable = False
     return index, weight, offset
@@ -176,7 +205,7 @@ def image_to_tensor(encoding: str, height: int, width: int, step: int,
                     data: bytes | bytearray | memoryview, input_shape: Sequence[int],
                     method: str = "bilinear", mean: Sequence[float] = (0.485, 0.456, 0.406),
                     std: Sequence[float] = (0.229, 0.224, 0.225),
-                    out: np.ndarray | None = None) -> np.ndarray:
+                    out: np.ndarray | None = None, fit: str = "stretch") -> np.ndarray:
     """Raw image -> float32 tensor of ``input_shape`` (N, C, H, W); N copies of the image.
 
     Grey images feed 3-channel models by repeating the channel and vice versa by the mean
@@ -193,6 +222,8 @@ def image_to_tensor(encoding: str, height: int, width: int, step: int,
         raise ValueError(f"out must be a writable C-contiguous float32{[n, c, h, w]} array")
     if method not in RESIZE_METHODS:
         raise ValueError(f"resize method must be one of {RESIZE_METHODS}, got {method!r}")
+    if fit not in FIT_MODES:
+        raise ValueError(f"fit must be one of {FIT_MODES}, got {fit!r}")
     img = image_to_array(encoding, height, width, step, data)  # validates the fields
     if img.shape[2] != c and img.shape[2] != 1 and c != 1:
         raise ImageFormatError(f"cannot feed a {img.shape[2]}-channel image to a "
@@ -202,6 +233,8 @@ def image_to_tensor(encoding: str, height: int, width: int, step: int,
     except TypeError:  # not hashable (an ndarray): its values
         norm = _normalisation(c, tuple(np.ravel(mean).tolist()), tuple(np.ravel(std).tolist()))
     key = (encoding, int(height), int(width), int(step), c, h, w, method, *norm)
+    if fit != "stretch":  # (the stretch key stays as it was: cached plans keep hitting)
+        key = (*key, fit)
     raw = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
     if out is None:
         out = np.empty((max(n, 1), c, h, w), np.float32)
