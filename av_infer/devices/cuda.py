@@ -763,6 +763,7 @@ class CudaDevice(Device):
         for s in range(len(self._vhqs)):
             self._disp.sync_stream(s)
         self._pads.unload_all()
+        self._timing.close()
         if self._vendor is not None:
             self._vendor.close()
         with self._books:

@@ -27,6 +27,8 @@ class DriverTiming:
         self._mem = mem
         self._errstr = errstr
         self._cu: Any = None
+        #: the vendor timing stream, its workspace and vendor context (made once, reused)
+        self._vt: tuple[Any, Any, int] | None = None
 
     def _driver(self) -> Any:
         """The driver library through ctypes, opened on first use."""
@@ -96,11 +98,13 @@ class DriverTiming:
         (the vendor counterpart of :meth:`time_kernel`; ``vendor``: ``cuda_vendor.Vendor``)."""
         cu, mem = self._driver(), self._mem
         arena = mem.alloc(arena_bytes, zero=True)
-        ws = mem.alloc(max(ws_bytes, 256))
         args = pack(arena)
-        sp = ctypes.c_void_p()
-        self._check(cu.cuStreamCreate(ctypes.byref(sp), 1), "cuStreamCreate")
-        ctx = vendor.stream_ctx(sp.value or 0, mem.ptr(ws), ws_bytes)
+        if self._vt is None:  # one stream + cuDNN handle for every timing (cudnnCreate is slow)
+            sp0 = ctypes.c_void_p()
+            self._check(cu.cuStreamCreate(ctypes.byref(sp0), 1), "cuStreamCreate")
+            ws = mem.alloc(max(ws_bytes, 256))
+            self._vt = (sp0, ws, vendor.stream_ctx(sp0.value or 0, mem.ptr(ws), ws_bytes))
+        sp, _ws, ctx = self._vt
         start, end = ctypes.c_void_p(), ctypes.c_void_p()
         self._check(cu.cuEventCreate(ctypes.byref(start), 0), "cuEventCreate")
         self._check(cu.cuEventCreate(ctypes.byref(end), 0), "cuEventCreate")
@@ -126,5 +130,12 @@ class DriverTiming:
             cu.cuStreamSynchronize(sp)
             cu.cuEventDestroy_v2(start)
             cu.cuEventDestroy_v2(end)
-            cu.cuStreamDestroy_v2(sp)
         return float(statistics.median(times))
+
+    def close(self) -> None:
+        """Destroy the vendor timing stream (its vendor context dies with the vendor's)."""
+        if self._vt is not None:
+            cu = self._driver()
+            cu.cuStreamSynchronize(self._vt[0])
+            cu.cuStreamDestroy_v2(self._vt[0])
+            self._vt = None
