@@ -154,7 +154,10 @@ class SimDevice(SimCore, Device):
     ) -> None:
         """``flag_us``: latency of the flag write (a stream memory op); ``jitter``: relative
         standard deviation of block times (0: exact profile), drawn from ``seed``;
-        ``contention``: a model of :data:`sim_contention.MODELS`; ``dkp_placement``: one of
+        ``contention``: a model of :data:`sim_contention.MODELS`, ``beta=X`` or a
+        parameter file fitted to GPU measurements (``FILE.json``, docs/sim_fidelity.md);
+        ``profiles``: per plan name, the profile it is timed with (measured ones from
+        ``profiles.load_profile_dir``), else derived from its geometry; ``dkp_placement``: one of
         :data:`DKP_PLACEMENTS` ("reserved" is a what-if CUDA cannot do);
         ``record_residency``: keep every block batch's ``[start, end)`` per stream
         (:meth:`residency`, what the benchmark's preemption latency is measured from).
