@@ -209,3 +209,28 @@ def test_batch_fill_estimate_falls_back_when_no_partitioning_cannot_serve(tmp_pa
     assert plan.rules["fill_rate_source"].startswith("partitioned plan")
     assert plan.rules["fill_rate"]["m"] == pytest.approx(250_000, rel=1e-6)
     assert plan.rate["m"] == pytest.approx(250_000, rel=1e-6)
+
+
+# -- packing slices onto physical devices ----------------------------------------------
+
+
+def test_a_device_may_carry_slices_of_different_fractions(tmp_path):
+    # One device of type a. Model m1 was profiled only on half a device (one block, 10 us
+    # at batch 1), m2 only on a quarter (20 us). Pure packing cuts a device into equal
+    # slices, so it can serve one of the two models and the plan is refused. Mixed
+    # (and ppipe: both are first partitions) cuts it 1/2 + 1/4 + 1/4: m1 gets 1e6 / 10 =
+    # 100 000 req/s, m2 2 x 1e6 / 20 = 100 000; no cut serves both better (1/2 + 1/4
+    # leaves m2 50 000), so lambda = 100 000.
+    profs, cluster = _setup(tmp_path, [
+        _profile("m1", "a", [], {2: {1: [10.0]}}),
+        _profile("m2", "a", [], {4: {1: [20.0]}})], [_type("a", 1)])
+    slo = {"m1": 1.0, "m2": 1.0}
+    for packing in ("ppipe", "mixed"):
+        plan = plan_cluster(profs, cluster, slo, margin=0.0, packing=packing)
+        assert plan.rate["m1"] == pytest.approx(100_000, rel=1e-6)
+        assert plan.rate["m2"] == pytest.approx(100_000, rel=1e-6)
+        assert plan.physical == {"a": [[2, 4, 4]]} and plan.rules["packing"] == packing
+        members = sorted(m for p in plan.pipelines for s in p.stages for m in s.members)
+        assert members == ["a#0/2.0", "a#0/4.0", "a#0/4.1"]
+    with pytest.raises(InfeasibleSloError, match="no rate for"):
+        plan_cluster(profs, cluster, slo, margin=0.0, packing="pure")

@@ -56,6 +56,19 @@ def _check_feasible(plan, profiles, cluster):
     assert all(n == 1 for n in used.values()), "a virtual device serves two partitions"
     for t, splits in plan.physical.items():
         assert len(splits) <= cluster.count(t)
+    # realisable: the slices of each physical device fit it
+    share = Counter()
+    for mid in used:
+        share[mid.split("/")[0]] += 1 / int(mid.split("/")[1].split(".")[0])
+    assert all(x <= 1 + 1e-9 for x in share.values())
+    # PPipe's count: per type, sum over partition indices of ceil(sum g / v) <= N
+    per_index = Counter()
+    for p in plan.pipelines:
+        for d, s in enumerate(p.stages):
+            per_index[(s.device_type, d)] += s.count / s.v
+    for t, _ in cluster.counts:
+        assert sum(math.ceil(x - 1e-9) for (tt, _), x in per_index.items() if tt == t) \
+            <= cluster.count(t)
 
 
 def _lam(plan):

@@ -87,7 +87,8 @@ def _plan(args: argparse.Namespace, cluster: Any, profiles: dict, slos: Any,
                         batch_fill_factor=args.batch_fill_factor,
                         fill_rate=args.fill_map or None,
                         same_type_partitions=not args.no_same_type_partitions,
-                        vfracs=args.fractions, time_limit_s=args.time_limit)
+                        vfracs=args.fractions, time_limit_s=args.time_limit,
+                        packing=args.packing)
 
 
 def _emit(args: argparse.Namespace, doc: dict) -> None:
@@ -231,6 +232,10 @@ def add_pipeline_parser(sub: Any) -> None:
         sp.add_argument("--fractions", type=lambda t: tuple(int(x) for x in t.split(",")),
                         metavar="V1,V2", help="fractions 1/v the planner may use "
                         "(default: every profiled one)")
+        sp.add_argument("--packing", choices=["ppipe", "mixed", "pure"], default="ppipe",
+                        help="how slices share a physical device: ppipe (one partition "
+                             "index per device, any fractions; fits PPipe's GPU count), "
+                             "mixed (any), pure (one fraction per device)")
         sp.add_argument("--time-limit", type=float, default=4.5, metavar="S",
                         help="seconds for enumeration + MILP (default 4.5)")
         sp.add_argument("--models", metavar="M1,M2",

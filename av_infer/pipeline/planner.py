@@ -14,8 +14,10 @@ devices of each type they need per unit of rate: a dominated column can always b
 replaced by its dominator in any solution. The MILP then has, per kept column ``c``, a
 rate ``x_c >= 0`` and an integer count ``g_{c,d}`` of virtual devices per partition with
 ``x_c <= X_{c,d} g_{c,d}`` (eq. 24/28: a pipeline runs at its slowest pool); per type
-``k`` and fraction ``v`` an integer count ``h_{k,v}`` of physical devices split ``v``
-ways, ``sum g <= v h_{k,v}`` and ``sum_v h_{k,v} <= N_k`` (eq. 23, exact packing). The
+``k`` and *pattern* ``p`` (a set of slices that fits one device, e.g. 1/2 + 1/4 + 1/4) an
+integer count ``h_{k,p}`` of physical devices cut that way, with the slices of each
+fraction covering the virtual devices that use it and ``sum_p h_{k,p} <= N_k`` (eq. 23,
+exact packing: every plan can be laid out on real devices; see ``packing``). The
 objective is the largest ``lambda`` with every model served at ``>= w_m lambda`` (the
 offered mix scaled), plus a small reward for any further rate.
 
@@ -28,6 +30,12 @@ PPipe's rules, as parameters of :func:`plan_cluster` (docs/pipeline.md, "PPipe's
 * ``batch_fill_factor`` (PPipe: 1.3): the time to fill a batch, ``factor (b - 1) / rate``
   with ``rate`` the model's expected arrival rate, counts against the latency budget;
 * per-fraction batch lists: a (fraction, batch) cell that was not measured is never used;
+* ``packing``: ``"ppipe"`` (default): a physical device serves one partition index
+  (first, second, ... partition of its pipelines) of one type, cut into slices of any
+  fractions that fit; PPipe's reference counts ``sum g / v`` per type and partition index
+  rounded up, and these plans always fit that count while staying realisable.
+  ``"mixed"``: slices of any partitions may share a device. ``"pure"``: a device is cut
+  into ``v`` equal slices for one ``v`` (the planner before issue 32);
 * ``same_type_partitions``: consecutive partitions on one device type at *different*
   fractions (A 1/1 -> A 1/2) are planned; same type and same fraction is always dominated
   by merging the two partitions (block latencies add; the merged pool's rate is the
@@ -64,6 +72,9 @@ DEFAULT_MAX_PARTITIONS = 3
 DEFAULT_TIME_LIMIT_S = 4.5
 #: PPipe's reference MILP: a batch of b takes about 1.3 (b - 1) / rate to fill
 PPIPE_BATCH_FILL_FACTOR = 1.3
+PACKINGS = ("ppipe", "mixed", "pure")
+#: above this many slice patterns per group only the maximal ones (and pure) are kept
+MAX_PATTERNS = 400
 
 
 @dataclass
@@ -112,7 +123,8 @@ class ClusterPlan:
     columns: int
     status: str
     mip_gap: float
-    physical: dict[str, list[int]] = field(default_factory=dict)  # type -> v of each device
+    #: type -> each device's cut: v (v equal slices) or the list of its slices' v
+    physical: dict[str, list[Any]] = field(default_factory=dict)
     fp16_boundaries: bool = False  # feature maps between stages travel as float16
     rules: dict[str, Any] = field(default_factory=dict)  # the PPipe rules in force
     device_types: dict[str, Any] = field(default_factory=dict)  # source, links per type
@@ -283,7 +295,7 @@ def plan_cluster(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster: Cl
                  server_link_sharing: bool = True, batch_fill_factor: float = 0.0,
                  fill_rate: Mapping[str, float] | None = None,
                  same_type_partitions: bool = True,
-                 vfracs: Sequence[int] | None = None) -> ClusterPlan:
+                 vfracs: Sequence[int] | None = None, packing: str = "ppipe") -> ClusterPlan:
     """Solve the MILP for ``profiles`` (``{model: {type: profile}}``: stored
     BlockProfile or :class:`~.profile_files.MeasuredProfile`) on ``cluster``.
 
@@ -292,7 +304,8 @@ def plan_cluster(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster: Cl
     ``server_link_sharing``, ``batch_fill_factor`` with ``fill_rate`` (requests/s per
     model; by default each model's rate in the no-partition plan, whole devices only, as
     PPipe's reference estimates it), ``same_type_partitions``; ``vfracs`` limits the
-    fractions used (``(1,)``: whole devices). Raises InfeasibleSloError naming the model
+    fractions used (``(1,)``: whole devices); ``packing`` how slices share physical
+    devices (module docstring). Raises InfeasibleSloError naming the model
     when no column meets its SLO minus ``margin``, or when the cluster cannot give every
     model a pipeline; the arguments are validated before any work.
     """
@@ -332,6 +345,8 @@ def plan_cluster(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster: Cl
             raise InvalidParameterError(f"fill_rate given for {m!r}, not a planned model")
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0:
             raise InvalidParameterError(f"fill_rate of {m!r} must be a number > 0, got {r!r}")
+    if packing not in PACKINGS:
+        raise InvalidParameterError(f"packing must be one of {PACKINGS}, got {packing!r}")
     if vfracs is not None and (not vfracs or any(
             isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in vfracs)):
         raise InvalidParameterError(f"vfracs must list integers >= 1, got {vfracs!r}")
@@ -340,7 +355,8 @@ def plan_cluster(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster: Cl
     fill_src = "given" if fill_rate else None
     if batch_fill_factor > 0 and any(m not in rates_in for m in profiles):
         est, fill_src = _estimate_rates(profiles, cluster, slos, margin, w,
-                                        fp16_boundaries, time_limit_s, server_link_sharing)
+                                        fp16_boundaries, time_limit_s, server_link_sharing,
+                                        packing)
         for m in profiles:
             rates_in.setdefault(m, est[m])
     rules = {"server_link_sharing": bool(server_link_sharing),
@@ -350,7 +366,7 @@ def plan_cluster(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster: Cl
              "same_type_partitions": bool(same_type_partitions),
              "per_fraction_batches": True,
              "vfracs": list(vfracs) if vfracs is not None else "all profiled",
-             "packing": "exact: each physical device is split 1/v ways for one v"}
+             "packing": packing}
     columns: list[_Column] = []
     for m, by_type in profiles.items():
         budget = slos[m] * 1e3 * (1 - margin)
@@ -371,12 +387,13 @@ def plan_cluster(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster: Cl
         # solve then never returns less than no partitioning would
         single = [c for c in columns if len(c.types) == 1]
         if single and {c.model for c in single} == set(profiles):
-            base, _ = _solve(single, cluster, w, max(0.2, float(time_limit_s) / 4))
+            base, _ = _solve(single, cluster, w, max(0.2, float(time_limit_s) / 4),
+                             packing=packing)
             start = {id(c): (x, g) for c, x, g in zip(single, base["x"], base["g"])}
             start["h"] = base["h"]
             start["lam"] = base["lam"]
     left = max(0.5, float(time_limit_s) - (time.perf_counter() - t0))
-    sol, status = _solve(columns, cluster, w, left, start)
+    sol, status = _solve(columns, cluster, w, left, start, packing)
     solve_s = time.perf_counter() - t0
     pipelines, rate = _read(columns, sol, profiles)
     starved = [m for m in profiles if rate.get(m, 0.0) <= 0]
@@ -386,7 +403,7 @@ def plan_cluster(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster: Cl
             f"no rate for {', '.join(starved)} (MILP status {status}; a virtual device "
             f"serves one partition, so {len(profiles)} models need at least "
             f"{len(profiles)} of them)")
-    physical = _assign(pipelines, sol["h"], cluster)
+    physical = _assign(pipelines, sol["h"], cluster, packing)
     return ClusterPlan(cluster.spec(), slos, float(margin), max_partitions, pipelines, rate,
                        solve_s, len(columns), status, sol["gap"], physical,
                        bool(fp16_boundaries), rules, cluster.describe())
@@ -394,12 +411,12 @@ def plan_cluster(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster: Cl
 
 def _estimate_rates(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster: Cluster,
                     slos: Mapping[str, float], margin: float, w: Mapping[str, float],
-                    fp16: bool, time_limit_s: float, server_link_sharing: bool
-                    ) -> tuple[dict[str, float], str]:
+                    fp16: bool, time_limit_s: float, server_link_sharing: bool,
+                    packing: str) -> tuple[dict[str, float], str]:
     """Each model's expected rate for the batch-fill rule: its rate in the no-partition
     plan on whole devices without the rule (PPipe's estimate); where that plan is
     infeasible, in the partitioned plan without the rule."""
-    kw = dict(margin=margin, weights=w, fp16_boundaries=fp16,
+    kw = dict(margin=margin, weights=w, fp16_boundaries=fp16, packing=packing,
               time_limit_s=max(0.5, time_limit_s / 4), server_link_sharing=server_link_sharing)
     try:
         base = plan_cluster(profiles, cluster, dict(slos), max_partitions=1, vfracs=(1,), **kw)
@@ -409,9 +426,42 @@ def _estimate_rates(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster:
         return dict(base.rate), "partitioned plan without the batch-fill rule"
 
 
+def patterns(vs: Sequence[int], pure: bool = False) -> list[tuple[tuple[int, int], ...]]:
+    """Ways to cut one device into slices of fractions ``1/v`` (``v`` in ``vs``): every
+    non-empty ``((v, count), ...)`` with ``sum count / v <= 1`` (only the maximal ones
+    and the pure ones when there are more than MAX_PATTERNS); ``pure``: ``((v, v),)``."""
+    vs = sorted(set(int(v) for v in vs))
+    if pure:
+        return [((v, v),) for v in vs]
+    lcm = math.lcm(*vs)
+    out: list[tuple[tuple[int, int], ...]] = []
+
+    def rec(k: int, left: int, cur: list[tuple[int, int]]) -> None:
+        if k == len(vs):
+            if cur:
+                out.append(tuple(cur))
+            return
+        unit = lcm // vs[k]
+        for n in range(left // unit + 1):
+            rec(k + 1, left - n * unit, cur + ([(vs[k], n)] if n else []))
+
+    rec(0, lcm, [])
+    if len(out) > MAX_PATTERNS:
+        def room(p: tuple[tuple[int, int], ...]) -> int:
+            return lcm - sum(n * lcm // v for v, n in p)
+        out = [p for p in out if room(p) < lcm // vs[-1] or (len(p) == 1 and p[0][0] == p[0][1])]
+    return out
+
+
+def _group(t: str, d: int, packing: str) -> tuple[str, int]:
+    """Which physical devices a partition's slices come from: per type, and per partition
+    index under ``ppipe`` packing (-1: any index)."""
+    return (t, d if packing == "ppipe" else -1)
+
+
 def _solve(columns: list[_Column], cluster: Cluster, w: Mapping[str, float],
-           time_limit_s: float, start: Mapping[Any, Any] | None = None
-           ) -> tuple[dict[str, Any], str]:
+           time_limit_s: float, start: Mapping[Any, Any] | None = None,
+           packing: str = "ppipe") -> tuple[dict[str, Any], str]:
     """Build and run the MILP of the module docstring; ``start``: a feasible solution
     (``{id(column): (x, g)}`` plus ``"h"`` and ``"lam"``) to begin from."""
     import highspy
@@ -440,18 +490,27 @@ def _solve(columns: list[_Column], cluster: Cluster, w: Mapping[str, float],
     x = [var(0.0, inf, eps / sum(w.values()), False) for _ in columns]
     g = [[var(0.0, cluster.count(t) * v, 0.0, True) for t, v in zip(c.types, c.vs)]
          for c in columns]
-    pairs = sorted({(t, v) for c in columns for t, v in zip(c.types, c.vs)})
-    hv = {p: var(0.0, cluster.count(p[0]), 0.0, True) for p in pairs}
+    # virtual devices per (group, v), and the device cuts (patterns) of each group
+    users: dict[tuple[tuple[str, int], int], list[int]] = {}
+    for ci, c in enumerate(columns):
+        for d, (t, v) in enumerate(zip(c.types, c.vs)):
+            users.setdefault((_group(t, d, packing), v), []).append(g[ci][d])
+    gvs: dict[tuple[str, int], set[int]] = {}
+    for grp, v in users:
+        gvs.setdefault(grp, set()).add(v)
+    hv = {(grp, pat): var(0.0, cluster.count(grp[0]), 0.0, True)
+          for grp in sorted(gvs) for pat in patterns(gvs[grp], pure=packing == "pure")}
     rows: list[tuple[float, float, list[int], list[float]]] = []
     for ci, c in enumerate(columns):
         for d, rp in enumerate(c.rate_per):  # x_c <= X_{c,d} g_{c,d}
             rows.append((-inf, 0.0, [x[ci], g[ci][d]], [1.0, -rp]))
-    for (t, v), hi in hv.items():  # virtual devices fit the physical ones split v ways
-        idx = [g[ci][d] for ci, c in enumerate(columns)
-               for d, (tt, vv) in enumerate(zip(c.types, c.vs)) if (tt, vv) == (t, v)]
-        rows.append((-inf, 0.0, [*idx, hi], [1.0] * len(idx) + [-float(v)]))
+    for (grp, v), idx in users.items():  # the group's devices supply the slices used
+        supply = [(hi, float(dict(pat).get(v, 0))) for (gg, pat), hi in hv.items()
+                  if gg == grp and dict(pat).get(v, 0)]
+        rows.append((-inf, 0.0, [*idx, *(hi for hi, _ in supply)],
+                     [1.0] * len(idx) + [-k for _, k in supply]))
     for t, n in cluster.counts:
-        idx = [hi for (tt, _), hi in hv.items() if tt == t]
+        idx = [hi for (grp, _), hi in hv.items() if grp[0] == t]
         if idx:
             rows.append((-inf, float(n), idx, [1.0] * len(idx)))
     for m, wm in w.items():  # every model at >= w_m lambda
@@ -512,19 +571,24 @@ def _read(columns: list[_Column], sol: dict[str, Any],
     return pipelines, rate
 
 
-def _assign(pipelines: Sequence[PipelinePlan], hv: Mapping[tuple[str, int], int],
-            cluster: Cluster) -> dict[str, list[int]]:
-    """Name the virtual devices: physical device ``type#i`` split ``v`` ways gives
-    ``type#i/v.s``; pools take them in order. Returns each physical device's split."""
-    free: dict[tuple[str, int], list[str]] = {}
-    physical: dict[str, list[int]] = {t: [] for t, _ in cluster.counts}
-    for (t, v), n in sorted(hv.items()):
+def _assign(pipelines: Sequence[PipelinePlan], hv: Mapping[Any, int], cluster: Cluster,
+            packing: str = "ppipe") -> dict[str, list[Any]]:
+    """Name the virtual devices: slice ``s`` of fraction ``1/v`` on physical device
+    ``type#i`` is ``type#i/v.s``; pools take them in order. Returns each physical
+    device's cut: ``v`` for ``v`` equal slices, else the list of its slices' ``v``."""
+    free: dict[tuple[tuple[str, int], int], list[str]] = {}
+    physical: dict[str, list[Any]] = {t: [] for t, _ in cluster.counts}
+    for (grp, pat), n in sorted(hv.items()):
+        t = grp[0]
         for _ in range(n):
             i = len(physical[t])
-            physical[t].append(v)
-            free.setdefault((t, v), []).extend(f"{t}#{i}/{v}.{s}" for s in range(v))
+            pure = len(pat) == 1 and pat[0][0] == pat[0][1]
+            physical[t].append(pat[0][0] if pure else [v for v, k in pat for _ in range(k)])
+            for v, k in pat:
+                free.setdefault((grp, v), []).extend(f"{t}#{i}/{v}.{s}" for s in range(k))
     for p in pipelines:
-        for s in p.stages:
-            pool = free.get((s.device_type, s.v), [])
-            s.members, free[(s.device_type, s.v)] = pool[:s.count], pool[s.count:]
+        for d, s in enumerate(p.stages):
+            key = (_group(s.device_type, d, packing), s.v)
+            pool = free.get(key, [])
+            s.members, free[key] = pool[:s.count], pool[s.count:]
     return physical
