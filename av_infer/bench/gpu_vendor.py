@@ -93,21 +93,22 @@ def host_cost(emulate: bool, n_ops: int = 2000, c: int = 4) -> dict[str, Any]:
     return out
 
 
-def torch_latency_ms(name: str, precision: str, graphs: bool, reps: int = 20) -> float | None:
-    """Median ms of one batch-1 forward of the zoo model's torch twin at ``precision``
-    (fp32: TF32 off; fp16: half + channels_last), eager or one CUDA graph replay; None
-    without torch / CUDA / a twin."""
+def torch_latency_ms(name: str, precision: str, reps: int = 20
+                     ) -> tuple[float | None, float | None]:
+    """(eager, CUDA graph) median ms of one batch-1 forward of the zoo model's torch twin at
+    ``precision`` (fp32: TF32 off; fp16: half + channels_last), one model instance for
+    both; (None, None) without torch / CUDA / a twin."""
     try:
         import torch
     except ImportError:
-        return None
+        return None, None
     if not torch.cuda.is_available():
-        return None
+        return None, None
     from av_infer.bench.gpu_bench import _torch_model
 
     got = _torch_model(name)
     if got is None:
-        return None
+        return None, None
     m, make = got
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
@@ -119,29 +120,36 @@ def torch_latency_ms(name: str, precision: str, graphs: bool, reps: int = 20) ->
         x = {k: (v.half().contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v)
              for k, v in x.items()}
     s = torch.cuda.Stream()
+
+    def timed(fn: Any) -> float:
+        ts = []
+        with torch.no_grad(), torch.cuda.stream(s):
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                fn()
+                s.synchronize()
+                ts.append(time.perf_counter() - t0)
+        return float(np.median(ts)) * 1e3
+
     try:
         with torch.no_grad(), torch.cuda.stream(s):
             for _ in range(3):
                 m(**x)
         s.synchronize()
-        run = None
-        if graphs:
+        eager = timed(lambda: m(**x))
+        graphs = None
+        try:  # a model with host-side control flow cannot be captured: eager only
             g = torch.cuda.CUDAGraph()
             with torch.no_grad(), torch.cuda.graph(g, stream=s):
                 m(**x)
             s.synchronize()
-            run = g.replay
-        ts = []
-        with torch.no_grad(), torch.cuda.stream(s):
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                run() if run is not None else m(**x)
-                s.synchronize()
-                ts.append(time.perf_counter() - t0)
+            graphs = timed(g.replay)
+            del g
+        except Exception as e:  # noqa: BLE001 - reported as a missing graph figure
+            print(f"[gpu_vendor] {name}: CUDA graph capture failed: {e}", file=sys.stderr)
     finally:
-        del m
-        torch.cuda.empty_cache()
-    return float(np.median(ts)) * 1e3
+        torch.cuda.synchronize()
+    return eager, graphs
 
 
 def model_rows(emulate: bool, models: list[str], precisions: list[str], scale: str, reps: int,
@@ -197,11 +205,11 @@ def model_rows(emulate: bool, models: list[str], precisions: list[str], scale: s
                           f"ours {row['ours_ms']:.3f} ms, {row['vendor_ops']} vendor ops",
                           file=sys.stderr, flush=True)
                     if not emulate:
-                        for key, g in (("torch_eager_ms", False), ("torch_graphs_ms", True)):
-                            try:
-                                row[key] = torch_latency_ms(name, precision, g, reps)
-                            except Exception as e:  # noqa: BLE001 - a reference may fail
-                                row[key + "_error"] = f"{type(e).__name__}: {e}"[:200]
+                        try:
+                            row["torch_eager_ms"], row["torch_graphs_ms"] = torch_latency_ms(
+                                name, precision, reps)
+                        except Exception as e:  # noqa: BLE001 - a reference may fail
+                            row["torch_error"] = f"{type(e).__name__}: {e}"[:200]
                 except Exception as e:  # noqa: BLE001 - reported per row
                     row.update(ok=False, error=f"{type(e).__name__}: {e}"[:400])
                 save(rows)

@@ -109,8 +109,9 @@ def check_available(cfg: TorchPeerConfig) -> None:
 
 # -- torch ----------------------------------------------------------------------------------
 def _torch_client(torch: Any, name: str, precision: str, stream: Any, graphs: bool,
-                  models: dict[str, Any]) -> Callable[[], None]:
-    """One client's call: its model on its own stream, eager or its own CUDA graph."""
+                  models: dict[str, Any], notes: dict[str, Any]) -> Callable[[], None]:
+    """One client's call: its model on its own stream, eager or its own CUDA graph (a
+    model whose capture fails runs eager, listed in ``notes["eager_fallback"]``)."""
     from av_infer.bench.gpu_bench import _torch_model
 
     if name not in models:
@@ -131,16 +132,22 @@ def _torch_client(torch: Any, name: str, precision: str, stream: Any, graphs: bo
         for _ in range(3):  # warm-up (cuDNN autotune off: fixed algorithms, no search)
             m(**x)
     stream.synchronize()
+
+    def eager() -> None:
+        with torch.no_grad(), torch.cuda.stream(stream):
+            m(**x)
+        stream.synchronize()
+
     if not graphs:
-        def eager() -> None:
-            with torch.no_grad(), torch.cuda.stream(stream):
-                m(**x)
-            stream.synchronize()
         return eager
     g = torch.cuda.CUDAGraph()
-    with torch.no_grad(), torch.cuda.graph(g, stream=stream):
-        m(**x)
-    stream.synchronize()
+    try:
+        with torch.no_grad(), torch.cuda.graph(g, stream=stream):
+            m(**x)
+        stream.synchronize()
+    except Exception as e:  # noqa: BLE001 - host-side control flow: not capturable
+        notes.setdefault("eager_fallback", []).append(f"{name}: {e}"[:200])
+        return eager
 
     def replay() -> None:
         with torch.cuda.stream(stream):
@@ -149,7 +156,7 @@ def _torch_client(torch: Any, name: str, precision: str, stream: Any, graphs: bo
     return replay
 
 
-def _open_torch(cfg: TorchPeerConfig, with_be: bool, graphs: bool
+def _open_torch(cfg: TorchPeerConfig, with_be: bool, graphs: bool, notes: dict[str, Any]
                 ) -> tuple[Callable[[float], None], list[Callable[[], None]], Callable[[], None]]:
     torch = _torch()
     torch.backends.cudnn.benchmark = False
@@ -158,12 +165,12 @@ def _open_torch(cfg: TorchPeerConfig, with_be: bool, graphs: bool
     torch.backends.cudnn.allow_tf32 = tf32
     models: dict[str, Any] = {}
     rt_stream = torch.cuda.Stream(priority=-100)  # clamped to the greatest priority
-    rt_fn = _torch_client(torch, cfg.rt_model, cfg.precision, rt_stream, graphs, models)
+    rt_fn = _torch_client(torch, cfg.rt_model, cfg.precision, rt_stream, graphs, models, notes)
     be_fns = []
     if with_be:
         for name in cfg.clients():
             be_fns.append(_torch_client(torch, name, cfg.precision,
-                                        torch.cuda.Stream(priority=0), graphs, models))
+                                        torch.cuda.Stream(priority=0), graphs, models, notes))
 
     def close() -> None:
         models.clear()
@@ -251,7 +258,8 @@ def run_torch_peer(cfg: TorchPeerConfig) -> dict[str, Any]:
                 rt_fn, be_fns, close = _open_avi(cfg, extra)
             else:
                 graphs = not name.endswith("_eager")
-                rt_fn, be_fns, close = _open_torch(cfg, name.startswith("torch_prio"), graphs)
+                rt_fn, be_fns, close = _open_torch(cfg, name.startswith("torch_prio"), graphs,
+                                                   extra)
             try:
                 raw = _drive(rt_fn, be_fns, cfg, name)  # type: ignore[arg-type]
             finally:
