@@ -206,6 +206,21 @@ def save_profile_bundle(profiles: list[ModelProfile], path: str | os.PathLike[st
     return Path(path)
 
 
+def check_profiles_gpu(profiles: dict[str, ModelProfile], gpu: str | GpuSpec,
+                       where: str = "") -> None:
+    """ValueError if a profile was measured on another GPU than ``gpu`` (by
+    :func:`gpu_key` of its ``gpu.name`` or ``device``; names no key matches, e.g. the CPU
+    emulator's, are accepted)."""
+    want = gpu_spec(gpu).name
+    for m, prof in profiles.items():
+        name = (prof.gpu or {}).get("name") or prof.device
+        key = gpu_key(str(name))
+        if key is not None and key != want:
+            src = f" in {where}" if where else ""
+            raise ValueError(f"profile of {m!r}{src} was measured on {name} ({key}), the "
+                             f"simulated GPU is {want}: pass --gpu {key}")
+
+
 def load_profile_dir(path: str | os.PathLike[str]) -> dict[str, ModelProfile]:
     """Every ``*.profile.json`` under ``path`` (not recursive), keyed by ``model``; or,
     when ``path`` is a file, the profiles of a bundle (:func:`save_profile_bundle`).

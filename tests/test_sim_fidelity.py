@@ -144,6 +144,21 @@ def test_measured_profiles_of_another_gpu_or_plan_are_refused(wl_file, tmp_path)
         Bench(wl, BenchConfig(**{**cfg.__dict__, "gpu": "h100"}))
 
 
+def test_sim_device_reads_a_profile_directory(tmp_path) -> None:
+    from av_infer.bench.harness import _cached_plan
+    from av_infer.model import zoo
+
+    prof = _measured("vgg19", 2.0)
+    profiles.save_profile_dir([prof], tmp_path)
+    dev = SimDevice(gpu="h100", profiles=str(tmp_path))
+    plan = _cached_plan(str(zoo.path("vgg19", variant="scaled")), "vgg19")
+    h = dev.load_plan(plan)
+    assert dev.profile_of(h).source == "measured"
+    assert h.dur_s[0] == pytest.approx(prof.kernels[0].duration_us * 1e-6)
+    with pytest.raises(ValueError, match="measured on NVIDIA H100"):
+        SimDevice(gpu="mi50", profiles=str(tmp_path))
+
+
 def test_bench_cli_profiles_flag(wl_file, tmp_path, capsys) -> None:
     profiles.save_profile_dir([_measured("vgg19", 1.0)], tmp_path / "p")
     rc = main(["bench", "--workload", str(wl_file), "--policy", "rt_only", "--gpu", "h100",

@@ -241,12 +241,7 @@ class Bench:
         from av_infer import profiles
 
         found = profiles.load_profile_dir(cfg.profiles)
-        for m, prof in found.items():
-            name = (prof.gpu or {}).get("name") or prof.device
-            key = profiles.gpu_key(str(name))
-            if key is not None and key != profiles.gpu_spec(cfg.gpu).name:
-                raise ValueError(f"profile of {m!r} in {cfg.profiles} was measured on {name} "
-                                 f"({key}), the simulated GPU is {cfg.gpu}: pass --gpu {key}")
+        profiles.check_profiles_gpu(found, cfg.gpu, cfg.profiles)
         return found
 
     def _resolve(self, model: str) -> ModelSource:

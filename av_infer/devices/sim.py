@@ -68,6 +68,7 @@ does not apply: the simulator has no host threads to die.
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -84,8 +85,10 @@ from av_infer.profiles import (
     GpuSpec,
     KernelProfile,
     ModelProfile,
+    check_profiles_gpu,
     derive_profile,
     gpu_spec,
+    load_profile_dir,
     packing,
 )
 
@@ -140,7 +143,7 @@ class SimDevice(SimCore, Device):
     def __init__(
         self,
         gpu: str | GpuSpec = "mi50",
-        profiles: dict[str, ModelProfile] | None = None,
+        profiles: dict[str, ModelProfile] | str | os.PathLike[str] | None = None,
         seed: int = 0,
         *,
         c: int = 4,
@@ -156,8 +159,10 @@ class SimDevice(SimCore, Device):
         standard deviation of block times (0: exact profile), drawn from ``seed``;
         ``contention``: a model of :data:`sim_contention.MODELS`, ``beta=X`` or a
         parameter file fitted to GPU measurements (``FILE.json``, docs/sim_fidelity.md);
-        ``profiles``: per plan name, the profile it is timed with (measured ones from
-        ``profiles.load_profile_dir``), else derived from its geometry; ``dkp_placement``: one of
+        ``profiles``: per plan name, the profile it is timed with, or a directory / bundle
+        file of measured profiles (``profiles.load_profile_dir``; refused if measured on
+        another GPU); plans without one get a profile derived from their geometry;
+        ``dkp_placement``: one of
         :data:`DKP_PLACEMENTS` ("reserved" is a what-if CUDA cannot do);
         ``record_residency``: keep every block batch's ``[start, end)`` per stream
         (:meth:`residency`, what the benchmark's preemption latency is measured from).
@@ -169,6 +174,10 @@ class SimDevice(SimCore, Device):
         self.contention = contention
         self.dkp_placement = dkp_placement
         self.gpu = gpu_spec(gpu)
+        if isinstance(profiles, (str, os.PathLike)):
+            loaded = load_profile_dir(profiles)
+            check_profiles_gpu(loaded, gpu, str(profiles))
+            profiles = loaded
         self.profiles = dict(profiles or {})
         self.seed = seed
         self.interference = interference
