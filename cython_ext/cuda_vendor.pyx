@@ -554,6 +554,10 @@ cdef class Vendor:
                     continue
                 if not relu and perf[i].algo != CUDNN_FWD_IMPLICIT_PRECOMP_GEMM:
                     continue
+                # the descriptor runs with the math type the heuristic paired the algorithm
+                # with (FP32: always FMA, filtered above)
+                if d.conv_math(op.convd, perf[i].mathType) != 0:
+                    continue
                 if d.ws_size(h0, op.xd, op.wd, op.convd, op.yd, perf[i].algo, &ws) != 0:
                     continue
                 if ws > max_ws:
@@ -562,6 +566,7 @@ cdef class Vendor:
                 break
             if chosen < 0 and not relu:
                 # heuristics may omit it; the fused identity path needs exactly this one
+                ck(d.conv_math(op.convd, math), "math type")
                 if d.ws_size(h0, op.xd, op.wd, op.convd, op.yd, CUDNN_FWD_IMPLICIT_PRECOMP_GEMM,
                              &ws) == 0 and ws <= max_ws:
                     chosen = CUDNN_FWD_IMPLICIT_PRECOMP_GEMM
