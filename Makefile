@@ -9,7 +9,7 @@ BENCH_ARGS ?=
 SOAK_ARGS ?=
 PYTEST_ARGS ?=
 # Third-party interface packages built from ros/<pkg> (see their rule below)
-IFACE_PKGS   := vision_msgs
+IFACE_PKGS   := vision_msgs isaac_ros_tensor_list_interfaces
 IFACE_STAMPS := $(IFACE_PKGS:%=$(VENV)/.stamp-iface-%)
 
 .PHONY: setup build test demo bench soak lint gpu-check clean
@@ -45,7 +45,8 @@ $(VENV)/.stamp-msgs: $(MSGS_SRC) $(VENV)/.stamp-deps
 	touch $@
 
 # Third-party interface packages with their published definitions (ros/<pkg>, copied from
-# upstream; docs/ros.md): vision_msgs (Detection2DArray). Built and installed into the venv
+# upstream; docs/ros.md): vision_msgs (Detection2DArray) and isaac_ros_tensor_list_interfaces
+# (the Isaac bridge's other side). Built and installed into the venv
 # exactly like av_infer_msgs; each rebuilt only when its own files change (IFACE_PKGS).
 define iface_rule
 $(VENV)/.stamp-iface-$(1): $(wildcard ros/$(1)/msg/*.msg) ros/$(1)/CMakeLists.txt ros/$(1)/package.xml $(VENV)/.stamp-deps

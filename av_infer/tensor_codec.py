@@ -1,8 +1,9 @@
 """The ROS layer's typed tensor messages <-> numpy, without importing ROS.
 
 The wire types live in the ``av_infer_msgs`` interface package (``ros/av_infer_msgs``):
-``Tensor{name, shape, data_type, strides, data}`` (Isaac ROS's layout and ``data_type``
-values), ``InferRequest``, ``InferResponse`` and ``InferTimings``. This module works on any
+``Tensor{name, shape: TensorShape{rank, dims}, data_type, strides, data}`` (Isaac ROS's
+``isaac_ros_tensor_list_interfaces/Tensor`` field for field, with its ``data_type`` codes),
+``InferRequest``, ``InferResponse`` and ``InferTimings``. This module works on any
 object with those fields (duck typing), so ``av_infer`` stays importable, and this logic
 testable, without ROS.
 
@@ -39,13 +40,18 @@ from av_infer._cy.gather import GatherPlan  # noqa: E402, F401
 
 MALFORMED = "malformed_request"
 
-#: ``Tensor.DATA_TYPE_*`` (the values Isaac ROS uses) -> little-endian numpy dtype.
+#: ``Tensor.DATA_TYPE_*`` -> little-endian numpy dtype. 1..10 are the codes Isaac ROS's
+#: ``Tensor.msg`` documents (9 float32, 10 float64); 11..13 GXF's ``PrimitiveType`` values
+#: that follow them (``kComplex64``, ``kComplex128``, ``kFloat16``); 128 (bool) is
+#: av_infer's own: GXF has no boolean type.
 DATA_TYPES: dict[int, np.dtype] = {
     code: np.dtype(name).newbyteorder("<") for code, name in (
         (1, "int8"), (2, "uint8"), (3, "int16"), (4, "uint16"), (5, "int32"), (6, "uint32"),
-        (7, "int64"), (8, "uint64"), (9, "float16"), (10, "float32"), (11, "float64"),
-        (12, "bool"))
+        (7, "int64"), (8, "uint64"), (9, "float32"), (10, "float64"), (11, "complex64"),
+        (12, "complex128"), (13, "float16"), (128, "bool"))
 }
+#: The codes Isaac ROS's message documents and its nodes convert (nitros_tensor_list.cpp).
+ISAAC_DATA_TYPES = frozenset(range(1, 11))
 #: numpy dtype name -> ``Tensor.DATA_TYPE_*``.
 DATA_TYPE_OF: dict[str, int] = {dt.name: code for code, dt in DATA_TYPES.items()}
 
@@ -212,7 +218,7 @@ def check_tensors(tensors: Iterable[Any], limits: Limits = DEFAULT_LIMITS,
         if dtype is None:
             raise bad(f"tensor {name!r}: unknown data_type {t.data_type} (known: "
                       + ", ".join(f"{k}={v.name}" for k, v in DATA_TYPES.items()) + ")")
-        shape = [int(d) for d in t.shape]
+        shape = _dims(t, name, request_id)
         if len(shape) > limits.max_rank:
             raise big(f"tensor {name!r}: rank {len(shape)} > {limits.max_rank}")
         nbytes = math.prod(shape) * dtype.itemsize
@@ -234,6 +240,40 @@ def check_tensors(tensors: Iterable[Any], limits: Limits = DEFAULT_LIMITS,
         view.flags.writeable = False
         out[name] = view
     return out
+
+
+def _dims(t: Any, name: str, request_id: str = "") -> list[int]:
+    """A ``Tensor``'s dimensions from its ``TensorShape`` (``rank`` must equal
+    ``len(dims)``); a plain sequence (a test's stand-in object) is taken as the dims."""
+    shape = t.shape
+    dims = getattr(shape, "dims", None)
+    if dims is None:
+        return [int(d) for d in shape]
+    dims = [int(d) for d in dims]
+    if int(shape.rank) != len(dims):
+        raise CodecError(f"tensor {name!r}: shape.rank {shape.rank} but {len(dims)} dims",
+                         request_id)
+    return dims
+
+
+@dataclass
+class Shape:
+    """A ``TensorShape``'s fields, for ``Tensor`` stand-ins that are not messages."""
+
+    rank: int
+    dims: array.array
+
+
+def _set_shape(msg: Any, dims: Any) -> None:
+    """Sets ``msg.shape`` (a ``TensorShape``: ``rank``, ``dims``): in place on a message,
+    a :class:`Shape` on any other object."""
+    dims = array.array("I", dims)
+    shape = getattr(msg, "shape", None)
+    if shape is None or not hasattr(shape, "dims"):
+        msg.shape = Shape(len(dims), dims)
+        return
+    shape.rank = len(dims)
+    shape.dims = dims
 
 
 def contiguous_strides(shape: list[int], itemsize: int) -> list[int]:
@@ -263,7 +303,7 @@ def fill_tensor(msg: Any, name: str, value: np.ndarray) -> Any:
     data = array.array("B")
     data.frombytes(arr.reshape(-1).view(np.uint8))
     msg.name = name
-    msg.shape = array.array("I", arr.shape)
+    _set_shape(msg, arr.shape)
     msg.data_type = code
     msg.strides = array.array("Q", contiguous_strides(list(arr.shape), arr.dtype.itemsize))
     msg.data = data
@@ -278,7 +318,7 @@ def spec_tensor(msg: Any, name: str, shape: Iterable[int], dtype: Any) -> Any:
         raise CodecError(f"tensor {name!r}: dtype {dt} has no Tensor data_type")
     dims = [max(int(d), 0) if isinstance(d, int | np.integer) else 0 for d in shape]
     msg.name = name
-    msg.shape = array.array("I", dims)
+    _set_shape(msg, dims)
     msg.data_type = code
     msg.strides = array.array("Q", contiguous_strides(dims, dt.itemsize))
     return msg

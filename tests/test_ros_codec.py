@@ -38,7 +38,7 @@ def test_fill_tensor_and_views_round_trip_every_dtype():
     for code, dtype in codec.DATA_TYPES.items():
         arr = (np.arange(24) % 2).astype(dtype).reshape(2, 3, 4)
         t = codec.fill_tensor(NS(), "x", arr)
-        assert t.data_type == code and list(t.shape) == [2, 3, 4]
+        assert t.data_type == code and list(t.shape.dims) == [2, 3, 4] and t.shape.rank == 3
         assert list(t.strides) == list(arr.strides)
         assert isinstance(t.data, array.array) and t.data.typecode == "B"
         view = codec.check_tensors([t])["x"]
@@ -97,6 +97,7 @@ def test_bad_control_fields_raise_with_the_id(field, value, words, rid):
                 setattr(t, "strides", array.array("Q"))), "data has 48"),
     (lambda t: setattr(t, "data", array.array("B", b"\0" * 47)), "data has 47"),
     (lambda t: setattr(t, "strides", array.array("Q", [4, 4, 4, 4])), "not C-contiguous"),
+    (lambda t: setattr(t.shape, "rank", 3), "rank 3 but 4 dims"),
 ])
 def test_bad_tensor_metadata_raises_with_the_id(mutate, words):
     t = _tensor()
@@ -150,6 +151,16 @@ def test_status_codes_match_the_message_constants():
     T = msgs.Tensor
     for code, dtype in codec.DATA_TYPES.items():
         assert getattr(T, "DATA_TYPE_" + dtype.name.upper()) == code
+
+
+def test_data_type_codes_are_isaac_ros_codes():
+    """isaac_ros_tensor_list_interfaces/Tensor.msg documents 1 int8 ... 8 uint64, 9 float32,
+    10 float64; GXF's PrimitiveType continues 11 complex64, 12 complex128, 13 float16."""
+    isaac = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+             "float32", "float64", "complex64", "complex128", "float16"]
+    assert {codec.DATA_TYPE_OF[n]: n for n in isaac} == dict(enumerate(isaac, start=1))
+    assert codec.DATA_TYPE_OF["bool"] == 128 and 128 not in codec.ISAAC_DATA_TYPES
+    assert codec.ISAAC_DATA_TYPES == frozenset(range(1, 11))
 
 
 def test_fill_timings():

@@ -45,7 +45,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy")
 hypothesis = pytest.importorskip("hypothesis")
 
-from av_infer_msgs.msg import InferRequest, InferResponse, Tensor  # noqa: E402
+from av_infer_msgs.msg import InferRequest, InferResponse, Tensor, TensorShape  # noqa: E402
 from av_infer_nodes.common import REQUEST_QOS, REQUEST_TOPIC, RESPONSE_TOPIC  # noqa: E402
 from av_infer_nodes.testing import (  # noqa: E402
     NodeProcess,
@@ -179,7 +179,8 @@ def build(c: Case, rng: np.random.Generator) -> InferRequest:
     msg.header.stamp.sec, msg.header.stamp.nanosec = c.stamp
     msg.header.frame_id = c.frame_id
     for t in c.tensors:
-        tm = Tensor(name=t.name, data_type=t.data_type, shape=t.shape)
+        tm = Tensor(name=t.name, data_type=t.data_type,
+                    shape=TensorShape(rank=len(t.shape), dims=t.shape))
         n = t.data_len
         if n is None:
             n = math.prod(t.shape) * _itemsize(t.data_type)
@@ -202,7 +203,7 @@ _DATA_TYPES = sorted(codec.DATA_TYPES)
 
 @st.composite
 def tensor_case(draw) -> TensorCase:
-    code = draw(st.sampled_from(_DATA_TYPES + [0, 13, -1, 2**31 - 1]))
+    code = draw(st.sampled_from(_DATA_TYPES + [0, 14, 127, -1, 2**31 - 1]))
     rank = draw(st.integers(0, MAX_RANK + 2))
     big = draw(st.integers(0, 9)) == 0
     dims = st.integers(0, 2**32 - 1) if big else st.integers(0, 6)

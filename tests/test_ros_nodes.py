@@ -205,11 +205,12 @@ def test_request_response_ids_and_errors(graph):
         pub.publish(_request(ids["shape"], x[:, :, :16]))
         pub.publish(_request(ids["dtype"], x.astype(np.float64)))
         lying = _request(ids["lying"], x)
-        lying.tensors[0].shape = [1, 3, 32, 33]  # metadata that does not match the bytes
+        lying.tensors[0].shape.dims = [1, 3, 32, 33]  # metadata that does not match the bytes
         lying.tensors[0].strides = []
         pub.publish(lying)
         big = _request(ids["big"], x)
-        big.tensors[0].shape = [1 << 16, 1 << 16]  # 16 GiB declared: refused unread
+        big.tensors[0].shape.rank, big.tensors[0].shape.dims = 2, [1 << 16, 1 << 16]  # 16 GiB
+        # declared: refused unread
         big.tensors[0].strides = []
         pub.publish(big)
         dup = _request(ids["dup"], x)
