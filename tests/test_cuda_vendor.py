@@ -520,3 +520,93 @@ def test_auto_mode_picks_per_op_by_measurement():
             np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)
     finally:
         d.close()
+
+
+def _vendor_include_dirs() -> list[str]:
+    """Folders holding cublasLt.h and cudnn.h (and the CUDA runtime headers they include):
+    ``$AV_INFER_VENDOR_INCLUDE`` (a ':' list), NVIDIA's wheels, /usr/local/cuda*."""
+    import glob
+    import os
+    import site
+    import sys
+
+    dirs = [d for d in os.environ.get("AV_INFER_VENDOR_INCLUDE", "").split(":") if d]
+    for sp in [*sys.path, *site.getsitepackages()]:
+        dirs += sorted(glob.glob(os.path.join(sp, "nvidia", "*", "include")))
+    dirs += sorted(glob.glob("/usr/local/cuda*/include"))
+    return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
+
+
+@pytest.mark.gpu
+def test_declared_vendor_abi_matches_the_headers(tmp_path):
+    """The enum values and struct layouts ``cuda_vendor.pyx`` declares by hand (and the
+    emulated libraries' status codes) against NVIDIA's own headers, by a C compile of
+    static assertions. Runs where the headers are (the GPU image's wheels, or
+    ``$AV_INFER_VENDOR_INCLUDE``); marked gpu so the GPU check runs it, needs no GPU."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    inc = _vendor_include_dirs()
+    have = {h: any(os.path.isfile(os.path.join(d, h)) for d in inc)
+            for h in ("cublasLt.h", "cudnn.h", "cuda_runtime_api.h")}
+    if not all(have.values()) or not shutil.which("gcc"):
+        pytest.skip(f"NVIDIA headers not here ({have}); set AV_INFER_VENDOR_INCLUDE")
+    root = Path(__file__).resolve().parents[1]
+    pyx = (root / "cython_ext" / "cuda_vendor.pyx").read_text()
+    rename = {"CUDNN_FWD_IMPLICIT_PRECOMP_GEMM": "CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM",
+              "CUDNN_ALGOS": "CUDNN_CONVOLUTION_FWD_ALGO_COUNT"}
+    vals = {rename.get(n, n): int(v) for n, v in
+            re.findall(r"^\s{4}((?:CUBLAS|CUDA_R|CUDNN)\w*) = (\d+)", pyx, re.M)}
+    emu = (root / "av_infer" / "devices" / "cuda_emu" / "vendor_emu.c").read_text()
+    vals.update({n: int(v) for n, v in re.findall(r"((?:CUBLAS|CUDNN)_STATUS_\w+) = (\d+)", emu)})
+    assert len(vals) > 40
+    lines = ["#include <stddef.h>", "#include <cublasLt.h>", "#include <cudnn.h>",
+             "struct ConvPerf { int algo; int status; float time; size_t memory;"
+             " int determinism; int mathType; int reserved[3]; };"]
+    lines += [f'_Static_assert({n} == {v}, "{n} is not {v}");' for n, v in vals.items()]
+    lines += [
+        '_Static_assert(sizeof(cublasLtMatmulAlgo_t) == 64, "algo");',
+        '_Static_assert(offsetof(cublasLtMatmulHeuristicResult_t, workspaceSize) == 64, "ws");',
+        '_Static_assert(offsetof(cublasLtMatmulHeuristicResult_t, state) == 72, "state");',
+        '_Static_assert(sizeof(cublasLtMatmulHeuristicResult_t) <= 256, "result");',
+        '_Static_assert(sizeof(cudnnConvolutionFwdAlgoPerf_t) == sizeof(struct ConvPerf), "");',
+        '_Static_assert(offsetof(cudnnConvolutionFwdAlgoPerf_t, mathType)'
+        ' == offsetof(struct ConvPerf, mathType), "perf");',
+    ]
+    src = tmp_path / "abi.c"
+    src.write_text("\n".join(lines) + "\n")
+    res = subprocess.run(["gcc", "-std=c11", "-fsyntax-only", *(f"-I{d}" for d in inc),
+                          str(src)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    print(f"{len(vals)} constants and 6 layouts match the headers in {inc}")
+
+
+@pytest.mark.gpu
+def test_the_real_vendor_libraries_load_and_resolve_every_entry_point():
+    """cuBLASLt and cuDNN 9 as ``find_library`` finds them (the GPU image's wheels, or
+    ``$AV_INFER_CUBLASLT`` / ``$AV_INFER_CUDNN``): dlopened with cuDNN's sub-libraries
+    preloaded, every entry point resolved, versions and error strings read (no GPU
+    needed for that much; handles need one)."""
+    from av_infer._cy.cuda_vendor import DNN_BASE, Vendor
+
+    from av_infer.devices.cuda_vendor import cudnn_preload
+
+    try:
+        lt, dnn = find_library("cublaslt"), find_library("cudnn")
+    except VendorLibraryError as e:
+        pytest.skip(f"no vendor libraries here: {e}")
+    try:
+        v = Vendor(lt, dnn, cudnn_preload(dnn))
+    except RuntimeError as e:  # every symbol resolved, but a cuBLASLt handle needs a GPU
+        if GPU_OK:
+            raise
+        assert "cublasLtCreate" in str(e), e
+        v = Vendor(None, dnn, cudnn_preload(dnn))  # cuDNN creates no handle at load
+    ver = v.versions()
+    print(f"{lt}: {ver.get('cublaslt')}; {dnn}: {ver['cudnn']}")
+    assert ver.get("cublaslt", 120000) >= 120000 and ver["cudnn"] >= 90000
+    assert "CUDNN_STATUS_NOT_SUPPORTED" in v.error_string(DNN_BASE + 3000)
+    v.close()

@@ -109,8 +109,9 @@ def search_places(kind: str) -> list[Path]:
     out: list[Path] = []
     for sp in _site_dirs():
         nv = sp / "nvidia"
-        if not nv.is_dir() and not (sp / "torch" / "lib").is_dir():
-            continue
+        if (not nv.is_dir() and not (sp / "torch" / "lib").is_dir()
+                and sp.name not in ("site-packages", "dist-packages")):
+            continue  # another sys.path entry (the checkout, a zip): no wheel lands there
         for s in sub:
             out.append(nv / s)
         for extra in sorted(glob.glob(str(nv / "*" / "lib"))):
