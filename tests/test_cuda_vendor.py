@@ -433,7 +433,7 @@ def test_peer_torch_avi_side_and_gpu_summary_on_the_emulator(tmp_path):
     from av_infer.bench import gpu_vendor
     from av_infer.bench.gpu_summary import main as summary_main
 
-    (tmp_path / "peer_torch.json").write_text(json.dumps({"runs": [doc]}, default=str))
+    (tmp_path / "peer_torch.json").write_text(json.dumps({"runs": [doc]}))  # strict: as the CLI
     assert gpu_vendor.main(["--emulate", "--out", str(tmp_path), "--models", "tiny_cnn",
                             "--reps", "1", "--chain-ops", "8"]) == 0
     vend = json.loads((tmp_path / "gpu_vendor.json").read_text())
