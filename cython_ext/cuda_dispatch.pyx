@@ -245,6 +245,9 @@ cdef struct Stream:
     void* vctx                  # vendor context (cuDNN handle, workspace); NULL: none
     uint32_t hflag              # host copy of the flag word, for vendor launches
     uint64_t vskipped           # vendor launches not issued because the flag was up
+    uint64_t vlaunched          # vendor launches (issued or skipped)
+    double host_s               # host seconds spent transmitting (lookup, launch, event)
+    double vhost_s              # ... of which on vendor launches
 
 cdef struct TaskRec:
     int64_t id                  # -1: empty slot (there are no tombstones; see _remove)
@@ -450,8 +453,15 @@ cdef class Dispatcher:
         return _errstr(self._drv, code)
 
     def stream_stats(self, int s):
-        return {"launched": self._st[s].launched, "completed": self._st[s].completed,
-                "in_flight": self._st[s].count, "vendor_skipped": self._st[s].vskipped}
+        """Counters of stream ``s``; ``host_us_per_launch``: mean host time of one
+        transmission (table lookup, ``cuLaunchKernel`` or the vendor call, event record),
+        all launches and vendor launches (``vendor_host_us_per_launch``)."""
+        cdef Stream* st = &self._st[s]
+        return {"launched": st.launched, "completed": st.completed, "in_flight": st.count,
+                "vendor_launched": st.vlaunched, "vendor_skipped": st.vskipped,
+                "host_us_per_launch": st.host_s / st.launched * 1e6 if st.launched else None,
+                "vendor_host_us_per_launch":
+                    st.vhost_s / st.vlaunched * 1e6 if st.vlaunched else None}
 
     def set_stream_vendor(self, int s, uintptr_t ctx):
         """The vendor context (``cuda_vendor.Vendor.stream_ctx``) of stream ``s``: its
@@ -759,6 +769,8 @@ cdef class Dispatcher:
         cdef TaskRec* rec
         cdef uint32_t* g
         cdef void* params[2]
+        cdef double tl
+        cdef int is_vendor
         cdef int nst = self._nst
         for s in range(nst):
             st = &self._st[s]
@@ -788,6 +800,8 @@ cdef class Dispatcher:
             while st.count < RING and _vhq_transmit(self._vhq[s], &t, &k):
                 slot = (st.head + st.count) % RING
                 r = -1  # unknown task / kernel index
+                is_vendor = 0
+                tl = _now()
                 PyThread_acquire_lock(self._tlock, WAIT_LOCK)
                 rec = self._find(t, False)
                 if rec != NULL and 0 <= k < rec.nk and rec.pfuncs != NULL and rec.pfuncs[k] != NULL:
@@ -805,6 +819,7 @@ cdef class Dispatcher:
                     # a vendor op: a closed kernel cannot read the flag, so it is checked
                     # here; while it is up the op is not issued and completes like a kernel
                     # of ours that returned at its flag check (an event only)
+                    is_vendor = 1
                     if st.hflag:
                         st.vskipped += 1
                         r = CUDA_SUCCESS
@@ -826,6 +841,10 @@ cdef class Dispatcher:
                 st.task[slot] = t
                 st.kernel[slot] = k
                 st.t0[slot] = _now()
+                st.host_s += st.t0[slot] - tl
+                if is_vendor:
+                    st.vlaunched += 1
+                    st.vhost_s += st.t0[slot] - tl
                 st.err[slot] = r
                 st.count += 1
                 st.launched += 1

@@ -9,7 +9,10 @@ how many conv/gemm kernels run on vendor ops and why the rest stay ours, and the
 architecture in PyTorch at the same precision, eager and with a CUDA graph
 (``torch_eager_ms``, ``torch_graphs_ms``; fp16: ``half()`` + channels_last).
 ``host_cost``: µs per launched op of a chain of tiny vendor GEMMs (``vendor="force"``) and
-of our tiny kernels, wall time per op and the dispatcher thread's CPU time per op.
+of our tiny kernels: wall time per op (amortised, with ``c`` = 4 in flight: what
+``gpu_summary.launch_host_us`` reports, comparable with the 9.5 µs of docs/gpu_results.md),
+the dispatcher thread's CPU time per op, and the host time of one transmission itself
+(``host_us_per_launch``: table lookup + ``cuLaunchKernel`` or the vendor call + event).
 
 Writes ``gpu_vendor.json`` under ``--out`` after every model (a budget cut keeps what is
 done). ``--emulate`` runs it on the CPU emulator with scaled models: every figure is then
@@ -86,8 +89,11 @@ def host_cost(emulate: bool, n_ops: int = 2000, c: int = 4) -> dict[str, Any]:
                 walls.append(dt / n_ops * 1e6)
                 if c0 is not None and c1 is not None:
                     cpus.append((c1 - c0) / n_ops * 1e6)
+            st = dev._disp.stream_stats(s)  # every transmission of the 4 runs
             out[path] = {"vendor_ops": nv, "wall_us_per_op": statistics.median(walls),
-                         "dispatcher_cpu_us_per_op": statistics.median(cpus) if cpus else None}
+                         "dispatcher_cpu_us_per_op": statistics.median(cpus) if cpus else None,
+                         "host_us_per_launch": st["host_us_per_launch"],
+                         "vendor_host_us_per_launch": st["vendor_host_us_per_launch"]}
         finally:
             dev.close()
     return out
