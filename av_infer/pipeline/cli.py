@@ -232,10 +232,10 @@ def add_pipeline_parser(sub: Any) -> None:
         sp.add_argument("--fractions", type=lambda t: tuple(int(x) for x in t.split(",")),
                         metavar="V1,V2", help="fractions 1/v the planner may use "
                         "(default: every profiled one)")
-        sp.add_argument("--packing", choices=["ppipe", "mixed", "pure"], default="ppipe",
-                        help="how slices share a physical device: ppipe (one partition "
-                             "index per device, any fractions; fits PPipe's GPU count), "
-                             "mixed (any), pure (one fraction per device)")
+        sp.add_argument("--packing", choices=["mixed", "ppipe", "pure"], default="mixed",
+                        help="how slices share a physical device: mixed (any fractions "
+                             "and partitions), ppipe (one partition index per device; "
+                             "fits PPipe's per-partition GPU count), pure (one fraction)")
         sp.add_argument("--time-limit", type=float, default=4.5, metavar="S",
                         help="seconds for enumeration + MILP (default 4.5)")
         sp.add_argument("--models", metavar="M1,M2",

@@ -30,12 +30,12 @@ PPipe's rules, as parameters of :func:`plan_cluster` (docs/pipeline.md, "PPipe's
 * ``batch_fill_factor`` (PPipe: 1.3): the time to fill a batch, ``factor (b - 1) / rate``
   with ``rate`` the model's expected arrival rate, counts against the latency budget;
 * per-fraction batch lists: a (fraction, batch) cell that was not measured is never used;
-* ``packing``: ``"ppipe"`` (default): a physical device serves one partition index
-  (first, second, ... partition of its pipelines) of one type, cut into slices of any
-  fractions that fit; PPipe's reference counts ``sum g / v`` per type and partition index
-  rounded up, and these plans always fit that count while staying realisable.
-  ``"mixed"``: slices of any partitions may share a device. ``"pure"``: a device is cut
-  into ``v`` equal slices for one ``v`` (the planner before issue 32);
+* ``packing``: ``"mixed"`` (default): a device is cut into slices of any fractions that
+  fit it (1/2 + 1/4 + 1/4), serving any partitions. ``"ppipe"``: a device serves one
+  partition index (first, second, ... partition of its pipelines) of one type; PPipe's
+  reference counts ``sum g / v`` per type and partition index rounded up, and these plans
+  always fit that count while staying realisable. ``"pure"``: a device is cut into ``v``
+  equal slices for one ``v`` (the planner before issue 32);
 * ``same_type_partitions``: consecutive partitions on one device type at *different*
   fractions (A 1/1 -> A 1/2) are planned; same type and same fraction is always dominated
   by merging the two partitions (block latencies add; the merged pool's rate is the
@@ -76,8 +76,6 @@ PACKINGS = ("ppipe", "mixed", "pure")
 #: HiGHS stops once its solution is proven within this of the optimum (or at the time
 #: limit); 0.1 %: the 1 % it had before issue 32 is as large as the target margin
 MIP_REL_GAP = 1e-3
-#: above this many slice patterns per group only the maximal ones (and pure) are kept
-MAX_PATTERNS = 400
 
 
 @dataclass
@@ -209,8 +207,12 @@ def enumerate_columns(model: str, by_type: Mapping[str, BlockProfile], cluster: 
     batches = sorted({b for t in types for v in opts[t.name]
                       for b in batches_at(by_type[t.name], v)})
     scale = 0.5 if fp16_boundaries else 1.0
+    tix = {t.name: i for i, t in enumerate(types)}
     best_lat = math.inf
-    cols: list[_Column] = []
+    # feasible candidates, vectorised over the fraction choices of one (batch, types,
+    # cuts); _Column objects are made only for the Pareto-optimal ones
+    found: list[tuple[Any, ...]] = []
+    outb = np.asarray(first.out_bytes, dtype=float)
     for b in batches:
         fill = fill_us(batch_fill_factor, b, fill_rate)
         # prefix sums per (type, v) measured at b: lat of blocks [i, j) = pre[j] - pre[i]
@@ -221,32 +223,71 @@ def enumerate_columns(model: str, by_type: Mapping[str, BlockProfile], cluster: 
                 same = [a.name == c.name for a, c in zip(seq, seq[1:])]
                 if min_partitions == 1 and not same_type_partitions and any(same):
                     continue  # the rule is off: one type per run of partitions
-                for inner in itertools.combinations(range(1, nb), d - 1):
-                    cuts = (0, *inner, nb)
-                    xfer = tuple(
-                        _transfer_us(first.out_bytes[cuts[s + 1] - 1] * b * scale,
-                                     min(seq[s].link_gbps, seq[s + 1].link_gbps),
-                                     max(seq[s].link_us, seq[s + 1].link_us))
-                        for s in range(d - 1)) + (0.0,)
-                    options = [[(v, float(pre[(t.name, v)][cuts[s + 1]]
-                                          - pre[(t.name, v)][cuts[s]]))
-                                for v in opts[t.name] if (t.name, v) in pre]
-                               for s, t in enumerate(seq)]
-                    for choice in itertools.product(*options):
-                        vs = tuple(x[0] for x in choice)
-                        if min_partitions == 1 and any(
-                                sm and vs[s] == vs[s + 1] for s, sm in enumerate(same)):
-                            continue  # same type, same fraction: merging them is no worse
-                        lat = tuple(x[1] for x in choice)
-                        total = sum(lat) + sum(xfer) + fill
-                        best_lat = min(best_lat, total)
-                        if total > budget_us:
-                            continue
-                        share = tuple(v * (t.gpus_per_server if server_link_sharing else 1)
-                                      for t, v in zip(seq, vs))
-                        cols.append(_Column(model, b, cuts, tuple(t.name for t in seq), vs,
-                                            lat, xfer, _rates(b, lat, xfer, share), fill))
-    return _pareto(cols, [t.name for t in types]), best_lat
+                vopts = [[v for v in opts[t.name] if (t.name, v) in pre] for t in seq]
+                if any(not o for o in vopts):
+                    continue
+                grid = np.array(list(itertools.product(*(range(len(o)) for o in vopts))),
+                                dtype=np.int64).reshape(-1, d)
+                vs = np.array([[vopts[s][k] for s, k in enumerate(row)] for row in grid],
+                              dtype=np.int64).reshape(-1, d)
+                keep = np.ones(len(grid), dtype=bool)
+                if min_partitions == 1:
+                    for s, sm in enumerate(same):
+                        if sm:  # same type, same fraction: merging them is no worse
+                            keep &= vs[:, s] != vs[:, s + 1]
+                if not keep.any():
+                    continue
+                grid, vs = grid[keep], vs[keep]
+                share = vs * np.array([t.gpus_per_server if server_link_sharing else 1
+                                       for t in seq])
+                prs = [np.stack([pre[(t.name, v)] for v in vopts[s]]) for s, t in enumerate(seq)]
+                names = tuple(t.name for t in seq)
+                # every cut combination at once: cutm[k] = (0, c1, ..., N)
+                combos = list(itertools.combinations(range(1, nb), d - 1))
+                if not combos:
+                    continue  # fewer blocks than partitions
+                inner = np.array(combos, dtype=np.int64).reshape(len(combos), d - 1)
+                nk = len(inner)
+                cutm = np.concatenate([np.zeros((nk, 1), np.int64), inner,
+                                       np.full((nk, 1), nb, np.int64)], axis=1)
+                xf = np.zeros((nk, d))  # transfer after each stage (the last: none)
+                for s in range(d - 1):
+                    xf[:, s] = (max(seq[s].link_us, seq[s + 1].link_us)
+                                + outb[cutm[:, s + 1] - 1] * b * scale * 8
+                                / (min(seq[s].link_gbps, seq[s + 1].link_gbps) * 1e3))
+                lat = np.stack([(pr[:, cutm[:, s + 1]] - pr[:, cutm[:, s]]).T[:, grid[:, s]]
+                                for s, pr in enumerate(prs)], axis=2)  # (cuts, choices, d)
+                total = lat.sum(axis=2) + xf.sum(axis=1)[:, None] + fill
+                best_lat = min(best_lat, float(total.min()))
+                ki, ci = np.nonzero(total <= budget_us)
+                if not len(ki):
+                    continue
+                lat_ok, vs_ok, sh_ok, xf_ok = lat[ki, ci], vs[ci], share[ci], xf[ki]
+                rate = b * 1e6 / np.maximum(lat_ok, 1e-9)
+                for s in range(d - 1):  # the links a transfer leaves and enters by
+                    for st in (s, s + 1):
+                        den = sh_ok[:, st] * xf_ok[:, s]
+                        cap = np.where(den > 0, b * 1e6 / np.maximum(den, 1e-300), np.inf)
+                        rate[:, st] = np.minimum(rate[:, st], cap)
+                cost = np.zeros((len(ki), len(types)))
+                for s, t in enumerate(names):
+                    cost[:, tix[t]] += 1.0 / (vs_ok[:, s] * rate[:, s])
+                found.append(((b, names, fill), cutm[ki], lat_ok, vs_ok, rate, cost, xf_ok))
+    if not found:
+        return [], best_lat
+    costs = np.concatenate([f[5] for f in found])
+    where = np.concatenate([np.stack([np.full(len(f[5]), i), np.arange(len(f[5]))], axis=1)
+                            for i, f in enumerate(found)])
+    cols = []
+    for r in sorted(_pareto_rows(costs)):
+        gi, k = where[r]
+        (b, names, fill), cutm, lat_ok, vs_ok, rate, _, xf_ok = found[gi]
+        cols.append(_Column(model, b, tuple(int(c) for c in cutm[k]), names,
+                            tuple(int(v) for v in vs_ok[k]),
+                            tuple(float(x) for x in lat_ok[k]),
+                            tuple(float(x) for x in xf_ok[k]),
+                            tuple(float(x) for x in rate[k]), fill))
+    return cols, best_lat
 
 
 def _rates(b: int, lat: Sequence[float], xfer: Sequence[float], share: Sequence[int]
@@ -263,6 +304,30 @@ def _rates(b: int, lat: Sequence[float], xfer: Sequence[float], share: Sequence[
             r = min(r, b * 1e6 / (n * xfer[d - 1]))
         out.append(r)
     return tuple(out)
+
+
+def _pareto_rows(cost: np.ndarray, chunk: int = 256) -> list[int]:
+    """Rows of ``cost`` (one per candidate: devices of each type per unit of rate) that no
+    other row is <= in every coordinate (of equal rows the first is kept), vectorised in
+    chunks of the lexicographic order: a dominator always comes first in it."""
+    cost = np.round(cost, 12)
+    order = np.lexsort(cost.T[::-1])
+    front = np.empty((0, cost.shape[1]))
+    keep: list[int] = []
+    for a in range(0, len(order), chunk):
+        idx = order[a:a + chunk]
+        pts = cost[idx]
+        if front.shape[0]:
+            dom = np.all(front[:, None, :] <= pts[None, :, :], axis=2).any(axis=0)
+            idx, pts = idx[~dom], pts[~dom]
+        if not len(idx):
+            continue
+        # within the chunk: dominated by an earlier point (transitively, a kept one)
+        le = np.all(pts[None, :, :] <= pts[:, None, :], axis=2)  # le[i, j]: pts[j] <= pts[i]
+        dom = np.tril(le, k=-1).any(axis=1)
+        front = np.vstack([front, pts[~dom]])
+        keep.extend(int(i) for i in idx[~dom])
+    return keep
 
 
 def _pareto(cols: list[_Column], type_names: list[str]) -> list[_Column]:
@@ -298,7 +363,7 @@ def plan_cluster(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster: Cl
                  server_link_sharing: bool = True, batch_fill_factor: float = 0.0,
                  fill_rate: Mapping[str, float] | None = None,
                  same_type_partitions: bool = True,
-                 vfracs: Sequence[int] | None = None, packing: str = "ppipe") -> ClusterPlan:
+                 vfracs: Sequence[int] | None = None, packing: str = "mixed") -> ClusterPlan:
     """Solve the MILP for ``profiles`` (``{model: {type: profile}}``: stored
     BlockProfile or :class:`~.profile_files.MeasuredProfile`) on ``cluster``.
 
@@ -385,20 +450,33 @@ def plan_cluster(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster: Cl
                 f"({budget / 1e3:.4g} ms); the fastest takes {best / 1e3:.4g} ms")
         columns.extend(cols)
     start = None
+    base_plan = None
     if any(len(c.types) > 1 for c in columns):
-        # warm start from the best whole-model plan (a quick, small MILP): a time-limited
-        # solve then never returns less than no partitioning would
+        # warm start from the best whole-model plan (a quick, small MILP); the answer is
+        # never below it: if the time-limited full solve ends lower, the whole-model plan
+        # is returned (status says so)
         single = [c for c in columns if len(c.types) == 1]
         if single and {c.model for c in single} == set(profiles):
-            base, _ = _solve(single, cluster, w, max(0.2, float(time_limit_s) / 4),
-                             packing=packing)
+            base, bstatus = _solve(single, cluster, w, max(0.2, float(time_limit_s) / 4),
+                                   packing=packing)
             start = {id(c): (x, g) for c, x, g in zip(single, base["x"], base["g"])}
             start["h"] = base["h"]
             start["lam"] = base["lam"]
-    left = max(0.5, float(time_limit_s) - (time.perf_counter() - t0))
+            base_plan = (single, base, bstatus)
+    left = max(1.0, float(time_limit_s) - (time.perf_counter() - t0))
     sol, status = _solve(columns, cluster, w, left, start, packing)
-    solve_s = time.perf_counter() - t0
     pipelines, rate = _read(columns, sol, profiles)
+    if base_plan is not None:
+        single, base, bstatus = base_plan
+        b_pipes, b_rate = _read(single, base, profiles)
+
+        def lam(r: Mapping[str, float]) -> float:
+            return min(r.get(m, 0.0) / w[m] for m in profiles)
+
+        if lam(b_rate) > lam(rate) * (1 + 1e-9):
+            sol, status = base, f"whole-model plan kept ({status}: less in {left:.1f} s)"
+            pipelines, rate = b_pipes, b_rate
+    solve_s = time.perf_counter() - t0
     starved = [m for m in profiles if rate.get(m, 0.0) <= 0]
     if starved:
         raise InfeasibleSloError(
@@ -430,9 +508,10 @@ def _estimate_rates(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster:
 
 
 def patterns(vs: Sequence[int], pure: bool = False) -> list[tuple[tuple[int, int], ...]]:
-    """Ways to cut one device into slices of fractions ``1/v`` (``v`` in ``vs``): every
-    non-empty ``((v, count), ...)`` with ``sum count / v <= 1`` (only the maximal ones
-    and the pure ones when there are more than MAX_PATTERNS); ``pure``: ``((v, v),)``."""
+    """Ways to cut one device into slices of fractions ``1/v`` (``v`` in ``vs``): the
+    maximal ``((v, count), ...)`` with ``sum count / v <= 1`` (no slice of any ``v`` in
+    ``vs`` fits beside them; a cut with fewer slices is never needed: unused slices cost
+    nothing); ``pure``: ``((v, v),)``."""
     vs = sorted(set(int(v) for v in vs))
     if pure:
         return [((v, v),) for v in vs]
@@ -449,11 +528,8 @@ def patterns(vs: Sequence[int], pure: bool = False) -> list[tuple[tuple[int, int
             rec(k + 1, left - n * unit, cur + ([(vs[k], n)] if n else []))
 
     rec(0, lcm, [])
-    if len(out) > MAX_PATTERNS:
-        def room(p: tuple[tuple[int, int], ...]) -> int:
-            return lcm - sum(n * lcm // v for v, n in p)
-        out = [p for p in out if room(p) < lcm // vs[-1] or (len(p) == 1 and p[0][0] == p[0][1])]
-    return out
+    smallest = lcm // vs[-1]
+    return [p for p in out if lcm - sum(n * lcm // v for v, n in p) < smallest]
 
 
 def _group(t: str, d: int, packing: str) -> tuple[str, int]:
@@ -464,7 +540,7 @@ def _group(t: str, d: int, packing: str) -> tuple[str, int]:
 
 def _solve(columns: list[_Column], cluster: Cluster, w: Mapping[str, float],
            time_limit_s: float, start: Mapping[Any, Any] | None = None,
-           packing: str = "ppipe") -> tuple[dict[str, Any], str]:
+           packing: str = "mixed") -> tuple[dict[str, Any], str]:
     """Build and run the MILP of the module docstring; ``start``: a feasible solution
     (``{id(column): (x, g)}`` plus ``"h"`` and ``"lam"``) to begin from."""
     import highspy
@@ -543,8 +619,14 @@ def _solve(columns: list[_Column], cluster: Cluster, w: Mapping[str, float],
                 init[x[ci]] = xv
                 for j, gd in zip(g[ci], gv):
                     init[j] = gd
-        for p, i in hv.items():
-            init[i] = start["h"].get(p, 0)
+        for (grp, pat), n_dev in start["h"].items():
+            # the same cut, or one with more slices (a cut maximal among fewer fractions
+            # may not be maximal here)
+            have = dict(pat)
+            for (gg, pp), i in hv.items():
+                if gg == grp and all(dict(pp).get(v, 0) >= k for v, k in have.items()):
+                    init[i] += n_dev
+                    break
         hs = highspy.HighsSolution()
         hs.col_value = list(init)
         hs.value_valid = True
@@ -575,7 +657,7 @@ def _read(columns: list[_Column], sol: dict[str, Any],
 
 
 def _assign(pipelines: Sequence[PipelinePlan], hv: Mapping[Any, int], cluster: Cluster,
-            packing: str = "ppipe") -> dict[str, list[Any]]:
+            packing: str = "mixed") -> dict[str, list[Any]]:
     """Name the virtual devices: slice ``s`` of fraction ``1/v`` on physical device
     ``type#i`` is ``type#i/v.s``; pools take them in order. Returns each physical
     device's cut: ``v`` for ``v`` equal slices, else the list of its slices' ``v``."""
