@@ -1,5 +1,5 @@
 """The ``av-infer`` command: models list|check|show|profile, bench (see av_infer/bench/cli.py),
-pipeline plan|sim (av_infer/pipeline/cli.py)."""
+pipeline plan|sim and profile --blocks (av_infer/pipeline/cli.py)."""
 
 from __future__ import annotations
 
