@@ -108,3 +108,21 @@ def test_sim_on_measured_profiles(tmp_path, capsys, load):
     doc = json.loads(capsys.readouterr().out)
     assert doc["device_types"]["cpu"]["source"] == "measured"
     assert doc["pipeline"]["rate"] > 0 and doc["no_partition"]["rate"] > 0
+
+
+CUDA_EP = "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA_EP, reason="ONNX Runtime here has no CUDAExecutionProvider "
+                    f"({ort.get_available_providers()}): the cuda block profiler cannot run")
+def test_cuda_block_profile_of_a_zoo_model(tmp_path):
+    """The cuda path on a real GPU (whole GPU, fraction 1): every cell measured, loads."""
+    rc = main(["profile", "--blocks", "--models", "resnet152", "--device", "cuda",
+               "--variant", "full", "--batches", "1,2,4", "--repeats", "5",
+               "--out", str(tmp_path)])
+    assert rc == 0
+    (by_type,) = load_profiles(tmp_path).values()
+    (prof,) = by_type.values()
+    assert prof.source == "measured" and prof.provenance["device"] == "cuda"
+    assert prof.batches_at(1)[0] == 1 and all(x > 0 for x in prof.latency(1, 1))
