@@ -21,7 +21,8 @@ from av_infer.detect.decoders import BOX_FORMATS, make_decoder
 
 #: Node parameters read by :func:`decoder_from_params` (the image node declares them).
 DECODER_PARAMS = ("decoder", "score_threshold", "iou_threshold", "max_detections",
-                  "class_names_file", "box_format", "boxes_normalized", "background_class")
+                  "class_names_file", "box_format", "boxes_normalized", "background_class",
+                  "nms_backend")
 
 
 def decoder_from_params(p: Mapping[str, Any]) -> Decoder | None:
@@ -43,7 +44,8 @@ def decoder_from_params(p: Mapping[str, Any]) -> Decoder | None:
             raise ValueError(f"class_names_file {p['class_names_file']!r} names no class")
     cfg = DecoderConfig(score_threshold=float(p["score_threshold"]),
                         iou_threshold=float(p["iou_threshold"]),
-                        max_detections=int(p["max_detections"]), class_names=names)
+                        max_detections=int(p["max_detections"]), class_names=names,
+                        nms_backend=p["nms_backend"])
     if kind == "ssd":
         return make_decoder(kind, cfg, box_format=p["box_format"],
                             normalized=bool(p["boxes_normalized"]),

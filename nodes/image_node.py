@@ -73,6 +73,7 @@ from av_infer import tensor_codec as codec
 from av_infer.detect import DECODERS, Decoder, fit
 from av_infer.detect.decoders import BOX_FORMATS
 from av_infer.detect.geometry import Fit
+from av_infer.detect.nms import BACKENDS as NMS_BACKENDS
 
 #: SensorDataQoS with depth 1 (best effort, volatile, keep last 1).
 IMAGE_QOS = QoSProfile(depth=1, history=qos_profile_sensor_data.history,
@@ -301,6 +302,10 @@ class ImageInferenceNode(LifecycleNode):
             "boxes_normalized": declare(self, "boxes_normalized", False,
                                         "ssd decoder: boxes in [0, 1] of the model input "
                                         "(else input pixels)."),
+            "nms_backend": declare(self, "nms_backend", "onnxruntime",
+                                   "Detections: NMS on ONNX Runtime's NonMaxSuppression "
+                                   "operator (onnxruntime) or in numpy.",
+                                   constraints="onnxruntime or numpy"),
             "background_class": declare(self, "background_class", -1,
                                         "ssd decoder: a class never reported (SSD's 0); -1 "
                                         "none.", int_range=(-1, 100000)),
@@ -351,6 +356,9 @@ class ImageInferenceNode(LifecycleNode):
             return None if isinstance(value, bool) else f"{name} must be a bool"
         if name == "decoder":
             return None if value in DECODERS else f"decoder must be one of {', '.join(DECODERS)}"
+        if name == "nms_backend":
+            return None if value in NMS_BACKENDS else (
+                f"nms_backend must be one of {', '.join(NMS_BACKENDS)}")
         if name == "box_format":
             return None if value in BOX_FORMATS else (
                 f"box_format must be one of {', '.join(BOX_FORMATS)}")

@@ -1,5 +1,6 @@
-"""Micro-benchmark of av_infer.detect: numpy NMS against ONNX Runtime's NonMaxSuppression
-on the same candidates, and a whole YOLO decode of the real detector's output size.
+"""Micro-benchmark of av_infer.detect: its NMS backends (numpy; ONNX Runtime's operator
+behind ``nms(backend="onnxruntime")``) and the bare operator on the same candidates, and a
+whole YOLO decode of the real detector's output size with each backend.
 
     .venv/bin/python scripts/bench_detect.py [--repeat 200] [--json -]
 
@@ -67,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         cls = rng.integers(0, nc, n)
         r = {"candidates": n, "pre_nms_top_k": 1000,
              "numpy": _time(partial(nms, boxes, scores, cls, iou_threshold=0.45,
-                                    max_detections=100), a.repeat)}
+                                    max_detections=100), a.repeat),
+             "nms_backend_onnxruntime": _time(partial(nms, boxes, scores, cls,
+                                                      iou_threshold=0.45, max_detections=100,
+                                                      backend="onnxruntime"), a.repeat)}
         sess = _ort_nms(nc)
         s = np.full((1, nc, n), -1.0, np.float32)
         s[0, cls, np.arange(n)] = scores
@@ -82,11 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     out[0, :2] = rng.uniform(0, 608, (2, n))
     out[0, 2:4] = rng.uniform(8, 120, (2, n))
     out[0, 4:] = rng.uniform(0, 1, (nc, n)) ** 8  # mostly low scores, as a detector's are
-    dec = YoloDecoder(DecoderConfig(score_threshold=0.25))
     f = fit(720, 1280, 800, 608, "letterbox")
     kept = int((out[0, 4:].max(axis=0) >= 0.25).sum())
-    rows.append({"yolo_decode": "[1, 14, 10105]", "above_threshold": kept,
-                 "numpy": _time(lambda: dec.decode({"o": out}, f), a.repeat)})
+    row = {"yolo_decode": "[1, 14, 10105]", "above_threshold": kept}
+    for backend in ("numpy", "onnxruntime"):
+        dec = YoloDecoder(DecoderConfig(score_threshold=0.25, nms_backend=backend))
+        row[backend] = _time(partial(dec.decode, {"o": out}, f), a.repeat)
+    rows.append(row)
     text = json.dumps(rows, indent=1)
     if a.json == "-":
         print(text)

@@ -79,6 +79,14 @@ def test_nms_matches_onnxruntime_and_a_reference(seed):
         assert set(keep.tolist()) == ort_nms(boxes, scores, classes, nc, iou, n)
         assert keep.tolist() == reference_nms(boxes.astype(np.float32), scores, classes, iou)
         assert np.all(np.diff(scores[keep]) <= 0)  # best first
+        for cap in (n, 7):  # the onnxruntime backend: the same boxes in the same order
+            np.testing.assert_array_equal(
+                nms(boxes.astype(np.float32), scores, classes, iou_threshold=iou,
+                    max_detections=cap, backend="onnxruntime"), keep[:cap])
+        np.testing.assert_array_equal(
+            nms(boxes, scores, classes, iou_threshold=iou, class_agnostic=True,
+                backend="onnxruntime"),
+            nms(boxes, scores, classes, iou_threshold=iou, class_agnostic=True))
 
 
 def test_nms_limits_and_class_agnostic():
@@ -94,6 +102,12 @@ def test_nms_limits_and_class_agnostic():
         nms(boxes, scores[:2])
     with pytest.raises(ValueError):
         nms(boxes, scores, iou_threshold=1.5)
+    with pytest.raises(ValueError):
+        nms(boxes, scores, backend="cuda")
+    for backend in ("numpy", "onnxruntime"):
+        assert nms(boxes, scores, np.array([0, 1, 0]), iou_threshold=0.5,
+                   backend=backend).tolist() == [0, 1, 2]
+        assert nms(boxes, scores, None, max_detections=1, backend=backend).tolist() == [0]
 
 
 def test_fit_round_trip_and_letterbox_geometry():

@@ -118,8 +118,17 @@ def det_graph(tmp_path_factory):
             Parameter("class_names_file", value=str(names)),
             Parameter("relative_deadline_ms", value=0.0)],
             cli_args=["--ros-args", "-r", "image:=/page/image"]))
+        # the same detector reached over /av_infer/request|response (decoded from the
+        # response's Tensor messages instead of in-process arrays)
+        remote = h.add(PerceptionNode("remote_det", context=h.context, parameter_overrides=[
+            Parameter("runtime", value="remote"), Parameter("model", value=yolo.stem),
+            Parameter("decoder", value="yolo"), Parameter("score_threshold", value=0.5),
+            Parameter("class_names_file", value=str(names)),
+            Parameter("request_timeout_s", value=120.0),
+            Parameter("relative_deadline_ms", value=0.0)],
+            cli_args=["--ros-args", "-r", "image:=/page/image"]))
         tester = h.node("det_tester")
-        yield h, host, per, tester, names, ssd
+        yield h, host, per, tester, names, ssd, remote
         assert h.spin_error is None, f"the executor stopped: {h.spin_error!r}"
 
 
@@ -153,7 +162,7 @@ def _boxes(msg: Detection2DArray):
 
 
 def test_real_detector_publishes_detection2darray_beside_the_tensorlist(det_graph):
-    h, host, per, tester, names, ssd = det_graph
+    h, host, per, tester, names, ssd, remote = det_graph
     img, dets, outs = _send_page(tester, per, "page0")
     assert dets.header == img.header == outs.header
     got = _boxes(dets)
@@ -170,8 +179,30 @@ def test_real_detector_publishes_detection2darray_beside_the_tensorlist(det_grap
     assert 140 <= fig[0] < fig[2] <= 470 and 260 <= fig[1] < fig[3] <= 525
 
 
+def test_remote_perception_node_decodes_the_response_tensors(det_graph):
+    h, host, per, tester, names, ssd, remote = det_graph
+    wait_for(lambda: remote.client is not None and remote.client.ready(remote.p["model"]),
+             what="remote client ready")
+    dets = Collector()
+    sub = tester.create_subscription(Detection2DArray, "/remote_det/output/detections", dets,
+                                     10)
+    pub = tester.create_publisher(Image, "/page/image", IMAGE_QOS)
+    try:
+        wait_matched(pub, sub)
+        img = page_image("remote_page")
+        pub.publish(img)  # the remote client is ready and the image topic matched
+        # (it may also answer an earlier test's page: the same image topic)
+        got = wait_for(lambda: [d for d in dets.snapshot()
+                                if d.header.frame_id == "remote_page"], what="remote detections")[0]
+        assert {"title", "text", "figure", "table"} <= {g[0] for g in _boxes(got)}
+        assert remote.counters["decode_failed"] == 0
+    finally:
+        tester.destroy_subscription(sub)
+        tester.destroy_publisher(pub)
+
+
 def test_decoder_parameters_are_validated_as_a_batch(det_graph):
-    h, host, per, tester, names, ssd = det_graph
+    h, host, per, tester, names, ssd, remote = det_graph
     before = dict(per.p), per._decoder
     for bad in ([Parameter("decoder", value="detr")],
                 [Parameter("score_threshold", value=1.5)],

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from av_infer.detect.geometry import Fit
-from av_infer.detect.nms import nms
+from av_infer.detect.nms import BACKENDS, nms
 from av_infer.errors import InvalidInputError
 
 DECODERS = ("none", "yolo", "ssd")
@@ -63,6 +63,9 @@ class DecoderConfig:
     pre_nms_top_k: int = 1000
     class_agnostic: bool = False
     class_names: Sequence[str] = field(default_factory=tuple)
+    #: ``nms.BACKENDS``: ONNX Runtime's operator by default (measured 20-100x faster than
+    #: the numpy one, docs/ros.md "Detections"); both keep the same boxes
+    nms_backend: str = "onnxruntime"
 
     def __post_init__(self) -> None:
         for name in ("score_threshold", "iou_threshold"):
@@ -74,6 +77,8 @@ class DecoderConfig:
             if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 100_000:
                 raise ValueError(f"{name} must be an integer in [1, 100000], got {v!r}")
         self.class_names = tuple(str(c) for c in self.class_names)
+        if self.nms_backend not in BACKENDS:
+            raise ValueError(f"nms_backend must be one of {BACKENDS}, got {self.nms_backend!r}")
 
 
 def load_class_names(path: str | Path) -> list[str]:
@@ -111,7 +116,7 @@ class Decoder:
         boxes, best, cls = boxes[mask], best[mask], cls[mask]
         keep = nms(boxes, best, cls, iou_threshold=cfg.iou_threshold,
                    max_detections=cfg.max_detections, pre_nms_top_k=cfg.pre_nms_top_k,
-                   class_agnostic=cfg.class_agnostic)
+                   class_agnostic=cfg.class_agnostic, backend=cfg.nms_backend)
         names = cfg.class_names
         cls = cls[keep].astype(np.int64)
         return Detections(boxes=fit.to_source(boxes[keep]), scores=best[keep].astype(np.float64),

@@ -18,7 +18,14 @@ the lower index first (a stable sort).
 
 from __future__ import annotations
 
+from functools import lru_cache
+from typing import Any
+
 import numpy as np
+
+#: ``numpy`` (this module) or ``onnxruntime`` (ONNX Runtime's NonMaxSuppression operator,
+#: one cached session): the same boxes (tests/test_detect.py), measured in docs/ros.md.
+BACKENDS = ("numpy", "onnxruntime")
 
 #: Up to this many candidates one IoU matrix is cheaper than a step per kept box
 #: (scripts/bench_detect.py: 100 candidates 0.8 ms as a matrix, 2.5 ms stepwise; 1000
@@ -45,7 +52,8 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray | None = None, *,
         iou_threshold: float = 0.45, max_detections: int = 100,
-        pre_nms_top_k: int = 1000, class_agnostic: bool = False) -> np.ndarray:
+        pre_nms_top_k: int = 1000, class_agnostic: bool = False,
+        backend: str = "numpy") -> np.ndarray:
     """Indices into ``boxes`` [N, 4] (xyxy) of the boxes kept, best score first.
 
     ``scores`` [N]; ``classes`` [N] integer class ids (None: one class). Only the
@@ -61,9 +69,16 @@ def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray | None = None
         raise ValueError(f"iou_threshold must be in [0, 1], got {iou_threshold}")
     if max_detections < 1 or pre_nms_top_k < 1:
         raise ValueError("max_detections and pre_nms_top_k must be >= 1")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if n == 0:
         return np.empty(0, dtype=np.intp)
     order = np.argsort(-scores, kind="stable")[:pre_nms_top_k]
+    if backend == "onnxruntime":
+        cls = (np.zeros(len(order), np.intp) if classes is None or class_agnostic
+               else np.asarray(classes)[order])
+        return order[_nms_onnxruntime(boxes[order], scores[order], cls, iou_threshold,
+                                      max_detections)]
     b = boxes[order].astype(np.float64)
     if classes is not None and not class_agnostic:
         # each class in its own region of the plane: boxes of different classes never
@@ -98,3 +113,49 @@ def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray | None = None
             over = np.where(union > 0, inter / union, 0.0) > iou_threshold
         rest = rest[~over]
     return order[np.asarray(keep, dtype=np.intp)]
+
+
+@lru_cache(maxsize=1)
+def _ort_session() -> Any:
+    """A one-operator ONNX Runtime session: NonMaxSuppression over [1, N, 4] boxes and
+    [1, C, N] scores (one thread: it runs on the node's executor thread)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("NonMaxSuppression", ["boxes", "scores", "max", "iou", "thr"],
+                            ["selected"])
+    g = helper.make_graph(
+        [node], "nms",
+        [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, None, 4]),
+         helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, None, None]),
+         helper.make_tensor_value_info("max", TensorProto.INT64, [1]),
+         helper.make_tensor_value_info("iou", TensorProto.FLOAT, [1]),
+         helper.make_tensor_value_info("thr", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("selected", TensorProto.INT64, [None, 3])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)], ir_version=8)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+
+
+_FLOOR = np.float32(np.finfo(np.float32).min)
+
+
+def _nms_onnxruntime(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray,
+                     iou_threshold: float, max_detections: int) -> np.ndarray:
+    """Indices into the (score-sorted) candidates that ONNX Runtime's operator keeps: one
+    score row per class present (-inf elsewhere, below the threshold), each class's
+    selection capped at ``max_detections``, merged best first (stable), then capped."""
+    present, col = np.unique(classes, return_inverse=True)
+    k = len(scores)
+    s = np.full((1, len(present), k), -np.inf, np.float32)
+    s[0, col, np.arange(k)] = scores
+    sel = _ort_session().run(None, {
+        "boxes": np.ascontiguousarray(boxes, np.float32)[None], "scores": s,
+        "max": np.array([max_detections], np.int64),
+        "iou": np.array([iou_threshold], np.float32),
+        "thr": np.array([_FLOOR], np.float32)})[0]
+    idx = np.sort(sel[:, 2])  # candidates are score-sorted: index order is score order
+    return idx[:max_detections].astype(np.intp)
