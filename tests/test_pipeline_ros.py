@@ -116,7 +116,7 @@ def test_malformed_feature_map_is_answered_and_the_stage_lives_on(setup):
     bad_shape.tensors = [t]
     bad_type = InferRequest(id="bad-type", model=stage, priority=1)
     t2 = Tensor(name="input", data_type=99)
-    t2.shape = array.array("I", [1])
+    t2.shape.rank, t2.shape.dims = 1, array.array("I", [1])  # TensorShape (Isaac's layout)
     t2.data = array.array("B", [0, 0, 0, 0])
     bad_type.tensors = [t2]
     bad_bytes = InferRequest(id="bad-bytes", model=stage, priority=1)
