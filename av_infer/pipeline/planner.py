@@ -165,10 +165,6 @@ def default_slos(profiles: Mapping[str, Mapping[str, BlockProfile]],
             for m, by_type in profiles.items()}
 
 
-def _transfer_us(nbytes: float, gbps: float, link_us: float) -> float:
-    return link_us + nbytes * 8 / (gbps * 1e3)
-
-
 def allowed_vfracs(profile: BlockProfile, dtype: Any, vfracs: Sequence[int] | None = None
                    ) -> list[int]:
     """The fractions of ``profile`` the planner may use on ``dtype``: profiled, listed in
@@ -290,22 +286,6 @@ def enumerate_columns(model: str, by_type: Mapping[str, BlockProfile], cluster: 
     return cols, best_lat
 
 
-def _rates(b: int, lat: Sequence[float], xfer: Sequence[float], share: Sequence[int]
-           ) -> tuple[float, ...]:
-    """Requests/s one virtual device of each partition sustains: its compute, capped by
-    the links it sends and receives through, which ``share`` virtual devices share (its
-    ``v`` co-tenants; times the GPUs of its server under server link sharing)."""
-    out = []
-    for d, (li, n) in enumerate(zip(lat, share)):
-        r = b * 1e6 / max(1e-9, li)
-        if d + 1 < len(lat) and xfer[d] > 0:
-            r = min(r, b * 1e6 / (n * xfer[d]))
-        if d > 0 and xfer[d - 1] > 0:
-            r = min(r, b * 1e6 / (n * xfer[d - 1]))
-        out.append(r)
-    return tuple(out)
-
-
 def _pareto_rows(cost: np.ndarray, chunk: int = 256) -> list[int]:
     """Rows of ``cost`` (one per candidate: devices of each type per unit of rate) that no
     other row is <= in every coordinate (of equal rows the first is kept), vectorised in
@@ -328,28 +308,6 @@ def _pareto_rows(cost: np.ndarray, chunk: int = 256) -> list[int]:
         front = np.vstack([front, pts[~dom]])
         keep.extend(int(i) for i in idx[~dom])
     return keep
-
-
-def _pareto(cols: list[_Column], type_names: list[str]) -> list[_Column]:
-    """Columns not dominated in physical devices of each type per unit of rate."""
-    if not cols:
-        return cols
-    idx = {t: i for i, t in enumerate(type_names)}
-    cost = np.zeros((len(cols), len(type_names)))
-    for r, c in enumerate(cols):
-        for t, v, x in zip(c.types, c.vs, c.rate_per):
-            cost[r, idx[t]] += 1.0 / (v * x)
-    cost = np.round(cost, 12)
-    order = np.lexsort(cost.T[::-1])
-    front = np.empty((0, cost.shape[1]))
-    keep = []
-    for r in order:
-        p = cost[r]
-        if front.shape[0] and np.any(np.all(front <= p, axis=1)):
-            continue
-        front = np.vstack([front, p])
-        keep.append(r)
-    return [cols[r] for r in sorted(keep)]
 
 
 def plan_cluster(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster: Cluster,
