@@ -502,7 +502,9 @@ class ImageInferenceNode(LifecycleNode):
                                      p["mean"], p["std"], out=buf, fit=p["fit"])
             if buf is None:
                 inputs = {input_name: tensor}
-            geom = fit(height, width, shape[2], shape[3], p["fit"])
+            geom = None  # only what decoding or the model-input CameraInfo needs
+            if self._decoder is not None or self._info_pub is not None:
+                geom = fit(height, width, shape[2], shape[3], p["fit"])
         except (ImageFormatError, ValueError) as exc:
             self.counters["invalid"] += 1
             self._publish(Reply(id=rid, code="invalid_input", message=str(exc), model=model),
