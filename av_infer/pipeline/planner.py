@@ -421,7 +421,7 @@ def plan_cluster(profiles: Mapping[str, Mapping[str, BlockProfile]], cluster: Cl
             start["h"] = base["h"]
             start["lam"] = base["lam"]
             base_plan = (single, base, bstatus)
-    left = max(1.0, float(time_limit_s) - (time.perf_counter() - t0))
+    left = max(0.5, float(time_limit_s) - (time.perf_counter() - t0))
     sol, status = _solve(columns, cluster, w, left, start, packing)
     pipelines, rate = _read(columns, sol, profiles)
     if base_plan is not None:
