@@ -98,3 +98,61 @@ def test_plans_are_feasible_and_partitioning_never_loses(seed, packing):
     # separately solved baseline by that gap, no more
     assert _lam(full) >= _lam(np_plan) * (1 - MIP_REL_GAP) - 1e-9
     assert math.isfinite(_lam(full))
+
+
+def _brute_columns(model, by_type, cluster, budget, max_parts):
+    """Every latency-feasible column by plain loops, then the Pareto filter by pairs: the
+    reference the vectorised enumeration must reproduce."""
+    import itertools
+
+    types = cluster.types
+    nb = len(next(iter(by_type.values())).blocks)
+    out = []
+    for b in sorted({b for p in by_type.values() for v in p.vfracs for b in p.batches_at(v)}):
+        for d in range(1, max_parts + 1):
+            for seq in itertools.product(types, repeat=d):
+                for inner in itertools.combinations(range(1, nb), d - 1):
+                    cuts = (0, *inner, nb)
+                    for vs in itertools.product(*(by_type[t.name].vfracs for t in seq)):
+                        if any(a.name == c.name and va == vc for a, c, va, vc in
+                               zip(seq, seq[1:], vs, vs[1:])):
+                            continue
+                        if any(b not in by_type[t.name].batches_at(v) for t, v in zip(seq, vs)):
+                            continue
+                        lat = [sum(by_type[t.name].latency(v, b)[cuts[s]:cuts[s + 1]])
+                               for s, (t, v) in enumerate(zip(seq, vs))]
+                        xf = [max(seq[s].link_us, seq[s + 1].link_us)
+                              + by_type[seq[s].name].cut_bytes[cuts[s + 1] - 1] * b * 8
+                              / (min(seq[s].link_gbps, seq[s + 1].link_gbps) * 1e3)
+                              for s in range(d - 1)] + [0.0]
+                        if sum(lat) + sum(xf) > budget:
+                            continue
+                        cost = {t.name: 0.0 for t in types}
+                        for s, (t, v) in enumerate(zip(seq, vs)):
+                            r = b * 1e6 / lat[s]
+                            if s + 1 < d:
+                                r = min(r, b * 1e6 / (v * t.gpus_per_server * xf[s]))
+                            if s > 0:
+                                r = min(r, b * 1e6 / (v * t.gpus_per_server * xf[s - 1]))
+                            cost[t.name] += 1 / (v * r)
+                        out.append(((b, cuts, tuple(t.name for t in seq), vs),
+                                    tuple(round(cost[t.name], 12) for t in types)))
+    keep = set()
+    for i, (key, c) in enumerate(out):
+        if not any(all(x <= y for x, y in zip(c2, c)) and (c2 != c or j < i)
+                   for j, (_, c2) in enumerate(out) if j != i):
+            keep.add(key)
+    return keep
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_vectorised_enumeration_matches_plain_loops(seed):
+    from av_infer.pipeline.planner import default_slos, enumerate_columns
+
+    profiles, cluster = dataset(100 + seed, n_models=1, n_types=2, n_blocks=4)
+    (model, by_type), = profiles.items()
+    budget = default_slos(profiles)[model] * 1e3 * 0.6
+    cols, _ = enumerate_columns(model, by_type, cluster, budget, 3, False)
+    got = {(c.batch, c.cuts, c.types, c.vs) for c in cols}
+    assert got == _brute_columns(model, by_type, cluster, budget, 3)
+    assert got  # the instance has feasible columns at all
