@@ -240,3 +240,31 @@ def test_real_detector_on_the_page_fixture(tmp_path):
     fig_box = a.boxes[a.labels.index("figure")]
     assert 140 <= fig_box[0] < fig_box[2] <= 470 and 260 <= fig_box[1] < fig_box[3] <= 525
     assert np.all(a.scores >= 0.5)
+
+
+@needs_picodet
+def test_letterboxed_input_maps_boxes_back_to_the_camera_image():
+    """The page pasted into a wide white canvas (1100x800) and letterboxed into the
+    detector's 608x800 input (scale 0.553, 179 rows of padding above and below): the figure
+    comes back where it is in the canvas, as found on the page alone (stretch)."""
+    from av_infer_nodes.preprocess import image_to_tensor
+    from PIL import Image
+
+    page = np.asarray(Image.open(FIXTURE).convert("RGB"))
+    sess = ort.InferenceSession(picodet.build("yolo"), providers=["CPUExecutionProvider"])
+    dec = YoloDecoder(DecoderConfig(score_threshold=0.5, class_names=picodet.CLASS_NAMES))
+
+    def detect(img, mode):
+        h, w = img.shape[:2]
+        x = image_to_tensor("rgb8", h, w, w * 3, img.tobytes(), (1, 3, *picodet.INPUT_HW),
+                            fit=mode)
+        return dec.decode({"output0": sess.run(None, {"image": x})[0]},
+                          fit(h, w, *picodet.INPUT_HW, mode))
+
+    canvas = np.full((800, 1100, 3), 255, np.uint8)
+    canvas[:, 246:854] = page
+    assert fit(800, 1100, *picodet.INPUT_HW, "letterbox").pad_y == 179
+    alone, boxed = detect(page, "stretch"), detect(canvas, "letterbox")
+    want = alone.boxes[alone.labels.index("figure")] + [246, 0, 246, 0]
+    got = boxed.boxes[boxed.labels.index("figure")]
+    assert box_iou(want[None], got[None])[0, 0] > 0.8, (want, got)
