@@ -222,6 +222,22 @@ def test_decoder_parameters_are_validated_as_a_batch(det_graph):
     img, dets, outs = _send_page(tester, per, "page_ssd")
     assert {t.name for t in outs.tensors} == {"boxes", "scores"}
     assert {"title", "text", "figure", "table"} <= {g[0] for g in _boxes(dets)}
+    # a head the outputs do not fit (yolo on the ssd model's boxes/scores): the TensorList
+    # still goes out, the detections do not, and the failure is counted
+    assert per.set_parameters_atomically([Parameter("decoder", value="yolo")]).successful
+    outs = Collector()
+    sub = tester.create_subscription(TensorList, "/av_infer_perception/output", outs, 10)
+    pub = tester.create_publisher(Image, "/page/image", IMAGE_QOS)
+    try:
+        wait_matched(pub, sub)
+        pub.publish(page_image("misfit"))
+        wait_for(lambda: [o for o in outs.snapshot() if o.header.frame_id == "misfit"],
+                 what="misfit output")
+        # (counted just after the TensorList went out, on the executor thread)
+        wait_for(lambda: per.counters["decode_failed"] == 1, what="decode failure counted")
+    finally:
+        tester.destroy_subscription(sub)
+        tester.destroy_publisher(pub)
     # decoder none: the TensorList only
     assert per.set_parameters_atomically([Parameter("decoder", value="none")]).successful
     assert per._decoder is None
