@@ -284,3 +284,49 @@ cdef class EdfHeap:
 
     def __repr__(self):
         return f"EdfHeap(live={self._live}, entries={self._n}, capacity={self._cap})"
+
+
+cdef class RtQueue:
+    """The scheduler's RT ready queue (``sched.queues``): an ``EdfHeap`` of items, EDF
+    order, FIFO on ties. In C because the scheduler asks its length or truth several times
+    per decision and pushes/pops once per RT request: here none of that runs a Python frame.
+    Differs from ``EdfHeap`` in returning items, not ``(deadline, item)`` pairs, from
+    ``pop``, ``clear`` and ``items``; ``peek`` gives ``(deadline, item)`` or None."""
+
+    cdef EdfHeap _h
+
+    def __cinit__(self):
+        self._h = EdfHeap()
+
+    def push(self, double deadline, item):
+        """Insert ``item`` with absolute ``deadline`` (inf = none); return its handle."""
+        return self._h.push_c(deadline, item)
+
+    def pop(self):
+        """Remove and return the most urgent item (IndexError if empty)."""
+        cdef double d
+        return self._h.pop_c(&d)
+
+    def peek(self):
+        """(deadline, item) of the most urgent item, or None when empty."""
+        if self._h._live == 0:
+            return None
+        return self._h.peek()
+
+    def remove(self, handle):
+        """Lazily remove the item pushed with ``handle``; False if no longer queued."""
+        return self._h.remove(handle)
+
+    def clear(self):
+        """Remove and return every item in EDF order (to fail them)."""
+        return self._h.clear()
+
+    def items(self):
+        """The queued items in EDF order (a copy)."""
+        return [p[1] for p in self._h._sorted_live()]
+
+    def __len__(self):
+        return self._h._live
+
+    def __bool__(self):
+        return self._h._live > 0

@@ -123,6 +123,9 @@ class Device(ABC):
     max_capacity: int = MAX_C
     #: Streaming multiprocessors DKP counts padding slots on (0: not a GPU).
     sms: int = 0
+    #: Plan precisions (``Plan.precision``: fp32 | tf32 | fp16) this device runs; the one
+    #: list ``Runtime.load_model`` checks a requested precision against.
+    precisions: tuple[str, ...] = ("fp32",)
     #: Streams are numbered from 0; priority: higher number = more urgent (RT streams use
     #: the device's highest priority, BE streams its lowest).
 

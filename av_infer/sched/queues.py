@@ -1,9 +1,10 @@
 """Ready queues: RT requests in EDF order, BE requests per client served round-robin.
 
-Why two shapes: RT work is ordered by urgency (absolute deadline, FIFO on ties, the Cython
-``EdfHeap``); BE work has no deadline worth ordering by, so fairness between BE clients
-matters more: one FIFO per client, clients taken in turn so a chatty client cannot starve
-a quiet one. Neither queue is thread-safe: only the scheduler touches them.
+Why two shapes: RT work is ordered by urgency (absolute deadline, FIFO on ties: the
+Cython ``RtQueue`` over ``EdfHeap``); BE work has no deadline worth ordering by, so
+fairness between BE clients matters more: one FIFO per client, clients taken in turn so a
+chatty client cannot starve a quiet one. Neither queue is thread-safe: only the scheduler
+touches them.
 """
 
 from __future__ import annotations
@@ -12,44 +13,9 @@ from collections import OrderedDict, deque
 from collections.abc import Iterator
 from typing import Any
 
-from av_infer._cy.edf_heap import EdfHeap
+from av_infer._cy.edf_heap import RtQueue
 
-
-class RtQueue:
-    """EDF queue of RT items keyed by absolute deadline (``inf`` = none, sorts last)."""
-
-    __slots__ = ("_heap",)
-
-    def __init__(self) -> None:
-        self._heap = EdfHeap()
-
-    def push(self, deadline: float, item: Any) -> int:
-        return self._heap.push(deadline, item)
-
-    def pop(self) -> Any:
-        return self._heap.pop()[1]
-
-    def peek(self) -> tuple[float, Any] | None:
-        """(deadline, item) of the most urgent item, or None when empty."""
-        if not self._heap:
-            return None
-        return self._heap.peek()
-
-    def remove(self, handle: int) -> bool:
-        return self._heap.remove(handle)
-
-    def clear(self) -> list[Any]:
-        """Remove and return every item in EDF order (to fail them)."""
-        return list(self._heap.clear())
-
-    def items(self) -> list[Any]:
-        return [item for _, item in self._heap.items()]
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def __bool__(self) -> bool:
-        return len(self._heap) > 0
+__all__ = ["BeQueues", "RtQueue"]
 
 
 class BeQueues:

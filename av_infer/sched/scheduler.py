@@ -5,8 +5,8 @@ cuda: one scheduler thread fed by an event queue) and against the simulator (vir
 handlers called inline from its event loop). So this class never blocks and never starts
 threads; a *driver* (``Runtime``) decides who calls :meth:`Scheduler.post`. Events are
 processed one at a time; events posted while one is being handled (a future's callback
-submitting again, a simulator completing inline) are queued and handled after it, so the
-handlers are never re-entered.
+submitting again, a simulator completing inline) wait in the driver's queue (the one event
+queue) and are handled after it, so the handlers are never re-entered.
 
 Decisions follow docs/design.md and REEF §3-4: RT requests in EDF order, one RT task fed at a
 time; BE requests round-robin across clients, one BE stream per running BE task. What an
@@ -29,7 +29,6 @@ import heapq
 import logging
 import math
 import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -212,7 +211,6 @@ class Scheduler:
         self._be_wait = False  # BE work is held back by RT (as of the last decision)
         self._be_seen = 0.0  # device time BE last progressed or started waiting
         self._grant_until = -math.inf
-        self._pending: deque[tuple] = deque()
         self._answers: list[tuple[Future, Any, bool]] = []
         self._busy = False
         #: cache/batching hooks (av_infer.sched.model_services.ModelServices), set by Runtime
@@ -242,21 +240,20 @@ class Scheduler:
 
     # -- driver entry point ---------------------------------------------------------------
     def post(self, event: tuple) -> None:
-        """Handle ``event`` now, or after the one being handled (never re-entrant)."""
-        self._pending.append(event)
+        """Handle ``event`` now, then answer the futures it resolved. One event queue
+        exists, the driver's (``sched.driver.Driver``): events posted while one is handled
+        wait there, so this is never re-entered (a re-entry is a bug and raises)."""
         if self._busy:
-            return
+            raise RuntimeError("Scheduler.post re-entered: post events through the Driver")
         self._busy = True
         try:
-            while self._pending or self._answers:
-                if self._pending:
-                    ev = self._pending.popleft()
-                    try:
-                        self._handle(ev)
-                    except Exception as e:  # the scheduler survives; the requests do not
-                        self._handler_failed(ev, e)
-                    if self.closing and not self.stopped and self.idle():
-                        self.stopped = True
+            try:
+                self._handle(event)
+            except Exception as e:  # the scheduler survives; the requests do not
+                self._handler_failed(event, e)
+            if self.closing and not self.stopped and self.idle():
+                self.stopped = True
+            if self._answers:
                 self._flush_answers()
         finally:
             self._busy = False
