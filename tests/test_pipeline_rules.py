@@ -234,3 +234,55 @@ def test_a_device_may_carry_slices_of_different_fractions(tmp_path):
         assert members == ["a#0/2.0", "a#0/4.0", "a#0/4.1"]
     with pytest.raises(InfeasibleSloError, match="no rate for"):
         plan_cluster(profs, cluster, slo, margin=0.0, packing="pure")
+
+
+def test_first_fit_equals_the_conflict_walk():
+    """The one-resource slot search finds what repeated conflict() jumps find."""
+    import numpy as np
+
+    from av_infer.pipeline.reservation import _Timeline
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        line = _Timeline()
+        t = 0.0
+        for _ in range(int(rng.integers(0, 30))):
+            t += float(rng.exponential(1.0))
+            d = float(rng.exponential(1.0))
+            line.add(t, t + d)
+            t += d
+        for _ in range(10):
+            t0, dur = float(rng.uniform(0, t + 1)), float(rng.exponential(1.0))
+            want = t0
+            while (e := line.conflict(want, dur)) is not None:
+                want = e
+            assert line.first_fit(t0, dur) == want
+
+
+def test_earliest_slot_over_two_links_is_free_on_both():
+    """Algorithm 2's earliestSlot over an uplink and a downlink: the slot found is free on
+    both, and no earlier start on a grid of candidates is."""
+    import numpy as np
+
+    from av_infer.pipeline.reservation import DOWNLINK, UPLINK, ReservationTables
+
+    rng = np.random.default_rng(11)
+    for _ in range(100):
+        tab = ReservationTables(1, 2)
+        for kind, idx in ((UPLINK, 0), (DOWNLINK, 1)):
+            t = 0.0
+            for _ in range(int(rng.integers(0, 15))):
+                t += float(rng.exponential(1.0))
+                d = float(rng.exponential(1.0))
+                tab.lines[kind][idx].add(t, t + d)
+                tab.until[kind][idx] = t + d
+                t += d
+        t0, dur = float(rng.uniform(0, 10)), float(rng.exponential(0.8))
+        res = ((UPLINK, 0), (DOWNLINK, 1))
+        got = tab.earliest_slot(res, t0, dur)
+
+        def free(x, tab=tab, dur=dur, res=res):
+            return all(tab.lines[k][i].conflict(x, dur) is None for k, i in res)
+
+        assert got >= t0 and free(got)
+        assert not any(free(x) for x in np.linspace(t0, got, 200)[:-1] if x < got - 1e-9)

@@ -80,6 +80,19 @@ class _Timeline:
             return self.ends[i]
         return None
 
+    def first_fit(self, t: float, dur: float) -> float:
+        """The earliest time >= ``t`` at which this resource is free for ``dur``: one
+        forward walk over the intervals from ``t`` (what repeated :meth:`conflict` calls
+        find, without a bisection per interval passed)."""
+        starts, ends = self.starts, self.ends
+        i = bisect_right(ends, t)
+        n = len(starts)
+        while i < n and starts[i] < t + dur:
+            if ends[i] > t:
+                t = ends[i]
+            i += 1
+        return t
+
     def add(self, start: float, end: float) -> None:
         i = bisect_right(self.starts, start)
         self.starts.insert(i, start)
@@ -126,15 +139,14 @@ class ReservationTables:
         """The earliest time >= ``t`` at which every ``(kind, index)`` in ``res`` is free
         for ``dur`` (Algorithm 2's earliestSlot)."""
         lines = [self.lines[k][i] for k, i in res if self.until[k][i] > t]
-        moved = True
-        while moved:
-            moved = False
+        if len(lines) == 1:
+            return lines[0].first_fit(t, dur)
+        while True:  # each line's first fit from t, until no line moves t
+            t0 = t
             for line in lines:
-                e = line.conflict(t, dur)
-                if e is not None:
-                    t = e
-                    moved = True
-        return t
+                t = line.first_fit(t, dur)
+            if t == t0:
+                return t
 
     def probe(self, route: Route, batch: int, now: float) -> Probe:
         """Algorithm 2's probe(): the earliest-finishing path of ``route`` at ``batch``.
