@@ -27,10 +27,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from av_infer.devices.cuda_profiling import profile_loaded
 from av_infer.model.plan import Plan
 from av_infer.profiles import GpuSpec, KernelProfile, ModelProfile, derive_profile, gpu_spec
 
-__all__ = ["KernelTimer", "profile_plan"]
+__all__ = ["KernelTimer", "profile_loaded", "profile_plan"]
 
 
 @runtime_checkable
@@ -104,26 +105,3 @@ def _profile_gpu(plan: Plan, device: Any, repeats: int) -> ModelProfile:
         return profile_loaded(plan, device, handle, repeats)
     finally:
         device.unload_plan(handle)
-
-
-def profile_loaded(plan: Plan, device: Any, handle: Any, repeats: int) -> ModelProfile:
-    """CUDA events + occupancy API through :class:`KernelTimer` on a loaded plan. Blocks
-    and threads are the launch's own where the device says (``kernel_geometry``), so DKP
-    block ranges count the blocks that really run."""
-    geometry = getattr(device, "kernel_geometry", None)
-    kernels = []
-    for k in plan.kernels:
-        dur = float(device.time_kernel(handle, k.index, repeats))
-        bps = int(device.occupancy(handle, k.index))
-        blocks, threads = (geometry(handle, k.index) if geometry is not None
-                           else (k.geometry.blocks, k.geometry.threads))
-        kernels.append(KernelProfile(
-            index=k.index, name=k.name, duration_us=dur, blocks=int(blocks),
-            threads=int(threads), regs=k.geometry.regs, smem=k.geometry.smem,
-            blocks_per_sm=max(1, bps)))
-    tele = device.telemetry() if hasattr(device, "telemetry") else {}
-    gpu = tele.get("gpu")
-    gpu_name = gpu.get("name") if isinstance(gpu, dict) else gpu
-    sms = int(getattr(device, "sms", 0) or tele.get("sms") or 0)
-    return ModelProfile(model=plan.name, device=str(gpu_name or device.name), sms=sms,
-                        kernels=kernels)

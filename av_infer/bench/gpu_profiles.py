@@ -64,9 +64,10 @@ def _vendor_map(device: Any, handle: Any) -> dict[int, str]:
 
 def measure(device: Any, model: str, variant: str = "full", repeats: int = 3) -> ModelProfile:
     """Compile ``model`` (zoo, ``variant``) with ``device``'s compiler, load it, time every
-    kernel (``profiler.profile_loaded``), unload it; the annotated measured profile."""
+    kernel (``devices.cuda_profiling.profile_loaded``), unload it; the annotated measured
+    profile."""
+    from av_infer.devices.cuda_profiling import profile_loaded
     from av_infer.model import zoo
-    from av_infer.profiler import profile_loaded
 
     plan = device.compile(str(zoo.path(model, variant=variant)), name=model)
     handle = device.load_plan(plan)

@@ -408,7 +408,7 @@ class CudaDevice(Device):
         """The kernel profile of a loaded plan (CUDA events + occupancy API; measured once
         per loaded plan): what padding selection uses when the runtime is given
         no profile file."""
-        from av_infer.profiler import profile_loaded
+        from av_infer.devices.cuda_profiling import profile_loaded
 
         prof = self._profiles.get(id(handle))
         if prof is None:

@@ -1,9 +1,9 @@
 """Kernel profiling for the cuda device: occupancy queries and CUDA-event timing of single
 kernels, straight through the driver library (ctypes), never through the dispatcher.
 
-What ``av_infer.profiler.profile_loaded`` measures on a loaded plan (padding selection needs
-each kernel's duration and blocks per SM). The context is the one the device made current
-(CuPy on a GPU; the emulator's driver on the CPU).
+What ``profile_loaded`` (below; ``av_infer.profiler`` uses it) measures on a loaded plan
+(padding selection needs each kernel's duration and blocks per SM). The context is the one
+the device made current (CuPy on a GPU; the emulator's driver on the CPU).
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from av_infer.errors import DeviceFaultError
+from av_infer.model.plan import Plan
+from av_infer.profiles import KernelProfile, ModelProfile
 
-__all__ = ["DriverTiming"]
+__all__ = ["DriverTiming", "profile_loaded"]
 
 
 class DriverTiming:
@@ -139,3 +141,26 @@ class DriverTiming:
             cu.cuStreamSynchronize(self._vt[0])
             cu.cuStreamDestroy_v2(self._vt[0])
             self._vt = None
+
+
+def profile_loaded(plan: Plan, device: Any, handle: Any, repeats: int) -> ModelProfile:
+    """CUDA events + occupancy API through :class:`KernelTimer` on a loaded plan. Blocks
+    and threads are the launch's own where the device says (``kernel_geometry``), so DKP
+    block ranges count the blocks that really run."""
+    geometry = getattr(device, "kernel_geometry", None)
+    kernels = []
+    for k in plan.kernels:
+        dur = float(device.time_kernel(handle, k.index, repeats))
+        bps = int(device.occupancy(handle, k.index))
+        blocks, threads = (geometry(handle, k.index) if geometry is not None
+                           else (k.geometry.blocks, k.geometry.threads))
+        kernels.append(KernelProfile(
+            index=k.index, name=k.name, duration_us=dur, blocks=int(blocks),
+            threads=int(threads), regs=k.geometry.regs, smem=k.geometry.smem,
+            blocks_per_sm=max(1, bps)))
+    tele = device.telemetry() if hasattr(device, "telemetry") else {}
+    gpu = tele.get("gpu")
+    gpu_name = gpu.get("name") if isinstance(gpu, dict) else gpu
+    sms = int(getattr(device, "sms", 0) or tele.get("sms") or 0)
+    return ModelProfile(model=plan.name, device=str(gpu_name or device.name), sms=sms,
+                        kernels=kernels)
