@@ -82,13 +82,17 @@ class ModelInfo:
     plan_cache: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class _ClientConfig:
     priority: Priority = Priority.BE
     relative_deadline: float | None = None  # the soft deadline, relative to arrival
     drop_late: bool = False
     hard_deadline: float | None = None  # relative to arrival; None: none
     variant_group: str | None = None  # its requests are served by this group
+
+
+#: what an unconfigured client's requests get (read-only; shared)
+_DEFAULT_CLIENT = _ClientConfig()
 
 
 class Runtime:
@@ -237,7 +241,7 @@ class Runtime:
         prof = _load_profile(name, profile)
         if not isinstance(name, str) or not name:
             raise InvalidParameterError(f"model name must be a non-empty string, got {name!r}")
-        runs = tuple(getattr(self._device, "precisions", ("fp32",)))
+        runs = tuple(self._device.precisions)
         if precision is not None and precision not in runs:
             raise InvalidParameterError(
                 f"model {name!r}: precision {precision!r}; device {self._device.name} runs "
@@ -634,24 +638,14 @@ class Runtime:
                 borrow: bool = False) -> Future[Result]:
         fut: RequestFuture = RequestFuture(self._driver)
         try:
-            req = self._make_request(model, inputs, priority, deadline, client, arrival, fut,
-                                     drop_late, hard_deadline, variant_group, borrow)
+            req, entry = self._make_request(model, inputs, priority, deadline, client,
+                                            arrival, drop_late, hard_deadline,
+                                            variant_group, borrow)
         except AvInferError as e:
             self._count_submit_error(e)
             fut.set_exception(e)
             return fut
-        with self._lock:
-            if self._closed:
-                err = RuntimeClosedError("runtime is closed")
-                self._count_submit_error(err)
-                fut.set_exception(err)
-                return fut
-            entry = self._find(req.model)
-            if entry is None:  # unloaded meanwhile
-                err = UnknownModelError(f"unknown model {model!r}; loaded: {list(self._models)}")
-                self._count_submit_error(err)
-                fut.set_exception(err)
-                return fut
+        req.future = fut
         if self._utility.deadlines(req.client) is not None:
             fut.add_done_callback(lambda f, c=req.client: self._record_utility(c, f))
         if entry.variants is not None:
@@ -690,17 +684,27 @@ class Runtime:
             self._submit_errors[e.code] = self._submit_errors.get(e.code, 0) + 1
 
     def _make_request(self, model: str, inputs: Any, priority: Any, deadline: Any,
-                      client: Any, arrival: Any, fut: Future,
-                      drop_late: Any = None, hard_deadline: Any = None,
-                      variant_group: Any = None, borrow: bool = False) -> Request:
+                      client: Any, arrival: Any, drop_late: Any = None,
+                      hard_deadline: Any = None, variant_group: Any = None,
+                      borrow: bool = False) -> tuple[Request, ModelEntry]:
+        """The validated request (its future not yet attached) and the entry it runs on;
+        raises the typed error of the first thing wrong. One look at the registry, under
+        one acquisition of the runtime's lock (this runs on every submit)."""
         if self._closed:
             raise RuntimeClosedError("runtime is closed")
         if not isinstance(client, str) or not client:
             raise InvalidParameterError(f"client must be a non-empty string, got {client!r}")
         with self._lock:
-            cfg = self._clients.get(client) or _ClientConfig()
+            cfg = self._clients.get(client) or _DEFAULT_CLIENT
             gname = cfg.variant_group if variant_group is None else variant_group
-            grp = self._groups.get(gname) if gname is not None else None
+            if gname is None:
+                grp = None
+                entry = self._models.get(model)
+                if entry is None and model in self._groups:
+                    entry = self._groups[model][1]
+            else:
+                grp = self._groups.get(gname)
+                entry = None if grp is None else grp[1]
         if gname is not None:
             if grp is None:
                 raise UnknownModelError(f"unknown variant group {gname!r}; defined: "
@@ -709,7 +713,8 @@ class Runtime:
                 raise InvalidParameterError(
                     f"model {model!r} is not in variant group {gname!r} {grp[0].models}")
             model = gname
-        entry = self._entry(model)
+        if entry is None:
+            raise UnknownModelError(f"unknown model {model!r}; loaded: {self.models()}")
         if priority is None:
             prio = cfg.priority
         else:
@@ -747,7 +752,8 @@ class Runtime:
         elif not isinstance(drop_late, (bool, np.bool_)):
             raise InvalidParameterError(f"drop_late must be a bool, got {drop_late!r}")
         return Request(next(self._ids), model, copied, prio, client, deadline, bool(drop_late),
-                       Timings(arrival, received=received), fut, hard_deadline=hard)
+                       Timings(arrival, received=received), None,
+                       hard_deadline=hard), entry
 
     # -- settings ---------------------------------------------------------------------------
     def now(self) -> float:
