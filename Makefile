@@ -3,7 +3,7 @@ PY        ?= python3
 VENV      := .venv
 VPY       := $(VENV)/bin/python
 NETNS     := scripts/netns_run.sh
-PYX       := $(wildcard cython_ext/*.pyx cython_ext/av_infer/_cy/*.pxd)
+PYX       := $(wildcard av_infer/_cy/*.pyx av_infer/_cy/*.pxd)
 DEMO_ARGS ?=
 BENCH_ARGS ?=
 SOAK_ARGS ?=
@@ -62,7 +62,7 @@ $(VENV)/.stamp-iface-$(1): $(wildcard ros/$(1)/msg/*.msg) ros/$(1)/CMakeLists.tx
 endef
 $(foreach p,$(IFACE_PKGS),$(eval $(call iface_rule,$(p))))
 
-# Cython hot paths (cython_ext/*.pyx -> av_infer/_cy/*.so) and the console script.
+# Cython hot paths (av_infer/_cy/*.pyx -> av_infer/_cy/*.so) and the console script.
 build: $(VENV)/.stamp-build
 $(VENV)/.stamp-build: $(VENV)/.stamp-deps $(PYX) setup.py pyproject.toml
 	$(VPY) setup.py -q build_ext --inplace
@@ -94,4 +94,4 @@ gpu-check: setup
 	bash scripts/gpu_check.sh
 
 clean:
-	rm -rf build av_infer/_cy/*.so av_infer/_cy/*.c cython_ext/*.c $(VENV)/.stamp-build $(VENV)/.stamp-msgs $(IFACE_STAMPS)
+	rm -rf build av_infer/_cy/*.so av_infer/_cy/*.c $(VENV)/.stamp-build $(VENV)/.stamp-msgs $(IFACE_STAMPS)

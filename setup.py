@@ -1,4 +1,6 @@
-"""Builds the Cython hot paths: every cython_ext/NAME.pyx becomes av_infer._cy.NAME."""
+"""Builds the Cython hot paths: every av_infer/_cy/NAME.pyx becomes av_infer._cy.NAME (the
+sources live beside the package they build; .pxd files there declare the cdef APIs other
+modules cimport as ``av_infer._cy.NAME``)."""
 
 from pathlib import Path
 
@@ -11,10 +13,10 @@ extensions = [
     Extension(
         f"av_infer._cy.{pyx.stem}",
         [str(pyx.relative_to(ROOT))],
-        include_dirs=[np.get_include(), "cython_ext"],
+        include_dirs=[np.get_include()],
         extra_compile_args=["-O3"],
     )
-    for pyx in sorted((ROOT / "cython_ext").glob("*.pyx"))
+    for pyx in sorted((ROOT / "av_infer" / "_cy").glob("*.pyx"))
 ]
 
 setup(
@@ -28,7 +30,7 @@ setup(
     ext_modules=cythonize(
         extensions,
         language_level=3,
-        include_path=["cython_ext"],
+        include_path=[str(ROOT)],
         compiler_directives={"boundscheck": False, "wraparound": False, "cdivision": True},
     ),
     data_files=[

@@ -1,4 +1,4 @@
-"""The CUDA dispatcher's task table (cython_ext/cuda_dispatch.pyx): slots are reclaimed.
+"""The CUDA dispatcher's task table (av_infer/_cy/cuda_dispatch.pyx): slots are reclaimed.
 
 Issue 16, defect 2: the table kept a tombstone for every unregistered task, so once task
 ids had cycled through it every lookup (register, unregister, and the nogil loop's lookup

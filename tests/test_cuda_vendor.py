@@ -559,7 +559,7 @@ def test_declared_vendor_abi_matches_the_headers(tmp_path):
     if not all(have.values()) or not shutil.which("gcc"):
         pytest.skip(f"NVIDIA headers not here ({have}); set AV_INFER_VENDOR_INCLUDE")
     root = Path(__file__).resolve().parents[1]
-    pyx = (root / "cython_ext" / "cuda_vendor.pyx").read_text()
+    pyx = (root / "av_infer" / "_cy" / "cuda_vendor.pyx").read_text()
     rename = {"CUDNN_FWD_IMPLICIT_PRECOMP_GEMM": "CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM",
               "CUDNN_ALGOS": "CUDNN_CONVOLUTION_FWD_ALGO_COUNT"}
     vals = {rename.get(n, n): int(v) for n, v in

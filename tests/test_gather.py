@@ -1,4 +1,4 @@
-"""The image gather of the ROS data path (cython_ext/gather.pyx, ``GatherPlan``): the same
+"""The image gather of the ROS data path (av_infer/_cy/gather.pyx, ``GatherPlan``): the same
 numbers as numpy's gather + einsum, and every bad argument refused before anything runs."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 These reproduce the shape of REEF's §7.3 results (Fig. 13, Fig. 15a) and of DISB workload A
 (Fig. 11) with the REEF traces. Numbers are virtual microseconds of the simulator's model,
-not claims about real hardware (DESIGN.md, "sim").
+not claims about real hardware (docs/design.md, "sim").
 """
 
 from __future__ import annotations

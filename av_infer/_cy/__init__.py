@@ -1,1 +1,1 @@
-"""Compiled Cython hot paths (built from cython_ext/ by setup.py)."""
+"""Compiled Cython hot paths (the .pyx/.pxd sources beside this file, built by setup.py)."""

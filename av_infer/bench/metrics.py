@@ -1,6 +1,6 @@
-"""Per-request records and the DESIGN.md metrics computed from them.
+"""Per-request records and the docs/design.md metrics computed from them.
 
-Definitions (DESIGN.md, Metrics; docs/bench.md spells out every JSON field):
+Definitions (docs/design.md, Metrics; docs/bench.md spells out every JSON field):
 
 * RT latency = ``end - arrival`` with ``arrival`` the *scheduled* arrival.
 * Dispatch latency (``dispatch_latency_us``) = RT arrival -> start of the RT task's first

@@ -1,6 +1,6 @@
 """The CUDA device: NVRTC-compiled plan kernels launched by a GIL-free Cython dispatcher.
 
-Why this shape (DESIGN.md "Devices", REEF-N §4.4): the scheduler only pushes
+Why this shape (docs/design.md "Devices", REEF-N §4.4): the scheduler only pushes
 ``(task, first..last)`` ranges into per-stream vHQs; the dispatcher thread
 (``av_infer._cy.cuda_dispatch``) moves at most ``c`` launches per stream to CUDA with
 ``cuLaunchKernel`` on argument structs packed once per task, and reports completions via

@@ -3,7 +3,7 @@ can run, and the per-device state that runs them (docs/cuda_vendor.md).
 
 Why: our NVRTC conv/GEMM kernels are 3-5x slower than cuDNN/cuBLAS on an H100 (issue 30,
 docs/gpu_results.md). A vendor op is still one kernel index of the plan in the vHQ: the
-dispatcher launches it through ``cython_ext/cuda_vendor.pyx`` instead of ``cuLaunchKernel``
+dispatcher launches it through ``av_infer/_cy/cuda_vendor.pyx`` instead of ``cuLaunchKernel``
 with the same packed ``MmArgs`` struct, counted against ``c`` like any launch; it cannot
 read the stream's flag word, so the dispatcher checks the flag before issuing it.
 

@@ -3,7 +3,7 @@
 Why: timing behaviour (preemption latency, interference, restore cost) must be testable
 deterministically on any machine, and what-if studies need GPUs nobody here has. The
 simulator models *time* only; it never stands in for numeric results (``read_outputs``
-returns zeros) nor for a claim about real hardware (DESIGN.md, "sim").
+returns zeros) nor for a claim about real hardware (docs/design.md, "sim").
 
 The model, per launch (a ``(task, kernel)`` of a stream):
 
@@ -54,7 +54,7 @@ Everything happens inside :meth:`SimDevice.run` (the event loop); callbacks sche
 with the same inputs and seed gives the same timeline.
 
 Where the code is: points 1-8 (streams, the event loop, placement, eviction, padding,
-quiet windows, contention) are ``SimCore`` in ``cython_ext/sim_core.pyx``, which
+quiet windows, contention) are ``SimCore`` in ``av_infer/_cy/sim_core.pyx``, which
 ``SimDevice`` extends with what is per plan and per task (loading, profiles, outputs,
 telemetry). Issue 13 moved the model there from this file, operation for operation, for
 speed; ``python -m av_infer.bench.sim_speed --equivalence OLD_SIM_PY`` checks that every
@@ -128,7 +128,7 @@ class SimPlan:
 class SimDevice(SimCore, Device):
     """Discrete-event GPU model implementing :class:`Device` in virtual seconds.
 
-    The device model is inherited from ``SimCore`` (``cython_ext/sim_core.pyx``):
+    The device model is inherited from ``SimCore`` (``av_infer/_cy/sim_core.pyx``):
     ``now``, ``call_at``, ``run``, ``idle``, ``open_stream``, ``enqueue``, ``reset``,
     ``in_flight``, ``set_preempt``, ``set_quiet``, ``set_capacity``,
     ``set_stream_capacity``, ``start``, ``close``, ``residency``, ``timeline`` and the

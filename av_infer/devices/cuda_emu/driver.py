@@ -3,7 +3,7 @@
 ``driver.c`` is compiled with the host C compiler (``$CC``, else gcc/cc on PATH) into a
 cache directory, keyed by the SHA-256 of the source and the compiler's version, written
 atomically (temp file + ``os.replace``) and reused when present. The library exports the
-CUDA driver entry points that ``cython_ext/cuda_dispatch.pyx`` (``load_driver``) and
+CUDA driver entry points that ``av_infer/_cy/cuda_dispatch.pyx`` (``load_driver``) and
 ``CudaDevice`` resolve; its semantics and deviations from CUDA are documented at the top of
 ``driver.c``.
 """

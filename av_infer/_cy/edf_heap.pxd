@@ -1,7 +1,7 @@
 # cython: language_level=3
 """cdef API of the EDF heap (av_infer._cy.edf_heap) for other Cython modules.
 
-    from edf_heap cimport EdfHeap
+    from av_infer._cy.edf_heap cimport EdfHeap
 
 All methods need the GIL (items are Python objects). Not thread-safe beyond the GIL:
 one scheduler thread owns a heap.
