@@ -352,7 +352,7 @@ def fill_timings(msg: Any, timings: Any, deadline: float | None,
     if timings is not None:
         msg.queueing_ms = ms(getattr(timings, "arrival", None), getattr(timings, "start", None))
         msg.compute_ms = ms(getattr(timings, "start", None), getattr(timings, "end", None))
-        for key in ("preempted", "kernels_reexecuted", "kernels_padded"):
+        for key in ("preempted", "kernels_padded"):
             v = getattr(timings, key, 0)
             setattr(msg, key, max(int(v), 0) if isinstance(v, int | np.integer) else 0)
     else:

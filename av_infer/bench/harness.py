@@ -477,7 +477,7 @@ class Bench:
                         tm = f.result().timings
                         rec.start, rec.first_kernel_start = tm.start, tm.first_kernel_start
                         rec.end = tm.end
-                        rec.preempted, rec.kernels_reexecuted = tm.preempted, tm.kernels_reexecuted
+                        rec.preempted = tm.preempted
                         rec.kernels_padded = tm.kernels_padded
                     if not task.open_loop and rt.now() < t_end and exc is None:
                         submit(task, rt.now())

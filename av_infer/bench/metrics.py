@@ -51,7 +51,6 @@ class Record:
     end: float = math.nan
     deadline: float = math.inf  # absolute; inf when the client has none
     preempted: int = 0
-    kernels_reexecuted: int = 0
     kernels_padded: int = 0
     kernels: int = 0  # kernels in the model's plan
     error: str | None = None
@@ -272,7 +271,7 @@ def summarize(
     slowdown = {"p50": _r(sd["p50"]), "p99": _r(sd["p99"]), "max": _r(sd["max"]),
                 "mean": _r(sd["mean"]), "count": int(ratio.size)}
 
-    be_kernels = sum(r.kernels + r.kernels_reexecuted for r in be if r.ok)
+    be_kernels = sum(r.kernels for r in be if r.ok)
     padded = sum(r.kernels_padded for r in be)
     total_done = sum(1 for r in rt_ok if r.end <= t_end) + len(be_done)
     return {
@@ -285,7 +284,6 @@ def summarize(
         "first_kernel_us": _pdist(allfk),
         "preemptions": int(preemptions),
         "preempted_requests": sum(1 for r in be if r.preempted),
-        "kernels_reexecuted": int(sum(r.kernels_reexecuted for r in records)),
         "padded_fraction": _r(padded / be_kernels if be_kernels else 0.0, 6),
     }
 

@@ -271,7 +271,6 @@ def _open_avi(rt: _Model, be: _Model, cfg: PeerConfig, stack: ExitStack) -> _Ope
             d = st.get(stat, {})
             out[key] = {k: d.get(k) for k in ("p50", "p99", "max", "count")}
         out["preemptions"] = st.get("preemptions")
-        out["kernels_reexecuted"] = st.get("kernels_reexecuted")
         dev = st.get("device", {})
         out["killed"] = sum(s.get("killed", 0) for s in dev.get("streams", []))
         out["kill_ms"] = dev.get("kill_ms")

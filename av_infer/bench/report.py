@@ -108,7 +108,7 @@ def table(doc: dict[str, Any]) -> str:
     """A plain-text table, one row per policy."""
     head = (f"{'policy':<18}{'RT p50':>9}{'p99':>9}{'p99.9':>9}{'max':>9}{'+p50%':>8}"
             f"{'+p99%':>8}{'miss':>10}{'RT/s':>8}{'BE/s':>8}{'tot/s':>8}{'disp p99':>9}"
-            f"{'pre p50us':>10}{'p99us':>9}{'slow p99':>9}{'#pre':>7}{'reexec':>7}")
+            f"{'pre p50us':>10}{'p99us':>9}{'slow p99':>9}{'#pre':>7}")
     lines = [head, "-" * len(head)]
     for name, p in doc["policies"].items():
         r = p["rt"]
@@ -124,7 +124,7 @@ def table(doc: dict[str, Any]) -> str:
             f"{_f(p['dispatch_latency_us']['p99'], '{:.1f}'):>9}"
             f"{na or _f(pre.get('p50'), '{:.1f}'):>10}{na or _f(pre.get('p99'), '{:.1f}'):>9}"
             f"{_f(p['rt_slowdown']['p99'], '{:.3f}'):>9}"
-            f"{p['preemptions']:>7}{p['kernels_reexecuted']:>7}")
+            f"{p['preemptions']:>7}")
     return "\n".join(lines)
 
 
@@ -147,7 +147,7 @@ def sweep_table(doc: dict[str, Any]) -> str:
     sw = doc["sweep"]
     param = sw["param"]
     head = (f"{param:>4}{'RT p50':>9}{'RT p99':>9}{'pre p50us':>11}{'pre p99us':>11}"
-            f"{'pre max':>9}{'BE/s':>9}{'tot/s':>9}{'reexec':>8}")
+            f"{'pre max':>9}{'BE/s':>9}{'tot/s':>9}")
     lines = [f"sweep of {param} under {sw['policy']}", head, "-" * len(head)]
     for r in sw["results"]:
         pre = r["preemption_latency_us"]
@@ -155,7 +155,7 @@ def sweep_table(doc: dict[str, Any]) -> str:
             f"{r[param]:>4}{_f(r['rt']['p50_ms']):>9}{_f(r['rt']['p99_ms']):>9}"
             f"{_f(pre.get('p50'), '{:.1f}'):>11}{_f(pre.get('p99'), '{:.1f}'):>11}"
             f"{_f(pre.get('max'), '{:.1f}'):>9}{_f(r['be']['throughput_rps'], '{:.1f}'):>9}"
-            f"{_f(r['throughput_rps'], '{:.1f}'):>9}{r['kernels_reexecuted']:>8}")
+            f"{_f(r['throughput_rps'], '{:.1f}'):>9}")
     return "\n".join(lines)
 
 

@@ -387,7 +387,7 @@ class ModelServices:
                 continue
             tm = m.req.timings
             tm.start, tm.first_kernel_start, tm.end = bt.start, bt.first_kernel_start, bt.end
-            tm.preempted, tm.kernels_reexecuted = bt.preempted, bt.kernels_reexecuted
+            tm.preempted = bt.preempted
             tm.kernels_padded = bt.kernels_padded
             model, kappa = served if served is not None and m.req.model in self.groups \
                 else (m.req.model, 1.0)

@@ -45,7 +45,6 @@ class Timings:
     first_kernel_start: float = math.nan
     end: float = math.nan
     preempted: int = 0
-    kernels_reexecuted: int = 0
     kernels_padded: int = 0  # BE kernel launches that ran as padding (DKP)
     #: when the runtime took the request (``submit``): later than ``arrival`` by whatever
     #: delayed the caller (a client thread waking late) before it could submit

@@ -877,8 +877,7 @@ class Scheduler:
                 self._enqueue(t, s, t.resume_from)
                 if self.listeners:
                     self._emit("restore", {"request_id": t.tid, "stream": s.id,
-                                           "from": t.resume_from, "reexecuted": 0,
-                                           "t": self.device.now()})
+                                           "from": t.resume_from, "t": self.device.now()})
         # Start new BE tasks on free streams.
         for s in self.be_streams:
             if not self.be_queues:
@@ -912,7 +911,7 @@ class Scheduler:
         # reach this thread after the flag, and restoring from ``t.done`` then re-ran
         # kernels beyond the plan's reuse guard, whose inputs were overwritten (wrong BE
         # outputs on an H100, docs/gpu_results.md). So no kernel known to have run is ever
-        # re-run: ``kernels_reexecuted`` stays 0 (re-sent launches were not known to run).
+        # re-run (re-sent launches were not known to run), and nothing counts re-runs.
         rp = max(t.done, t.reset_done or 0)
         t.done = rp
         t.reset_done = None
@@ -926,7 +925,7 @@ class Scheduler:
         self._enqueue(t, s, rp)
         if self.listeners:
             self._emit("restore", {"request_id": t.tid, "stream": s.id, "from": rp,
-                                   "reexecuted": 0, "t": self.device.now()})
+                                   "t": self.device.now()})
 
     # -- the BE queue as batching sees it (model_services.maybe_batch) -------------------------
     def _be_queued_of(self, model: str) -> list[Task]:
@@ -1254,7 +1253,6 @@ class Scheduler:
                                     "client": req.client, "priority": req.priority.name,
                                     "latency": tm.end - tm.arrival,
                                     "preempted": tm.preempted,
-                                    "kernels_reexecuted": tm.kernels_reexecuted,
                                     "deadline_met": tm.end <= req.deadline, "t": tm.end})
 
     def _fail(self, t: Task, err: AvInferError) -> None:

@@ -41,7 +41,6 @@ class Stats:
         self.models: dict[str, dict[str, int]] = {}
         self.preemptions = 0
         self.restores = 0
-        self.kernels_reexecuted = 0
         self.rt_switches = 0  # edf_preempt take-overs of the RT stream
         self.padded_launches = 0  # RT launches that carried BE blocks (DKP)
         self.padded_blocks = 0  # BE blocks that ran inside padded launches
@@ -89,7 +88,6 @@ class Stats:
                 "models": {k: dict(v) for k, v in self.models.items()},
                 "preemptions": self.preemptions,
                 "restores": self.restores,
-                "kernels_reexecuted": self.kernels_reexecuted,
                 "rt_switches": self.rt_switches,
                 "padded_launches": self.padded_launches,
                 "padded_blocks": self.padded_blocks,
