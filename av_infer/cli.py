@@ -166,8 +166,11 @@ def _tolerance(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     from av_infer.model.check import DEFAULT_ATOL, DEFAULT_RTOL
 
+    from av_infer import __version__
+
     p = argparse.ArgumentParser(prog="av-infer", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+    p.add_argument("--version", action="version", version=f"av-infer {__version__}")
+    sub = p.add_subparsers(dest="command")
 
     models = sub.add_parser("models", help="the model zoo and the compiler")
     msub = models.add_subparsers(dest="models_command", required=True)
@@ -221,7 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one subcommand; a bare ``av-infer`` prints the help (exit 0), like ``ros2``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:  # no subcommand given
+        parser.print_help()
+        return 0
     try:
         return int(args.func(args) or 0)
     except AvInferError as e:

@@ -66,3 +66,15 @@ def test_parse_input_shapes() -> None:
     assert parse_input_shapes(None) is None
     with pytest.raises(SystemExit):
         parse_input_shapes(["1,x"])
+
+
+def test_bare_command_prints_help_and_version_is_printed(capsys) -> None:
+    from av_infer import __version__
+
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: av-infer") and "models" in out and "bench" in out
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"av-infer {__version__}"
