@@ -164,9 +164,8 @@ def _tolerance(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from av_infer.model.check import DEFAULT_ATOL, DEFAULT_RTOL
-
     from av_infer import __version__
+    from av_infer.model.check import DEFAULT_ATOL, DEFAULT_RTOL
 
     p = argparse.ArgumentParser(prog="av-infer", description=__doc__)
     p.add_argument("--version", action="version", version=f"av-infer {__version__}")
