@@ -122,6 +122,13 @@ class RejectedError(AvInferError):
     code = "rejected"
 
 
+class NotAllowedError(RejectedError):
+    """The runtime host's allow-list (``client_models``) does not let this client run
+    this model: a refusal of configuration, answered like any rejection."""
+
+    code = "not_allowed"
+
+
 class DeviceUnavailableError(AvInferError):
     """The named device cannot be used here (no GPU, no driver, or not built yet)."""
 

@@ -64,7 +64,7 @@ PRIORITY_OF: dict[str, int] = {v: k for k, v in PRIORITIES.items()}
 STATUS: dict[str, int] = {
     "ok": 0, MALFORMED: 1, "invalid_input": 2, "unknown_model": 3, "deadline_missed": 4,
     "rejected": 5, "inactive": 6, "shutdown": 7, "device_fault": 8, "timeout": 9,
-    "request_too_large": 10, "invalid_parameter": 11,
+    "request_too_large": 10, "invalid_parameter": 11, "not_allowed": 5,
 }
 STATUS_INTERNAL_ERROR = 255
 

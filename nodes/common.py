@@ -6,6 +6,7 @@ glue, time conversion, debug topics, the executors, and the two ways to reach a 
 from __future__ import annotations
 
 import array
+import hashlib
 import math
 import threading
 import time
@@ -47,6 +48,19 @@ MODELS_TOPIC = "/av_infer/models"
 REQUEST_QOS = QoSProfile(depth=64, history=HistoryPolicy.KEEP_LAST,
                          reliability=ReliabilityPolicy.RELIABLE,
                          durability=DurabilityPolicy.VOLATILE)
+#: A client's own response topic (``response_topic``): reliable and transient-local, so the
+#: answers the host publishes on a topic it just created (on that client's first request,
+#: before discovery matched the client's reader) are delivered once it matches: a volatile
+#: writer would drop them. The depth bounds what the host keeps per client (the same 64 as
+#: the shared topic, which all clients shared). Request ids must be unique per process run
+#: (the perception node's are uuid4): a restarted client may be handed the last answers of
+#: its previous run, whose ids match nothing pending and are ignored.
+RESPONSE_QOS_CLIENT = QoSProfile(depth=64, history=HistoryPolicy.KEEP_LAST,
+                                 reliability=ReliabilityPolicy.RELIABLE,
+                                 durability=DurabilityPolicy.TRANSIENT_LOCAL)
+#: How the runtime host answers (its ``response_routing`` parameter, announced in the model
+#: table): ``per_client`` on ``response_topic(client)``, ``shared`` on ``RESPONSE_TOPIC``.
+ROUTINGS = ("per_client", "shared")
 #: The host's model table: latched, so late joiners get it.
 LATCHED_QOS = QoSProfile(depth=1, history=HistoryPolicy.KEEP_LAST,
                          reliability=ReliabilityPolicy.RELIABLE,
@@ -71,6 +85,29 @@ _TYPES = {
 
 _ARRAY_TYPES = {str: Parameter.Type.STRING_ARRAY, float: Parameter.Type.DOUBLE_ARRAY,
                 int: Parameter.Type.INTEGER_ARRAY}
+
+
+def response_topic(client: str) -> str:
+    """The topic a runtime host answers ``client``'s requests on (``per_client`` routing):
+    ``/av_infer/response/<client>`` when the client id is a valid topic-name token (the
+    perception node's default id, its node name, is), else ``/av_infer/response/id_`` and
+    16 hex digits of the id's SHA-256 (ids with characters a topic name cannot carry).
+    An empty id has no topic of its own: those requests are answered on ``RESPONSE_TOPIC``.
+    Host and clients both name topics through this one function."""
+    from rclpy.exceptions import InvalidTopicNameException
+    from rclpy.validate_full_topic_name import validate_full_topic_name
+
+    if not client:
+        return RESPONSE_TOPIC
+    name = f"{RESPONSE_TOPIC}/{client}"
+    if "/" not in client and "~" not in client and "{" not in client and len(client) <= 128:
+        try:
+            validate_full_topic_name(name)
+            return name
+        except InvalidTopicNameException:
+            pass
+    digest = hashlib.sha256(client.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{RESPONSE_TOPIC}/id_{digest}"
 
 
 def declare(node: Node, name: str, default: Any, description: str, *,
@@ -404,15 +441,27 @@ def request_msg(ctrl: codec.RequestControl, inputs: Mapping[str, np.ndarray]
 class RemoteRuntimeClient(RuntimeClient):
     """Over topics: publishes requests, matches responses by id, times out lost ones.
 
-    Ready once the host's model table names the model (or variant group) and both topics
-    are matched (DDS drops what is published before discovery, so nothing is sent before
-    that).
+    Where answers come from follows the host's ``response_routing``, which its model table
+    announces: ``per_client``: only this client's own topic (``response_topic(client)``),
+    so it never receives, nor deserialises, another client's answers; ``shared`` (and a
+    host whose table does not say: before routing existed): ``RESPONSE_TOPIC``, every
+    client's answers, matched here by id. Ready once the host's model table names the
+    model (or variant group) and the request topic is matched (DDS drops what is published
+    before discovery, so nothing is sent before that); on the shared topic the response
+    topic must be matched too. A per-client topic's publisher is made by the host on this
+    client's first request and keeps its answers until this reader matches
+    (``RESPONSE_QOS_CLIENT``).
     """
 
     def __init__(self, node: Node, timeout_s: float = 5.0,
-                 on_models: Callable[[dict[str, Any]], None] | None = None):
+                 on_models: Callable[[dict[str, Any]], None] | None = None,
+                 client: str = ""):
         self._node = node
         self.timeout_s = timeout_s
+        #: the client id of this client's requests (its per-client topic's name)
+        self.client = client
+        #: the host's routing, from its model table (None until the table arrived)
+        self.routing: str | None = None
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[Future, float, str]] = {}
         self._models: dict[str, Any] = {}
@@ -421,9 +470,7 @@ class RemoteRuntimeClient(RuntimeClient):
         self._on_models = on_models
         self._pub = node.create_publisher(InferRequest, REQUEST_TOPIC, REQUEST_QOS,
                                           event_callbacks=PUB_EVENTS)
-        self._sub = node.create_subscription(InferResponse, RESPONSE_TOPIC,
-                                             self._on_response, REQUEST_QOS,
-                                             event_callbacks=SUB_EVENTS)
+        self._sub: Any = None
         self._models_sub = node.create_subscription(String, MODELS_TOPIC, self._on_models_msg,
                                                     LATCHED_QOS, event_callbacks=SUB_EVENTS)
         self._timer = node.create_timer(0.25, self._expire)
@@ -439,15 +486,40 @@ class RemoteRuntimeClient(RuntimeClient):
             self._models = {**{g: {"inputs": v["inputs"], "outputs": v["outputs"]}
                                for g, v in groups.items()}, **models}
             self._groups = {g: dict(v["variants"]) for g, v in groups.items()}
+            routing = table.get("response_routing") or "shared"
         except (ValueError, AttributeError, TypeError, KeyError):
             self._node.get_logger().warning("ignoring a malformed model table")
             return
+        self._follow_routing(routing if routing in ROUTINGS else "shared")
         if self._on_models is not None:
             self._on_models(self._models)
 
+    def _follow_routing(self, routing: str) -> None:
+        """Subscribes to where the host answers this client (on the executor thread)."""
+        per_client = routing == "per_client" and bool(self.client)
+        topic = response_topic(self.client) if per_client else RESPONSE_TOPIC
+        if self._sub is not None and self._sub.topic_name == topic:
+            self.routing = routing
+            return
+        if self._sub is not None:
+            self._node.destroy_subscription(self._sub)
+        self._sub = self._node.create_subscription(
+            InferResponse, topic, self._on_response,
+            RESPONSE_QOS_CLIENT if per_client else REQUEST_QOS, event_callbacks=SUB_EVENTS)
+        self.routing = routing
+
+    @property
+    def response_topic(self) -> str | None:
+        """The topic this client's answers come on (None until the host's table arrived)."""
+        return None if self._sub is None else self._sub.topic_name
+
     def ready(self, model: str) -> bool:
-        return (model in self._models and self._pub.get_subscription_count() > 0
-                and self._sub.get_publisher_count() > 0)
+        if self._sub is None or model not in self._models:
+            return False
+        if self._pub.get_subscription_count() == 0:
+            return False
+        # per client: the host makes the topic's publisher on the first request
+        return self._sub.topic_name != RESPONSE_TOPIC or self._sub.get_publisher_count() > 0
 
     def variant_groups(self) -> dict[str, dict[str, float]] | None:
         return self._groups
@@ -503,7 +575,8 @@ class RemoteRuntimeClient(RuntimeClient):
         """Answers what is pending (``close``) and removes the topics and timer."""
         self.close()
         self._node.destroy_publisher(self._pub)
-        self._node.destroy_subscription(self._sub)
+        if self._sub is not None:
+            self._node.destroy_subscription(self._sub)
         self._node.destroy_subscription(self._models_sub)
         self._node.destroy_timer(self._timer)
 

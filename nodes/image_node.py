@@ -171,7 +171,8 @@ class ImageInferenceNode(LifecycleNode):
                 self._ensure_local_model(self.p["model"])
                 self._configure_local_client(self.p)
             else:
-                self.client = RemoteRuntimeClient(self, timeout_s=self.p["request_timeout_s"])
+                self.client = RemoteRuntimeClient(self, timeout_s=self.p["request_timeout_s"],
+                                                  client=self.p["client"])
         except Exception as exc:  # noqa: BLE001 - refuse the transition, say why
             self.get_logger().error(f"configure failed: {type(exc).__name__}: {exc}")
             self._configure_error = exc
@@ -220,7 +221,10 @@ class ImageInferenceNode(LifecycleNode):
                                      "Zoo variant loaded on demand in local mode.",
                                      read_only=True),
             "client": declare(self, "client", self.get_name(),
-                              "Client id in runtime statistics.", read_only=True),
+                              "Client id in runtime statistics; in remote mode also the "
+                              "name of this node's response topic (/av_infer/response/"
+                              "<client>) and its entry in the host's client_models "
+                              "allow-list.", read_only=True),
             "priority": declare(self, "priority", self.default_priority,
                                 "Request priority: RT (deadline-ordered, preempts BE) or BE.",
                                 read_only=True, constraints="RT or BE"),

@@ -13,8 +13,12 @@ or at start with ``autostart``, the default):
 Endpoints, all present in every state (a request to an inactive node is answered, never
 dropped):
 
-* /av_infer/request (``av_infer_msgs/InferRequest``) -> /av_infer/response
-  (``InferResponse``): every request answered exactly once. The split control/data path:
+* /av_infer/request (``av_infer_msgs/InferRequest``) -> ``response_topic(client)``, i.e.
+  /av_infer/response/<client> (``InferResponse``; ``response_routing`` ``per_client``,
+  the default: each client receives only its own answers; a request without a client id,
+  and every request with ``shared``, is answered on /av_infer/response): every request
+  answered exactly once. ``client_models`` (an allow-list) refuses a client's requests
+  for other models (``not_allowed``, on that client's topic). The split control/data path:
   control fields are read and validated first (``tensor_codec.read_control``), tensor
   metadata is checked against ``max_request_tensors``/``max_request_mb`` and the model's
   input spec before anything is allocated, then each payload is copied once, straight into
@@ -40,7 +44,7 @@ import math
 import re
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -56,7 +60,9 @@ from av_infer_nodes.common import (
     PUB_EVENTS,
     REQUEST_QOS,
     REQUEST_TOPIC,
+    RESPONSE_QOS_CLIENT,
     RESPONSE_TOPIC,
+    ROUTINGS,
     SUB_EVENTS,
     Reply,
     debug_publishers,
@@ -65,6 +71,7 @@ from av_infer_nodes.common import (
     error_reply,
     publish_debug,
     response_msg,
+    response_topic,
     ros_text,
     spin_nodes,
     submit_to_runtime,
@@ -93,6 +100,7 @@ from av_infer import (
     load_qos_policy,
 )
 from av_infer import tensor_codec as codec
+from av_infer.errors import NotAllowedError
 
 LOAD_MODEL_SERVICE = "/av_infer/load_model"
 UNLOAD_MODEL_SERVICE = "/av_infer/unload_model"
@@ -195,6 +203,50 @@ def model_source(entry: str, variant: str) -> tuple[str, Any]:
     return entry, zoo_path(entry, variant)
 
 
+#: ``client_models`` entries: ``CLIENT=MODEL[,MODEL...]``; ``*`` as CLIENT: every client
+#: without an entry of its own.
+ANY_CLIENT = "*"
+
+
+def parse_client_models(entries: list[str]) -> dict[str, frozenset[str]]:
+    """The ``client_models`` allow-list: ``["front=yolo,det", "*=tiny_cnn"]`` -> client ->
+    the models (and variant groups) it may name. Empty: no allow-list (every client may
+    name every model). InvalidParameterError for a malformed entry or a client listed
+    twice, so a refused value changes nothing."""
+    out: dict[str, frozenset[str]] = {}
+    for e in entries:
+        client, sep, models = str(e).partition("=")
+        client = client.strip()
+        names = [m.strip() for m in models.split(",")] if sep else []
+        if not client or not names or any(not m for m in names):
+            raise InvalidParameterError(
+                f"client_models entries are CLIENT=MODEL[,MODEL...] (CLIENT * for every "
+                f"other client); got {e!r}")
+        if client in out:
+            raise InvalidParameterError(f"client_models names client {client!r} twice")
+        out[client] = frozenset(names)
+    return out
+
+
+def allow_list_refusal(allow: dict[str, frozenset[str]], client: str, model: str,
+                       variant_group: str | None) -> str | None:
+    """None if ``client`` may run ``model`` (and ``variant_group``) under ``allow`` (see
+    ``parse_client_models``), else why not. A client with no entry falls under ``*``; with
+    neither, it is refused: once an allow-list is configured, what it does not name is
+    not allowed."""
+    if not allow:
+        return None
+    allowed = allow.get(client, allow.get(ANY_CLIENT))
+    if allowed is None:
+        return (f"client {client!r} is not in the runtime host's allow-list "
+                "(parameter client_models)")
+    for name in (model, variant_group):
+        if name and name not in allowed:
+            return (f"client {client!r} may not run {name!r}: its allow-list (parameter "
+                    f"client_models) names {', '.join(sorted(allowed))}")
+    return None
+
+
 class ModelLatency:
     """Per-model latency samples and deadline misses, fed by a Runtime listener."""
 
@@ -268,6 +320,18 @@ class RuntimeNode(LifecycleNode):
         self._debug = debug_publishers(self, p["debug_topics"])
         self._resp_pub = self.create_publisher(InferResponse, RESPONSE_TOPIC, REQUEST_QOS,
                                                event_callbacks=PUB_EVENTS)
+        #: per-client response publishers (topic -> publisher), least recently used first;
+        #: at most ``max_response_topics`` (the oldest is destroyed to make room)
+        self._client_pubs: OrderedDict[str, Any] = OrderedDict()
+        self._pubs_lock = threading.Lock()
+        try:
+            self.allow = parse_client_models(p["client_models"])
+        except InvalidParameterError as exc:
+            self.allow = {}
+            self._param_errors.append(str(exc))
+        if p["response_routing"] not in ROUTINGS:
+            self._param_errors.append(f"response_routing must be one of {', '.join(ROUTINGS)}"
+                                      f", got {p['response_routing']!r}")
         self._req_sub = self.create_subscription(InferRequest, REQUEST_TOPIC,
                                                  self._on_request, REQUEST_QOS,
                                                  event_callbacks=SUB_EVENTS)
@@ -593,6 +657,22 @@ class RuntimeNode(LifecycleNode):
                                       "Most tensor bytes in one request (MiB); checked "
                                       "before anything is allocated.", read_only=True,
                                       int_range=(1, 4096)),
+            "response_routing": declare(self, "response_routing", "per_client",
+                                        "Where answers go: per_client (each client's own "
+                                        "topic /av_infer/response/<client>; no client "
+                                        "receives another's) or shared (every answer on "
+                                        "/av_infer/response, as before routing existed).",
+                                        read_only=True, constraints="per_client or shared"),
+            "max_response_topics": declare(self, "max_response_topics", 256,
+                                           "per_client: most per-client response publishers "
+                                           "kept (the least recently used one is destroyed "
+                                           "to make room).", read_only=True,
+                                           int_range=(1, 65536)),
+            "client_models": declare(self, "client_models", [],
+                                     "Allow-list: entries CLIENT=MODEL[,MODEL...] (CLIENT * "
+                                     "for every client without its own entry); requests "
+                                     "for anything else are refused not_allowed. Empty: "
+                                     "no allow-list.", array_of=str),
             "debug_topics": declare(self, "debug_topics", False,
                                     "Publish ~/debug/processing_time_ms and "
                                     "~/debug/pipeline_latency_ms.", read_only=True),
@@ -719,6 +799,14 @@ class RuntimeNode(LifecycleNode):
                 except InvalidParameterError as exc:
                     return str(exc)
             return None
+        if name == "client_models":
+            try:
+                parse_client_models(list(value or []))
+            except InvalidParameterError as exc:
+                return str(exc)
+            except TypeError:
+                return "client_models must be a string array"
+            return None
         if name in ("eq2_b_thrd", "fixed_max"):
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
             return None if ok else f"{name} must be an integer >= 1, got {value!r}"
@@ -756,7 +844,8 @@ class RuntimeNode(LifecycleNode):
         rt = self.runtime
         undo: list[tuple[Any, tuple[Any, ...]]] = []
         if rt is None:  # unconfigured: configure reads the parameters
-            changed = {k: v for k, v in changed.items() if k == "diagnostics_period_s"}
+            changed = {k: v for k, v in changed.items()
+                       if k in ("diagnostics_period_s", "client_models")}
         try:
             if rt is None:
                 pass
@@ -793,6 +882,8 @@ class RuntimeNode(LifecycleNode):
                 except Exception as exc:  # pragma: no cover - best effort
                     self.get_logger().error(f"rollback of {fn.__name__} failed: {exc}")
             raise
+        if "client_models" in changed:  # validated: cannot fail, so nothing to roll back
+            self.allow = parse_client_models(list(changed["client_models"] or []))
         if "diagnostics_period_s" in changed:
             self._diag_timer.cancel()
             self.destroy_timer(self._diag_timer)
@@ -822,7 +913,7 @@ class RuntimeNode(LifecycleNode):
         key = (names, tuple(sorted((g, tuple(v.items())) for g, v in groups.items())))
         if key == self._published_models:
             return
-        table = {"device": self.device,
+        table = {"device": self.device, "response_routing": self.p["response_routing"],
                  "models": {n: describe_model(rt, n) for n in names},
                  "variant_groups": {g: {"variants": v, **describe_model(rt, g)}
                                     for g, v in groups.items()}}
@@ -934,6 +1025,10 @@ class RuntimeNode(LifecycleNode):
             return
         try:
             ctrl = codec.read_control(msg, self.limits)
+            refusal = allow_list_refusal(self.allow, str(msg.client), ctrl.model,
+                                         ctrl.variant_group)
+            if refusal is not None:
+                raise NotAllowedError(refusal)
             views = codec.check_tensors(msg.tensors, self.limits, ctrl.id)
             inputs: Any = views
             try:
@@ -981,12 +1076,39 @@ class RuntimeNode(LifecycleNode):
             msg = response_msg(Reply(id=reply.id, code="internal_error", message=str(exc),
                                      model=reply.model), request.header)
         try:
-            self._resp_pub.publish(msg)
+            self._response_publisher(request).publish(msg)
             publish_debug(self._debug, self, t_recv, request.header.stamp)
         except Exception as exc:  # context already shut down
             if rclpy.ok(context=self.context):
                 self.get_logger().error(f"cannot publish response {reply.id}: {exc}")
 
+
+    def _response_publisher(self, request: InferRequest) -> Any:
+        """The publisher for ``request``'s answer: its client's own topic (made on the
+        client's first request; ``RESPONSE_QOS_CLIENT`` keeps what it publishes until the
+        client's reader matches), or the shared topic (``shared`` routing, or no client id)."""
+        client = request.client if isinstance(request.client, str) else ""
+        if self.p["response_routing"] != "per_client" or not client:
+            return self._resp_pub
+        topic = response_topic(client)
+        with self._pubs_lock:
+            pub = self._client_pubs.get(topic)
+            if pub is not None:
+                self._client_pubs.move_to_end(topic)
+                return pub
+            while len(self._client_pubs) >= self.p["max_response_topics"]:
+                _, old = self._client_pubs.popitem(last=False)
+                self.destroy_publisher(old)
+            pub = self.create_publisher(InferResponse, topic, RESPONSE_QOS_CLIENT,
+                                        event_callbacks=PUB_EVENTS)
+            self._client_pubs[topic] = pub
+            return pub
+
+    def response_topics(self) -> list[str]:
+        """The per-client response topics this host publishes now (least recently used
+        first)."""
+        with self._pubs_lock:
+            return list(self._client_pubs)
 
     # -- diagnostics ---------------------------------------------------------------------
     def publish_diagnostics(self) -> None:

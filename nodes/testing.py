@@ -31,10 +31,11 @@ from av_infer_nodes.common import (
     PUB_EVENTS,
     REQUEST_QOS,
     REQUEST_TOPIC,
-    RESPONSE_TOPIC,
+    RESPONSE_QOS_CLIENT,
     SUB_EVENTS,
     make_executor,
     request_msg,
+    response_topic,
 )
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
@@ -296,10 +297,12 @@ class RuntimeHostClient:
                        what=f"{c.srv_name} (a probe)")
         self._lock = threading.Lock()
         self.responses: list[InferResponse] = []
-        self.sub = tester.create_subscription(InferResponse, RESPONSE_TOPIC, self._on,
-                                              REQUEST_QOS)
+        # the host answers client "lc" (``ask``) on its own topic; the publisher there is
+        # made by the first request, and what it sent before matching is kept for us
+        self.sub = tester.create_subscription(InferResponse, response_topic("lc"), self._on,
+                                              RESPONSE_QOS_CLIENT)
         self.pub = tester.create_publisher(InferRequest, REQUEST_TOPIC, REQUEST_QOS)
-        wait_matched(self.pub, self.sub)
+        wait_matched(self.pub)
         self._n = 0
 
     def _on(self, msg: InferResponse) -> None:

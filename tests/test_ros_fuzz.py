@@ -322,7 +322,10 @@ def host(tmp_path_factory):
     logs = tmp_path_factory.mktemp("ros_fuzz_logs")
     proc = NodeProcess("av_infer_nodes.runtime_node", log_dir=logs, ros_args=[
         "-p", "device:=cpu", "-p", f"models:=[{MODEL}]",
-        "-p", f"max_request_tensors:={MAX_TENSORS}", "-p", f"max_request_mb:={MAX_MB}"])
+        "-p", f"max_request_tensors:={MAX_TENSORS}", "-p", f"max_request_mb:={MAX_MB}",
+        # every answer on the one shared topic: the fuzzed client ids would each get a
+        # topic of their own (per-client routing: test_ros_routing)
+        "-p", "response_routing:=shared"])
     h = RosHarness()
     try:
         hst = Host(proc, h)

@@ -116,7 +116,7 @@ def test_lifecycle_and_model_services_from_another_process(managed):
     assert loaded.success and loaded.code == "ok", loaded.message
     assert loaded.model.name == "tiny2" and loaded.model.path == str(models / "tiny.onnx")
     assert [t.name for t in loaded.model.inputs] == ["input"]
-    assert list(loaded.model.inputs[0].shape) == [1, 3, 32, 32]
+    assert list(loaded.model.inputs[0].shape.dims) == [1, 3, 32, 32]
     # the same bytes as the zoo's tiny_cnn that configure compiled and stored: a plan-cache
     # hit already (the key is the model's bytes, not its name or path)
     assert loaded.model.plan_cache == "hit"

@@ -101,7 +101,7 @@ def test_model_too_large_and_unbound_dimension(services):
     bound = host.call(host.load, LoadModel.Request(name="dyn", path="dynamic.onnx",
                                                    input_shapes=["input=1,3,32,32"]))
     assert bound.success, (bound.code, bound.message)
-    assert list(bound.model.inputs[0].shape) == [1, 3, 32, 32]
+    assert list(bound.model.inputs[0].shape.dims) == [1, 3, 32, 32]
     assert host.ask(np.zeros((1, 3, 32, 32), np.float32), model="dyn").status \
         == InferResponse.STATUS_OK
 

@@ -29,8 +29,10 @@ from av_infer_msgs.msg import (  # noqa: E402
 from av_infer_nodes.common import (  # noqa: E402
     REQUEST_QOS,
     REQUEST_TOPIC,
+    RESPONSE_QOS_CLIENT,
     RESPONSE_TOPIC,
     request_msg,
+    response_topic,
 )
 from av_infer_nodes.image_node import IMAGE_QOS  # noqa: E402
 from av_infer_nodes.monitoring_node import MonitoringNode  # noqa: E402
@@ -190,10 +192,14 @@ def _request(rid: str, x: np.ndarray | None, **kw) -> InferRequest:
 def test_request_response_ids_and_errors(graph):
     h, host, per, mon, tester = graph
     resps = Collector()
-    sub = tester.create_subscription(InferResponse, RESPONSE_TOPIC, resps, REQUEST_QOS)
+    # client "tester"'s answers come on its own topic; the id-less request's (no client)
+    # on the shared one
+    sub = tester.create_subscription(InferResponse, response_topic("tester"), resps,
+                                     RESPONSE_QOS_CLIENT)
+    shared = tester.create_subscription(InferResponse, RESPONSE_TOPIC, resps, REQUEST_QOS)
     pub = tester.create_publisher(InferRequest, REQUEST_TOPIC, REQUEST_QOS)
     try:
-        wait_matched(pub, sub)
+        wait_matched(pub, shared)
         x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
         ids = {k: str(uuid.uuid4()) for k in ("ok", "be", "unknown", "shape", "dtype",
                                               "lying", "big", "dup")}
@@ -255,6 +261,7 @@ def test_request_response_ids_and_errors(graph):
         np.testing.assert_allclose(_views(ok)["logits"], direct.outputs["logits"], rtol=1e-6)
     finally:
         tester.destroy_subscription(sub)
+        tester.destroy_subscription(shared)
         tester.destroy_publisher(pub)
 
 
@@ -264,11 +271,12 @@ def test_inactive_host_answers_inactive_and_comes_back(graph):
     them over ~/change_state from another process."""
     h, host, per, mon, tester = graph
     resps = Collector()
-    sub = tester.create_subscription(InferResponse, RESPONSE_TOPIC, resps, REQUEST_QOS)
+    sub = tester.create_subscription(InferResponse, response_topic("tester"), resps,
+                                     RESPONSE_QOS_CLIENT)
     pub = tester.create_publisher(InferRequest, REQUEST_TOPIC, REQUEST_QOS)
     x = np.zeros((1, 3, 32, 32), np.float32)
     try:
-        wait_matched(pub, sub)
+        wait_matched(pub)
         host.trigger_deactivate()
         pub.publish(_request("while-inactive", x))
         r = wait_for(lambda: [m for m in resps.snapshot() if m.id == "while-inactive"],
@@ -291,10 +299,11 @@ def test_recorded_pair_round_trips_through_serialization(graph):
     equal messages: no C++ and no codec of ours needed to read a recording."""
     h, host, per, mon, tester = graph
     resps = Collector()
-    sub = tester.create_subscription(InferResponse, RESPONSE_TOPIC, resps, REQUEST_QOS)
+    sub = tester.create_subscription(InferResponse, response_topic("tester"), resps,
+                                     RESPONSE_QOS_CLIENT)
     pub = tester.create_publisher(InferRequest, REQUEST_TOPIC, REQUEST_QOS)
     try:
-        wait_matched(pub, sub)
+        wait_matched(pub)
         req = _request("recorded", np.ones((1, 3, 32, 32), np.float32))
         pub.publish(req)
         resp = wait_for(lambda: [m for m in resps.snapshot() if m.id == "recorded"],

@@ -29,8 +29,9 @@ from av_infer_msgs.msg import InferRequest, InferResponse, TensorList  # noqa: E
 from av_infer_nodes.common import (  # noqa: E402
     REQUEST_QOS,
     REQUEST_TOPIC,
-    RESPONSE_TOPIC,
+    RESPONSE_QOS_CLIENT,
     request_msg,
+    response_topic,
 )
 from av_infer_nodes.image_node import IMAGE_QOS  # noqa: E402
 from av_infer_nodes.monitoring_node import MonitoringNode  # noqa: E402
@@ -91,9 +92,11 @@ def qos(tmp_path_factory):
             *_group_params(list(KAPPA), list(KAPPA.values()))]))
         tester = h.node("qos_tester")
         resps = Collector()
-        sub = tester.create_subscription(InferResponse, RESPONSE_TOPIC, resps, REQUEST_QOS)
+        sub = tester.create_subscription(InferResponse, response_topic("qos_tester"), resps,
+                                         RESPONSE_QOS_CLIENT)
         pub = tester.create_publisher(InferRequest, REQUEST_TOPIC, REQUEST_QOS)
-        wait_matched(pub, sub)
+        wait_matched(pub)
+        assert sub.topic_name == "/av_infer/response/qos_tester"
         yield h, host, tester, pub, resps, paths
 
 
