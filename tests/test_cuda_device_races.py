@@ -43,7 +43,7 @@ class _ScriptedDispatcher:
     def feed(self, *completion: Any) -> None:
         self._feed.put(completion)
 
-    def poll(self, max_n: int = 4096, timeout: float = 0.05) -> list:
+    def poll(self, max_n: int = 4096, timeout: float = 0.05, executed: bool = False) -> list:
         try:
             return [self._feed.get(timeout=timeout)]
         except queue.Empty:

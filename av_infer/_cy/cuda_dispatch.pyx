@@ -28,7 +28,7 @@ from cpython.pythread cimport (
     PyThread_release_lock,
     PyThread_type_lock,
 )
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
@@ -48,6 +48,10 @@ ctypedef void* CUevent
 ctypedef void* CUfunction
 ctypedef void* CUmodule
 ctypedef unsigned long long CUdeviceptr
+ctypedef void* CUgraph
+ctypedef void* CUgraphNode
+ctypedef void* CUgraphExec
+ctypedef unsigned long long CUgraphConditionalHandle
 
 cdef enum:
     CUDA_SUCCESS = 0
@@ -60,6 +64,48 @@ cdef enum:
     TASK_SLOTS_MIN = 256    # initial task table size (power of 2; doubles at half full)
     COMP_RING = 65536       # completion ring (power of 2)
     GEOM_WORDS = 7          # grid xyz, block xyz, dynamic smem
+    # CUDA graphs with conditional nodes (CUDA 12.4+, docs/cuda_graphs.md)
+    CU_GRAPH_NODE_TYPE_KERNEL = 0
+    CU_GRAPH_NODE_TYPE_CONDITIONAL = 13
+    CU_GRAPH_COND_TYPE_IF = 0
+    CU_GRAPH_COND_ASSIGN_DEFAULT = 1
+    NODE_PARAMS_BYTES = 256     # sizeof(CUgraphNodeParams): type, 3 ints, 232-byte union, 8
+    NODE_PARAMS_UNION = 16      # offset of its union
+    ZERO_PARAM_BYTES = 32768    # the largest kernel parameter CUDA 12.1+ accepts
+
+#: CUDA_KERNEL_NODE_PARAMS_v2 (= _v3, the kernel member of CUgraphNodeParams' union)
+cdef struct KernelNodeParams:
+    CUfunction func
+    unsigned int gridDimX
+    unsigned int gridDimY
+    unsigned int gridDimZ
+    unsigned int blockDimX
+    unsigned int blockDimY
+    unsigned int blockDimZ
+    unsigned int sharedMemBytes
+    void** kernelParams
+    void** extra
+    void* kern
+    CUcontext ctx
+
+#: CUDA_CONDITIONAL_NODE_PARAMS (the conditional member of CUgraphNodeParams' union)
+cdef struct CondNodeParams:
+    CUgraphConditionalHandle handle
+    int type
+    unsigned int size
+    CUgraph* phGraph_out
+    CUcontext ctx
+
+#: one gated op (docs/cuda_graphs.md): gate kernel -> IF node { op kernel }, instantiated once
+cdef struct GatedGraph:
+    CUgraph graph
+    CUgraphExec exec
+    CUgraphNode gate
+    CUgraphNode op
+    CUgraphConditionalHandle cond
+    CUfunction gate_func
+    CUfunction op_func
+    uint32_t geom[7]
 
 ctypedef CUresult (*p_cuInit)(unsigned int) noexcept nogil
 ctypedef CUresult (*p_cuGetErrorString)(CUresult, const char**) noexcept nogil
@@ -83,6 +129,18 @@ ctypedef CUresult (*p_cuModuleLoadData)(CUmodule*, const void*) noexcept nogil
 ctypedef CUresult (*p_cuModuleUnload)(CUmodule) noexcept nogil
 ctypedef CUresult (*p_cuModuleGetFunction)(CUfunction*, CUmodule, const char*) noexcept nogil
 ctypedef CUresult (*p_cuFuncGetAttribute)(int*, int, CUfunction) noexcept nogil
+ctypedef CUresult (*p_cuGraphCreate)(CUgraph*, unsigned int) noexcept nogil
+ctypedef CUresult (*p_cuGraphDestroy)(CUgraph) noexcept nogil
+ctypedef CUresult (*p_cuGraphConditionalHandleCreate)(CUgraphConditionalHandle*, CUgraph, CUcontext,
+                                                      unsigned int, unsigned int) noexcept nogil
+ctypedef CUresult (*p_cuGraphAddNode)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
+                                      void*) noexcept nogil
+ctypedef CUresult (*p_cuGraphInstantiateWithFlags)(CUgraphExec*, CUgraph,
+                                                   unsigned long long) noexcept nogil
+ctypedef CUresult (*p_cuGraphExecDestroy)(CUgraphExec) noexcept nogil
+ctypedef CUresult (*p_cuGraphLaunch)(CUgraphExec, CUstream) noexcept nogil
+ctypedef CUresult (*p_cuGraphExecKernelNodeSetParams)(CUgraphExec, CUgraphNode,
+                                                      const KernelNodeParams*) noexcept nogil
 #: a vendor op's launcher (``cuda_vendor.pyx``: ``vendor_launch``): (op, the task's packed
 #: struct of the kernel, CUstream, the stream's vendor context) -> 0 or a vendor status
 ctypedef int (*p_vendor_launch)(void*, const char*, CUstream, void*) noexcept nogil
@@ -110,6 +168,15 @@ cdef struct Driver:
     p_cuModuleUnload cuModuleUnload
     p_cuModuleGetFunction cuModuleGetFunction
     p_cuFuncGetAttribute cuFuncGetAttribute
+    # optional: CUDA graphs with conditional nodes (NULL where the driver lacks them)
+    p_cuGraphCreate cuGraphCreate
+    p_cuGraphDestroy cuGraphDestroy
+    p_cuGraphConditionalHandleCreate cuGraphConditionalHandleCreate
+    p_cuGraphAddNode cuGraphAddNode
+    p_cuGraphInstantiateWithFlags cuGraphInstantiateWithFlags
+    p_cuGraphExecDestroy cuGraphExecDestroy
+    p_cuGraphLaunch cuGraphLaunch
+    p_cuGraphExecKernelNodeSetParams cuGraphExecKernelNodeSetParams
 
 cdef dict _drivers = {}   # library path -> address of its Driver (never freed)
 
@@ -182,6 +249,20 @@ cdef Driver* _driver(str path) except NULL:
     # optional: stream memory operations (fallback: cuMemsetD32Async on the flag stream)
     p = _sym(lib, b"cuStreamWriteValue32_v2", b"cuStreamWriteValue32")
     d.cuStreamWriteValue32 = <p_cuStreamWriteValue32>p
+    # optional: CUDA graphs with conditional nodes (the gated BE path; docs/cuda_graphs.md).
+    # cuGraphAddNode: the CUDA 12.2+ ABI (no edge data); cuGraphExecKernelNodeSetParams_v2:
+    # CUDA_KERNEL_NODE_PARAMS_v2 (the unversioned symbol takes v1, a prefix of it)
+    d.cuGraphCreate = <p_cuGraphCreate>_sym(lib, b"cuGraphCreate", NULL)
+    d.cuGraphDestroy = <p_cuGraphDestroy>_sym(lib, b"cuGraphDestroy", NULL)
+    d.cuGraphConditionalHandleCreate = <p_cuGraphConditionalHandleCreate>_sym(
+        lib, b"cuGraphConditionalHandleCreate", NULL)
+    d.cuGraphAddNode = <p_cuGraphAddNode>_sym(lib, b"cuGraphAddNode", NULL)
+    d.cuGraphInstantiateWithFlags = <p_cuGraphInstantiateWithFlags>_sym(
+        lib, b"cuGraphInstantiateWithFlags", NULL)
+    d.cuGraphExecDestroy = <p_cuGraphExecDestroy>_sym(lib, b"cuGraphExecDestroy", NULL)
+    d.cuGraphLaunch = <p_cuGraphLaunch>_sym(lib, b"cuGraphLaunch", NULL)
+    d.cuGraphExecKernelNodeSetParams = <p_cuGraphExecKernelNodeSetParams>_sym(
+        lib, b"cuGraphExecKernelNodeSetParams_v2", b"cuGraphExecKernelNodeSetParams")
     cdef CUresult r = d.cuInit(0)
     if r != CUDA_SUCCESS:
         free(d)
@@ -248,6 +329,10 @@ cdef struct Stream:
     uint64_t vlaunched          # vendor launches (issued or skipped)
     double host_s               # host seconds spent transmitting (lookup, launch, event)
     double vhost_s              # ... of which on vendor launches
+    int graphs                  # gated graph launches on this stream (docs/cuda_graphs.md)
+    uint8_t gated[RING]         # launch in slot went through a gated graph
+    uint64_t glaunched          # gated graph launches
+    uint64_t gskipped           # ... whose gate stayed shut (flag up): the op did not run
 
 cdef struct TaskRec:
     int64_t id                  # -1: empty slot (there are no tombstones; see _remove)
@@ -262,12 +347,15 @@ cdef struct TaskRec:
     char** pargs                # its by-value AviPadArgs bytes
     p_vendor_launch* vfn        # vendor op of kernel k (NULL: a kernel of ours); NULL: none
     void** vop
+    GatedGraph** gg             # gated graph of kernel k (NULL: none); NULL: none at all
+    CUdeviceptr grec            # the task's gate record (host-visible; gate.py's layout)
 
 cdef struct Comp:
     int32_t stream
     int64_t task
     int32_t kernel
     int32_t status
+    int32_t executed            # 1 ran, 0 skipped (a gate record says so), -1 unknown
     double t0
     double t1
 
@@ -312,6 +400,8 @@ cdef class Dispatcher:
     cdef int _prio_lo
     cdef int _prio_hi
     cdef uint64_t _loops
+    cdef CUdeviceptr _zero      # a device word that is always 0: the flag of gated ops
+    cdef char* _zbuf            # zero bytes: parameter values of a graph's first build
 
     def __cinit__(self):
         self._st = <Stream*>calloc(MAX_STREAMS, sizeof(Stream))
@@ -340,6 +430,10 @@ cdef class Dispatcher:
         self._fstream = NULL
         self._ctx = NULL
         self._drv = NULL
+        self._zero = 0
+        self._zbuf = <char*>calloc(ZERO_PARAM_BYTES, 1)
+        if self._zbuf == NULL:
+            raise MemoryError()
 
     def __init__(self, str driver="libcuda.so.1"):
         """Needs a current CUDA context on the calling thread (e.g. CuPy's device).
@@ -374,6 +468,7 @@ cdef class Dispatcher:
         free(self._st)
         free(self._tasks)
         free(self._ring)
+        free(self._zbuf)
         if self._tlock != NULL:
             PyThread_free_lock(self._tlock)
         if self._rlock != NULL:
@@ -459,6 +554,8 @@ cdef class Dispatcher:
         cdef Stream* st = &self._st[s]
         return {"launched": st.launched, "completed": st.completed, "in_flight": st.count,
                 "vendor_launched": st.vlaunched, "vendor_skipped": st.vskipped,
+                "graphs": bool(st.graphs), "graph_launched": st.glaunched,
+                "graph_skipped": st.gskipped,
                 "host_us_per_launch": st.host_s / st.launched * 1e6 if st.launched else None,
                 "vendor_host_us_per_launch":
                     st.vhost_s / st.vlaunched * 1e6 if st.vlaunched else None}
@@ -469,6 +566,123 @@ cdef class Dispatcher:
         if not 0 <= s < self._nst:
             raise IndexError(f"no stream {s}")
         self._st[s].vctx = <void*>ctx
+
+    # -- gated CUDA graphs (docs/cuda_graphs.md) -----------------------------------------
+    def graphs_missing(self):
+        """The graph entry points the driver lacks ([] where it has them all)."""
+        d = self._drv
+        have = {"cuGraphCreate": d.cuGraphCreate != NULL, "cuGraphDestroy": d.cuGraphDestroy != NULL,
+                "cuGraphConditionalHandleCreate": d.cuGraphConditionalHandleCreate != NULL,
+                "cuGraphAddNode": d.cuGraphAddNode != NULL,
+                "cuGraphInstantiateWithFlags": d.cuGraphInstantiateWithFlags != NULL,
+                "cuGraphExecDestroy": d.cuGraphExecDestroy != NULL,
+                "cuGraphLaunch": d.cuGraphLaunch != NULL,
+                "cuGraphExecKernelNodeSetParams": d.cuGraphExecKernelNodeSetParams != NULL}
+        return [k for k, v in have.items() if not v]
+
+    def set_zero_word(self, uintptr_t ptr):
+        """A device word that stays 0: the flag argument of ops inside gated graphs (the
+        gate decided; the op must then run whole, never evict itself half-way)."""
+        self._zero = <CUdeviceptr>ptr
+
+    def set_stream_graphs(self, int s, bint on):
+        """Launch stream ``s``'s kernels that have a gated graph through it."""
+        if not 0 <= s < self._nst:
+            raise IndexError(f"no stream {s}")
+        if on and self._zero == 0:
+            raise RuntimeError("set_zero_word first")
+        self._st[s].graphs = 1 if on else 0
+
+    def gated_graph(self, uintptr_t gate_func, uintptr_t op_func, bytes geom):
+        """Build and instantiate one gated op: gate kernel -> IF node { op kernel }.
+
+        Returns its address (for ``register_task``'s ``graphs``); raises RuntimeError
+        naming the refusing call and its CUresult (the caller falls back to plain
+        launches and says so)."""
+        if len(geom) != GEOM_WORDS * 4:
+            raise ValueError("geometry: 7 uint32 words")
+        missing = self.graphs_missing()
+        if missing:
+            raise RuntimeError(f"the driver lacks {', '.join(missing)}")
+        cdef GatedGraph* gg = <GatedGraph*>calloc(1, sizeof(GatedGraph))
+        if gg == NULL:
+            raise MemoryError()
+        memcpy(gg.geom, <const char*>geom, GEOM_WORDS * 4)
+        gg.gate_func = <CUfunction>gate_func
+        gg.op_func = <CUfunction>op_func
+        cdef char np_[NODE_PARAMS_BYTES]
+        cdef KernelNodeParams* kp = <KernelNodeParams*>(np_ + NODE_PARAMS_UNION)
+        cdef CondNodeParams* cp = <CondNodeParams*>(np_ + NODE_PARAMS_UNION)
+        cdef void* gparams[4]
+        cdef void* oparams[2]
+        cdef CUgraph body = NULL
+        cdef CUgraphNode cond_node = NULL
+        cdef Driver* d = self._drv
+        cdef CUresult r
+        what = "cuGraphCreate"
+        self._cur()
+        r = d.cuGraphCreate(&gg.graph, 0)
+        if r == CUDA_SUCCESS:
+            what = "cuGraphConditionalHandleCreate"
+            r = d.cuGraphConditionalHandleCreate(&gg.cond, gg.graph, self._ctx, 0,
+                                                 CU_GRAPH_COND_ASSIGN_DEFAULT)
+        if r == CUDA_SUCCESS:  # the gate: (flag, handle, record, k); values set per launch
+            what = "cuGraphAddNode(gate kernel)"
+            memset(np_, 0, NODE_PARAMS_BYTES)
+            (<int*>np_)[0] = CU_GRAPH_NODE_TYPE_KERNEL
+            kp.func = gg.gate_func
+            kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
+            kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1
+            gparams[0] = self._zbuf
+            gparams[1] = &gg.cond
+            gparams[2] = self._zbuf
+            gparams[3] = self._zbuf
+            kp.kernelParams = gparams
+            r = d.cuGraphAddNode(&gg.gate, gg.graph, NULL, 0, np_)
+        if r == CUDA_SUCCESS:
+            what = "cuGraphAddNode(IF conditional)"
+            memset(np_, 0, NODE_PARAMS_BYTES)
+            (<int*>np_)[0] = CU_GRAPH_NODE_TYPE_CONDITIONAL
+            cp.handle = gg.cond
+            cp.type = CU_GRAPH_COND_TYPE_IF
+            cp.size = 1
+            cp.ctx = self._ctx
+            r = d.cuGraphAddNode(&cond_node, gg.graph, &gg.gate, 1, np_)
+            if r == CUDA_SUCCESS:
+                body = cp.phGraph_out[0]
+        if r == CUDA_SUCCESS:  # the op, in the IF node's body
+            what = "cuGraphAddNode(op kernel in the IF body)"
+            memset(np_, 0, NODE_PARAMS_BYTES)
+            (<int*>np_)[0] = CU_GRAPH_NODE_TYPE_KERNEL
+            kp.func = gg.op_func
+            kp.gridDimX, kp.gridDimY, kp.gridDimZ = gg.geom[0], gg.geom[1], gg.geom[2]
+            kp.blockDimX, kp.blockDimY, kp.blockDimZ = gg.geom[3], gg.geom[4], gg.geom[5]
+            kp.sharedMemBytes = gg.geom[6]
+            oparams[0] = self._zbuf
+            oparams[1] = self._zbuf
+            kp.kernelParams = oparams
+            r = d.cuGraphAddNode(&gg.op, body, NULL, 0, np_)
+        if r == CUDA_SUCCESS:
+            what = "cuGraphInstantiateWithFlags"
+            r = d.cuGraphInstantiateWithFlags(&gg.exec, gg.graph, 0)
+        if r != CUDA_SUCCESS:
+            if gg.graph != NULL:
+                d.cuGraphDestroy(gg.graph)
+            free(gg)
+            raise RuntimeError(f"{what} refused: {_errstr(d, r)} (CUresult {r})")
+        return <uintptr_t>gg
+
+    def destroy_gated_graph(self, uintptr_t addr):
+        """Free a gated graph (no task that uses it may have launches in flight)."""
+        cdef GatedGraph* gg = <GatedGraph*>addr
+        if gg == NULL:
+            return
+        self._cur()
+        if gg.exec != NULL:
+            self._drv.cuGraphExecDestroy(gg.exec)
+        if gg.graph != NULL:
+            self._drv.cuGraphDestroy(gg.graph)
+        free(gg)
 
     # -- modules ------------------------------------------------------------------------
     def load_module(self, bytes image):
@@ -591,8 +805,11 @@ cdef class Dispatcher:
         free(r.pargs)
         free(r.vfn)
         free(r.vop)
+        free(r.gg)
         r.vfn = NULL
         r.vop = NULL
+        r.gg = NULL
+        r.grec = 0
         r.funcs = NULL
         r.geom = NULL
         r.args = NULL
@@ -601,15 +818,30 @@ cdef class Dispatcher:
         r.pgeom = NULL
         r.pargs = NULL
 
-    def register_task(self, int64_t task, funcs, bytes geom, bytes args, offs, vendor=None):
+    def register_task(self, int64_t task, funcs, bytes geom, bytes args, offs, vendor=None,
+                      graphs=None, uintptr_t record=0):
         """Launch table of a task: per kernel its CUfunction, 7 geometry words (uint32:
         grid xyz, block xyz, smem) and the offset of its packed struct in ``args``.
 
         ``vendor``: per kernel None or ``(launcher address, op address)``: that kernel is a
         vendor op, launched by calling the launcher on the stream (``cuda_vendor.pyx``)
-        with the same packed struct, unless the stream's flag is up (it cannot check it)."""
+        with the same packed struct, unless the stream's flag is up (it cannot check it).
+
+        ``graphs``: per kernel 0 or a ``gated_graph`` address, and ``record`` the task's
+        gate record (``nk + 1`` host-visible uint32 words, kernels/cuda/gate.py): on a
+        stream with graphs on, that kernel is launched through its gated graph and its
+        completion reports whether it ran."""
         cdef int32_t nk = len(funcs)
         cdef int32_t i
+        cdef GatedGraph** gg = NULL
+        if graphs is not None and any(graphs):
+            if len(graphs) != nk or record == 0:
+                raise ValueError("graph table size does not match, or no record")
+            gg = <GatedGraph**>calloc(nk, sizeof(GatedGraph*))
+            if gg == NULL:
+                raise MemoryError()
+            for i in range(nk):
+                gg[i] = <GatedGraph*><uintptr_t>graphs[i]
         cdef p_vendor_launch* vf = NULL
         cdef void** vo = NULL
         if vendor is not None and any(v is not None for v in vendor):
@@ -618,22 +850,23 @@ cdef class Dispatcher:
             vf = <p_vendor_launch*>calloc(nk, sizeof(p_vendor_launch))
             vo = <void**>calloc(nk, sizeof(void*))
             if vf == NULL or vo == NULL:
-                free(vf); free(vo)
+                free(vf); free(vo); free(gg)
                 raise MemoryError()
             for i in range(nk):
                 if vendor[i] is not None:
                     vf[i] = <p_vendor_launch><uintptr_t>vendor[i][0]
                     vo[i] = <void*><uintptr_t>vendor[i][1]
-        if task < 0:
-            raise ValueError(f"task ids are >= 0, got {task}")
-        if len(geom) != nk * GEOM_WORDS * 4 or len(offs) != nk:
+        if task < 0 or len(geom) != nk * GEOM_WORDS * 4 or len(offs) != nk:
+            free(vf); free(vo); free(gg)
+            if task < 0:
+                raise ValueError(f"task ids are >= 0, got {task}")
             raise ValueError("launch table sizes do not match")
         cdef CUfunction* fs = <CUfunction*>malloc(max(nk, 1) * sizeof(CUfunction))
         cdef uint32_t* gm = <uint32_t*>malloc(max(nk, 1) * GEOM_WORDS * 4)
         cdef char* ag = <char*>malloc(max(len(args), 1))
         cdef int64_t* of = <int64_t*>malloc(max(nk, 1) * sizeof(int64_t))
         if fs == NULL or gm == NULL or ag == NULL or of == NULL:
-            free(fs); free(gm); free(ag); free(of); free(vf); free(vo)
+            free(fs); free(gm); free(ag); free(of); free(vf); free(vo); free(gg)
             raise MemoryError()
         for i in range(nk):
             fs[i] = <CUfunction><uintptr_t>funcs[i]
@@ -648,7 +881,7 @@ cdef class Dispatcher:
         else:
             if (self._tlive + 1) * 2 > self._tcap and not self._grow():
                 PyThread_release_lock(self._tlock)
-                free(fs); free(gm); free(ag); free(of); free(vf); free(vo)
+                free(fs); free(gm); free(ag); free(of); free(vf); free(vo); free(gg)
                 raise MemoryError("task table")
             r = self._find(task, True)
             self._tlive += 1
@@ -661,6 +894,8 @@ cdef class Dispatcher:
         r.offs = of  # pfuncs/pgeom/pargs: NULL in every free slot (calloc, _free_rec)
         r.vfn = vf
         r.vop = vo
+        r.gg = gg
+        r.grec = <CUdeviceptr>record if gg != NULL else 0
         PyThread_release_lock(self._tlock)
 
     def set_padded(self, int64_t task, int32_t kernel, uintptr_t func, bytes geom, bytes args):
@@ -741,7 +976,7 @@ cdef class Dispatcher:
 
     # -- the loop -----------------------------------------------------------------------
     cdef int _push_comp(self, int32_t s, int64_t t, int32_t k, int32_t status, double t0,
-                        double t1) noexcept nogil:
+                        double t1, int32_t executed) noexcept nogil:
         cdef Comp* c
         PyThread_acquire_lock(self._rlock, WAIT_LOCK)
         if self._rtail - self._rhead >= COMP_RING:
@@ -752,6 +987,7 @@ cdef class Dispatcher:
         c.task = t
         c.kernel = k
         c.status = status
+        c.executed = executed
         c.t0 = t0
         c.t1 = t1
         self._rtail += 1
@@ -771,6 +1007,12 @@ cdef class Dispatcher:
         cdef void* params[2]
         cdef double tl
         cdef int is_vendor
+        cdef int32_t executed
+        cdef uint32_t word
+        cdef KernelNodeParams kp
+        cdef void* gparams[4]
+        cdef uint32_t k32
+        cdef GatedGraph* gg
         cdef int nst = self._nst
         for s in range(nst):
             st = &self._st[s]
@@ -786,12 +1028,21 @@ cdef class Dispatcher:
                 if self._rtail - self._rhead >= COMP_RING:
                     break  # Python is behind: keep the launch in flight for now
                 _vhq_complete(self._vhq[s], &t, &k)
+                executed = -1
                 PyThread_acquire_lock(self._tlock, WAIT_LOCK)
                 rec = self._find(st.task[slot], False)
                 if rec != NULL and rec.inflight > 0:
                     rec.inflight -= 1
+                if (st.gated[slot] and r == CUDA_SUCCESS and rec != NULL and rec.grec != 0
+                        and 0 <= st.kernel[slot] < rec.nk):
+                    # the graph completed: its gate wrote the record (host-visible memory)
+                    word = (<volatile uint32_t*>rec.grec)[1 + st.kernel[slot]]
+                    executed = 1 if word == 1 else (0 if word == 2 else -1)
+                    if executed == 0:
+                        st.gskipped += 1
                 PyThread_release_lock(self._tlock)
-                self._push_comp(s, st.task[slot], st.kernel[slot], r, st.t0[slot], _now())
+                self._push_comp(s, st.task[slot], st.kernel[slot], r, st.t0[slot], _now(),
+                                executed)
                 st.head = (slot + 1) % RING
                 st.count -= 1
                 st.completed += 1
@@ -801,6 +1052,7 @@ cdef class Dispatcher:
                 slot = (st.head + st.count) % RING
                 r = -1  # unknown task / kernel index
                 is_vendor = 0
+                st.gated[slot] = 0
                 tl = _now()
                 PyThread_acquire_lock(self._tlock, WAIT_LOCK)
                 rec = self._find(t, False)
@@ -814,6 +1066,40 @@ cdef class Dispatcher:
                     _drop_padded(rec, k)
                     if r == CUDA_SUCCESS:
                         r = self._drv.cuEventRecord(st.ev[slot], st.s)
+                    rec.inflight += 1
+                elif (st.graphs and rec != NULL and 0 <= k < rec.nk and rec.gg != NULL
+                      and rec.gg[k] != NULL):
+                    # a gated graph (docs/cuda_graphs.md): this launch's values go into the
+                    # executable graph's two kernel nodes (later launches only), then one
+                    # graph launch; the gate reads the flag on the GPU and records the outcome
+                    gg = rec.gg[k]
+                    k32 = <uint32_t>k
+                    memset(&kp, 0, sizeof(KernelNodeParams))
+                    kp.func = gg.gate_func
+                    kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
+                    kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1
+                    gparams[0] = &st.flag
+                    gparams[1] = &gg.cond
+                    gparams[2] = &rec.grec
+                    gparams[3] = &k32
+                    kp.kernelParams = gparams
+                    r = self._drv.cuGraphExecKernelNodeSetParams(gg.exec, gg.gate, &kp)
+                    if r == CUDA_SUCCESS:
+                        kp.func = gg.op_func
+                        g = gg.geom
+                        kp.gridDimX, kp.gridDimY, kp.gridDimZ = g[0], g[1], g[2]
+                        kp.blockDimX, kp.blockDimY, kp.blockDimZ = g[3], g[4], g[5]
+                        kp.sharedMemBytes = g[6]
+                        params[0] = &self._zero
+                        params[1] = rec.args + rec.offs[k]
+                        kp.kernelParams = params
+                        r = self._drv.cuGraphExecKernelNodeSetParams(gg.exec, gg.op, &kp)
+                    if r == CUDA_SUCCESS:
+                        r = self._drv.cuGraphLaunch(gg.exec, st.s)
+                    if r == CUDA_SUCCESS:
+                        r = self._drv.cuEventRecord(st.ev[slot], st.s)
+                    st.gated[slot] = 1
+                    st.glaunched += 1
                     rec.inflight += 1
                 elif rec != NULL and 0 <= k < rec.nk and rec.vfn != NULL and rec.vfn[k] != NULL:
                     # a vendor op: a closed kernel cannot read the flag, so it is checked
@@ -893,9 +1179,11 @@ cdef class Dispatcher:
     def loops(self):
         return self._loops
 
-    def poll(self, int max_n=4096, double timeout=0.05):
+    def poll(self, int max_n=4096, double timeout=0.05, bint executed=False):
         """Completions since the last poll, waiting up to ``timeout`` s for the first:
-        list of (stream, task, kernel, status, t_launch, t_observed)."""
+        list of (stream, task, kernel, status, t_launch, t_observed), with ``executed``
+        one more item: True / False where a gated graph's record says whether the op ran,
+        else None."""
         cdef long long us = <long long>(timeout * 1e6)
         cdef int n = 0
         cdef Comp c
@@ -908,6 +1196,10 @@ cdef class Dispatcher:
             c = self._ring[self._rhead & (COMP_RING - 1)]
             self._rhead += 1
             n += 1
-            out.append((c.stream, c.task, c.kernel, c.status, c.t0, c.t1))
+            if executed:
+                out.append((c.stream, c.task, c.kernel, c.status, c.t0, c.t1,
+                            None if c.executed < 0 else c.executed == 1))
+            else:
+                out.append((c.stream, c.task, c.kernel, c.status, c.t0, c.t1))
         PyThread_release_lock(self._rlock)
         return out

@@ -14,8 +14,9 @@ stream, straight into / out of the arena regions the kernels read / write.
 
 Importing this module never touches CUDA; :func:`is_available` says whether it can run.
 Completions: ``executed`` is None (a kernel that returned at its flag check looks like one
-that ran); ``t_start`` is the host time of the launch call, ``t_end`` the host time the
-dispatcher saw the kernel's event complete.
+that ran), except for launches through gated graphs (``graphs="be"``, docs/cuda_graphs.md),
+whose gate record says True / False; ``t_start`` is the host time of the launch call,
+``t_end`` the host time the dispatcher saw the kernel's event complete.
 
 DKP (``enqueue_padded``): the padded dispatcher kernel of ``kernels/cuda/padding.py``,
 compiled per set of resident plans (RT plan + the BE plans of the parts) on a background
@@ -97,6 +98,8 @@ log = logging.getLogger(__name__)
 MAX_CAPACITY = 64
 MAX_STREAMS = 64
 _FLAG_STRIDE = 32  # bytes between flag words (one per stream, own sector)
+#: ``CudaDevice(graphs=...)``: off = plain vHQ launches; be = gated CUDA graphs on BE streams
+GRAPH_MODES = ("off", "be")
 
 
 def availability(device_id: int = 0, emulate: bool = False) -> tuple[bool, str]:
@@ -148,6 +151,8 @@ class _Model:
     #: per kernel: {"kernel", "kind", "path": "vendor"|"own", "reason", "own_us", "vendor_us"}
     vendor_report: list[dict[str, Any]] = field(default_factory=list)
     zero_bias: list[Any] = field(default_factory=list)
+    #: per kernel 0 or the address of its gated graph (docs/cuda_graphs.md); [] = none
+    graphs: list[int] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -161,6 +166,8 @@ class _Task:
     error: str | None = None
     error_kernel: int = -1
     staging: dict[str, Any] = field(default_factory=dict)
+    #: gate record (host-visible uint32[nk + 1], kernels/cuda/gate.py); None: no graphs
+    grec: Any = None
 
 
 class CudaDevice(Device):
@@ -179,7 +186,7 @@ class CudaDevice(Device):
     def __init__(self, device_id: int = 0, c: int = 4, tf32: bool = False,
                  cache_dir: str | None = None, compiler: Compiler | None = None,
                  emulate: bool = False, sms: int = 16, vendor: str | None = None,
-                 workspace_mb: int | None = None) -> None:
+                 workspace_mb: int | None = None, graphs: str | None = None) -> None:
         """``emulate``: run on the CPU emulator (docs/cuda_emu.md); ``sms`` is then the
         SM count padding selection assumes (a real GPU reports its own).
 
@@ -189,8 +196,18 @@ class CudaDevice(Device):
         Unless ``off``, cuBLASLt and cuDNN 9 must be found (``cuda_vendor.find_library``),
         else :class:`VendorLibraryError`.
         ``workspace_mb``: vendor workspace per stream (default
-        ``$AV_INFER_VENDOR_WORKSPACE_MB``, else 32 on a GPU, 1 on the emulator)."""
+        ``$AV_INFER_VENDOR_WORKSPACE_MB``, else 32 on a GPU, 1 on the emulator).
+        ``graphs``: ``off`` | ``be`` (default ``$AV_INFER_CUDA_GRAPHS``, else ``off``):
+        ``be`` launches the kernels of ours on BE streams as gated CUDA graphs (a gate
+        kernel reads the flag, an IF node runs the op or skips it, a record says which;
+        docs/cuda_graphs.md). Where the driver refuses graphs or conditional nodes the
+        plain vHQ path runs and ``telemetry()["graphs"]`` says why."""
         import os
+
+        gmode = graphs if graphs is not None else os.environ.get("AV_INFER_CUDA_GRAPHS", "")
+        gmode = gmode.strip().lower() or "off"
+        if gmode not in GRAPH_MODES:
+            raise ValueError(f"graphs must be one of {GRAPH_MODES}, got {gmode!r}")
 
         mode = vendor if vendor is not None else os.environ.get("AV_INFER_CUDA_VENDOR", "")
         mode = mode.strip().lower() or "off"
@@ -241,6 +258,15 @@ class CudaDevice(Device):
         self._ws: list[Any] = []  # per stream: its vendor workspace (device memory)
         if mode != "off":
             self._vendor = self._load_vendor()
+        #: gated graphs (docs/cuda_graphs.md): mode, whether in use, why not, per plan
+        self.graphs_mode = gmode
+        self._graphs: dict[str, Any] = {"mode": gmode, "active": False, "reason": "off",
+                                        "plans": {}}
+        self._gate_func = 0
+        self._zero_word: Any = None
+        self._graph_addrs: set[int] = set()
+        if gmode != "off":
+            self._init_graphs()
         #: one owner of _tasks / _zombies / _padded (module docstring, "Threads")
         self._books = threading.Lock()
         #: BE parts of the padded launches queued or in flight, by (RT task, kernel): the
@@ -267,6 +293,63 @@ class CudaDevice(Device):
     # -- clock ----------------------------------------------------------------------------
     def now(self) -> float:
         return time.perf_counter()  # CLOCK_MONOTONIC, the dispatcher's clock too
+
+    # -- gated CUDA graphs (docs/cuda_graphs.md) -------------------------------------------
+    def _graphs_refused(self, why: str) -> None:
+        """Graphs off for this device from now on: the plain vHQ path, and say why."""
+        self._graphs["active"] = False
+        self._graphs["reason"] = why
+        log.warning("cuda: gated graphs refused, plain vHQ launches instead: %s", why)
+
+    def _init_graphs(self) -> None:
+        """The gate kernel's module and the zero flag word of gated ops."""
+        from av_infer.kernels.cuda.gate import GATE_KERNEL, GATE_SOURCE
+
+        missing = self._disp.graphs_missing()
+        if missing:
+            self._graphs_refused(f"the driver lacks {', '.join(missing)}")
+            return
+        try:
+            image = self._cache.get_or_compile(self._compiler, GATE_SOURCE, self.arch, ())
+            module = self._disp.load_module(image)
+            self._gate_func = self._disp.get_function(module, GATE_KERNEL)
+        except Exception as e:  # noqa: BLE001 - any compile/load failure: plain path, said
+            self._graphs_refused(f"the gate kernel did not build: {type(e).__name__}: {e}")
+            return
+        self._zero_word = self._mem.alloc(64, zero=True)
+        self._disp.set_zero_word(self._mem.ptr(self._zero_word))
+        self._graphs["active"] = True
+        self._graphs["reason"] = ""
+
+    def _build_graphs(self, m: _Model) -> None:
+        """One gated graph per kernel of ours (vendor ops keep the host flag check).
+        A refusal drops graphs for the device (plain path) and says so."""
+        made: list[int] = []
+        try:
+            for k, f in enumerate(m.funcs):
+                if m.vendor and m.vendor[k] is not None:
+                    made.append(0)
+                    continue
+                made.append(self._disp.gated_graph(self._gate_func, f,
+                                                   m.geom[k * 28:(k + 1) * 28]))
+        except RuntimeError as e:
+            for a in made:
+                if a:
+                    self._disp.destroy_gated_graph(a)
+            self._graphs_refused(f"{m.plan.name}: {e}")
+            for sid in range(len(self._vhqs)):
+                self._disp.set_stream_graphs(sid, False)
+            return
+        m.graphs = made
+        self._graph_addrs.update(a for a in made if a)
+        self._graphs["plans"][m.plan.name] = sum(1 for a in made if a)
+
+    def _free_graphs(self, m: _Model) -> None:
+        for a in m.graphs:
+            if a:
+                self._disp.destroy_gated_graph(a)
+                self._graph_addrs.discard(a)
+        m.graphs = []
 
     # -- vendor libraries (cuda_vendor.py, cuda_vendor.pyx) -------------------------------
     def _load_vendor(self) -> Any:
@@ -396,6 +479,8 @@ class CudaDevice(Device):
         m = _Model(plan, src, module, funcs, geom, weights, aux, wb, self.plan_precision(plan))
         if self._vendor is not None:
             self._build_vendor_ops(m)
+        if self._graphs["active"]:
+            self._build_graphs(m)
         return m
 
     def kernel_geometry(self, handle: Any, k: int) -> tuple[int, int]:
@@ -419,6 +504,7 @@ class CudaDevice(Device):
     def unload_plan(self, handle: Any) -> None:
         self._profiles.pop(id(handle), None)
         self._pads.forget_plan(handle)  # modules holding its bodies: unloaded at close()
+        self._free_graphs(handle)
         self._disp.unload_module(handle.module)
         handle.weights = None
         handle.aux = []
@@ -446,9 +532,14 @@ class CudaDevice(Device):
             offs.append(pos)
             pos += len(blob)
         blob = b"".join(packed)
+        grec = None
+        if handle.graphs:
+            grec = self._mem.pinned(4 * (len(handle.funcs) + 1)).view(np.uint32)
+            grec[:] = 0
         self._disp.register_task(task, handle.funcs, handle.geom, blob, offs,
-                                 handle.vendor or None)
-        t = _Task(handle, arena, blob, offs)
+                                 handle.vendor or None, handle.graphs or None,
+                                 int(grec.ctypes.data) if grec is not None else 0)
+        t = _Task(handle, arena, blob, offs, grec=grec)
         with self._books:
             self._tasks[task] = t
         if self._pads.in_use():  # padding in use: upload now, not in a padded launch
@@ -532,6 +623,8 @@ class CudaDevice(Device):
             assert got == sid
             if self._vendor is not None:
                 self._stream_vendor(sid)
+            if self._graphs["active"] and int(priority) <= 0:  # BE streams only
+                self._disp.set_stream_graphs(sid, True)
             self._vhqs.append(vhq)
             self._prio.append(int(priority))
             self._stream_cap.append(None)
@@ -693,7 +786,7 @@ class CudaDevice(Device):
         try:
             while not self._closed:
                 if not pending:
-                    pending.extend(self._disp.poll(4096, 0.05))
+                    pending.extend(self._disp.poll(4096, 0.05, executed=True))
                 while pending:
                     held = pending.popleft()
                     faults = self.faults
@@ -701,7 +794,8 @@ class CudaDevice(Device):
                         rec = self._tasks.get(held[1])
                         if rec is not None:
                             faults.check("lane", rec.model.plan.name, held[2])
-                    done = self._completed(*held, faults)
+                    done = self._completed(*held[:6], held[6] if len(held) > 6 else None,
+                                           faults)
                     held = None
                     cb = self._on_complete
                     if cb is not None and not self._closed:
@@ -726,9 +820,10 @@ class CudaDevice(Device):
             th.start()
 
     def _completed(self, s: int, task: int, k: int, status: int, t0: float, t1: float,
-                   faults: Any = None) -> Completion:
+                   executed: bool | None = None, faults: Any = None) -> Completion:
         """The books of one completion (drain thread): a failed launch becomes its task's
         error, a padded launch takes its parts, a released task's last launch frees it.
+        ``executed``: what a gated graph's record says (None: plain launch, unknown).
         ``faults``: the device's injector (None in production)."""
         with self._books:
             rec = self._tasks.get(task)
@@ -748,7 +843,7 @@ class CudaDevice(Device):
             if task in self._zombies and self._disp.unregister_task(task):
                 self._zombies.discard(task)
                 self._tasks.pop(task, None)
-        return Completion(s, task, k, None, t0, t1, parts)
+        return Completion(s, task, k, None if status != 0 else executed, t0, t1, parts)
 
     def close(self) -> None:
         with self._lock:
@@ -761,8 +856,14 @@ class CudaDevice(Device):
             if th is not me:
                 th.join(timeout=5)
         for s in range(len(self._vhqs)):
-            self._disp.sync_stream(s)
+            try:
+                self._disp.sync_stream(s)
+            except RuntimeError as e:  # a failed launch (sticky per stream): close anyway
+                log.warning("cuda close: stream %d: %s", s, e)
         self._pads.unload_all()
+        for a in list(self._graph_addrs):
+            self._disp.destroy_gated_graph(a)
+        self._graph_addrs.clear()
         self._timing.close()
         if self._vendor is not None:
             self._vendor.close()
@@ -790,6 +891,7 @@ class CudaDevice(Device):
         out["compile_cache"] = {"dir": str(self._cache.dir), "hits": self._cache.hits,
                                 "misses": self._cache.misses}
         out["padding"] = self._pads.stats()
+        out["graphs"] = {**self._graphs, "plans": dict(self._graphs["plans"])}
         out["vendor"] = {"mode": self.vendor_mode}
         if self._vendor is not None:
             out["vendor"].update(

@@ -1346,3 +1346,6 @@ EXPORT CUresult cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
 
 /* The emulated cuBLASLt / cuDNN entry points (docs/cuda_emu.md section 3). */
 #include "vendor_emu.c"
+
+/* CUDA graphs with conditional nodes: a sequential executor (docs/cuda_graphs.md). */
+#include "graph_emu.c"

@@ -26,6 +26,8 @@ DRIVER_SOURCE = Path(__file__).with_name("driver.c")
 #: The emulated cuBLASLt / cuDNN entry points, ``#include``d at the end of driver.c (one
 #: library: the vendor ops enqueue on the driver's own emulated streams).
 VENDOR_SOURCE = Path(__file__).with_name("vendor_emu.c")
+#: CUDA graphs with conditional nodes (a sequential executor), ``#include``d after it.
+GRAPH_SOURCE = Path(__file__).with_name("graph_emu.c")
 #: Compiler flags (before the output and the source); ``-ldl`` goes last.
 CFLAGS = ("-O2", "-std=c11", "-shared", "-fPIC", "-pthread")
 LIBS = ("-ldl", "-lm")
@@ -72,7 +74,8 @@ def build_driver(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     if cc is None:
         raise DriverBuildError("no host C compiler for the CUDA emulator driver "
                                "(install gcc or set CC)")
-    source = DRIVER_SOURCE.read_bytes() + b"\0" + VENDOR_SOURCE.read_bytes()
+    source = (DRIVER_SOURCE.read_bytes() + b"\0" + VENDOR_SOURCE.read_bytes() + b"\0"
+              + GRAPH_SOURCE.read_bytes())
     version = _cc_version(cc)
     h = hashlib.sha256()
     for part in (source, cc.encode(), version.encode(), " ".join(CFLAGS + LIBS).encode()):

@@ -464,6 +464,14 @@ inline void __syncthreads() {
 }
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+// CUDA graph conditionals (docs/cuda_graphs.md): the emulated driver's handle is the address
+// of the handle's 32-bit value word (graph_emu.c); the device runtime's builtin stores it.
+typedef unsigned long long cudaGraphConditionalHandle;
+inline void cudaGraphSetConditional(cudaGraphConditionalHandle h, unsigned int value) {
+    __atomic_store_n(reinterpret_cast<unsigned int*>(h), value, __ATOMIC_SEQ_CST);
+}
 [[noreturn]] inline void __trap() {
     avi_emu::S.error = avi_emu::E_LAUNCH_FAILED;
     avi_emu::fiber_exit();

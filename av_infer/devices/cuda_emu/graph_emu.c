@@ -1,0 +1,486 @@
+/* CUDA graphs with conditional (IF) nodes on the CPU emulator (docs/cuda_graphs.md).
+ *
+ * #included at the end of driver.c (one library, the driver's own streams). Exactly the
+ * entry points the gated BE path of the dispatcher (av_infer/_cy/cuda_dispatch.pyx) calls,
+ * with CUDA 12.4+'s prototypes, structure layouts and enum values:
+ *   cuGraphCreate, cuGraphDestroy, cuGraphConditionalHandleCreate, cuGraphAddNode
+ *   (CU_GRAPH_NODE_TYPE_KERNEL and CU_GRAPH_NODE_TYPE_CONDITIONAL with
+ *   CU_GRAPH_COND_TYPE_IF, size 1), cuGraphInstantiateWithFlags, cuGraphExecDestroy,
+ *   cuGraphExecKernelNodeSetParams(_v2), cuGraphLaunch.
+ * Device code sets a conditional with cudaGraphSetConditional (prelude.h): a handle here is
+ * the address of the handle's 32-bit value word.
+ *
+ * Semantics (a sequential executor):
+ * - A node's kernel parameters are copied at cuGraphAddNode (values, by the function's
+ *   parameter sizes, as cuLaunchKernel copies them); cuGraphInstantiateWithFlags copies the
+ *   whole graph (bodies included) into the executable graph; cuGraphExecKernelNodeSetParams
+ *   changes the executable's copy of the node (found through the node it was made from,
+ *   also inside conditional bodies) and affects later launches only.
+ * - cuGraphLaunch snapshots the executable graph's parameters and enqueues ONE operation on
+ *   the stream (in stream order with kernels, events, flag writes). It runs the nodes in
+ *   the order they were added (every node's dependencies are added before it, so this is a
+ *   topological order; nodes never run concurrently). At the start of each launch every
+ *   handle created with CU_GRAPH_COND_ASSIGN_DEFAULT takes its default value. A conditional
+ *   IF node runs its body when the handle's value is nonzero.
+ * - Launches of one executable graph never overlap (a mutex per executable graph; CUDA
+ *   orders them, the emulator only excludes them).
+ * - A failing kernel node fails the stream like a failing cuLaunchKernel (the rest of the
+ *   graph is skipped; later events report CUDA_ERROR_LAUNCH_FAILED).
+ * Test hooks: avi_emu_graph_refuse(1) makes cuGraphConditionalHandleCreate answer
+ * CUDA_ERROR_NOT_SUPPORTED (a driver without conditional nodes); avi_emu_graph_fail_after(n)
+ * makes the n-th graph kernel node executed from now fail (returns 719, does not run);
+ * avi_emu_graph_runs(out[2]) counts graph launches and kernel nodes run.
+ */
+
+typedef unsigned long long CUgraphConditionalHandle;
+typedef struct emu_graph* CUgraph;
+typedef struct emu_gnode* CUgraphNode;
+typedef struct emu_gexec* CUgraphExec;
+
+enum { CU_GRAPH_NODE_TYPE_KERNEL = 0, CU_GRAPH_NODE_TYPE_CONDITIONAL = 13 };
+enum { CU_GRAPH_COND_TYPE_IF = 0, CU_GRAPH_COND_TYPE_WHILE = 1, CU_GRAPH_COND_TYPE_SWITCH = 2 };
+#define CU_GRAPH_COND_ASSIGN_DEFAULT 0x1
+
+typedef struct {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void** kernelParams;
+    void** extra;
+    void* kern; /* CUkernel */
+    CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS_v2; /* = _v3: the same fields */
+
+typedef struct {
+    CUgraphConditionalHandle handle;
+    int type; /* CUgraphConditionalNodeType */
+    unsigned int size;
+    CUgraph* phGraph_out;
+    CUcontext ctx;
+} CUDA_CONDITIONAL_NODE_PARAMS;
+
+typedef struct {
+    int type; /* CUgraphNodeType */
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_KERNEL_NODE_PARAMS_v2 kernel;
+        CUDA_CONDITIONAL_NODE_PARAMS conditional;
+    } u;
+    long long reserved2;
+} CUgraphNodeParams;
+
+_Static_assert(sizeof(CUDA_KERNEL_NODE_PARAMS_v2) == 72, "CUDA_KERNEL_NODE_PARAMS_v2 layout");
+_Static_assert(sizeof(CUDA_CONDITIONAL_NODE_PARAMS) == 32, "CUDA_CONDITIONAL_NODE_PARAMS layout");
+_Static_assert(sizeof(CUgraphNodeParams) == 256, "CUgraphNodeParams layout");
+_Static_assert(offsetof(CUgraphNodeParams, u) == 16, "CUgraphNodeParams union offset");
+
+#define MAGIC_GRAPH 0x47525048U /* 'GRPH' */
+#define MAGIC_GNODE 0x474e4f44U /* 'GNOD' */
+#define MAGIC_GEXEC 0x47455845U /* 'GEXE' */
+
+struct emu_cond {
+    _Atomic uint32_t value; /* first: the handle is this word's address */
+    unsigned dflt;
+    unsigned flags;
+    struct emu_cond* next;
+};
+
+struct emu_gnode {
+    uint32_t magic;
+    int type;
+    struct emu_gnode* next;
+    struct emu_gnode* orig;   /* in an executable graph: the node it was copied from */
+    /* kernel */
+    struct emu_function* f;
+    unsigned g[3], b[3], smem;
+    char* vals;               /* the parameter values, 64-byte aligned copies */
+    /* conditional */
+    struct emu_cond* cond;
+    struct emu_graph* body;
+};
+
+struct emu_graph {
+    uint32_t magic;
+    struct emu_gnode* head;
+    struct emu_gnode* tail;
+    struct emu_cond* conds;   /* handles created on this graph (owned by the root) */
+    int is_body;
+    int instantiated;
+    struct emu_gexec* exec;   /* its executable graph (the handles outlive a destroyed graph) */
+};
+
+struct emu_gexec {
+    uint32_t magic;
+    struct emu_graph* g;      /* the copy */
+    struct emu_graph* src;    /* NULL once destroyed (then conds is the executable's) */
+    struct emu_cond* conds;   /* the handles, taken over when the source graph is destroyed */
+    pthread_mutex_t run_mu;   /* held while a launch runs: launches never overlap */
+    pthread_mutex_t param_mu; /* the executable's parameters (set / snapshot) */
+};
+
+static atomic_int g_graph_refuse;
+static atomic_int g_graph_fail_after;
+static _Atomic unsigned long long g_graph_launches, g_graph_kernels;
+
+EXPORT void avi_emu_graph_refuse(int on) { atomic_store(&g_graph_refuse, on); }
+EXPORT void avi_emu_graph_fail_after(int n) { atomic_store(&g_graph_fail_after, n); }
+EXPORT void avi_emu_graph_runs(unsigned long long out[2]) {
+    out[0] = atomic_load(&g_graph_launches);
+    out[1] = atomic_load(&g_graph_kernels);
+}
+
+static void gnode_free(struct emu_gnode* n);
+
+static void graph_free(struct emu_graph* g, int free_conds) {
+    if (!g) return;
+    struct emu_gnode* n = g->head;
+    while (n) {
+        struct emu_gnode* nx = n->next;
+        gnode_free(n);
+        n = nx;
+    }
+    if (free_conds) {
+        struct emu_cond* c = g->conds;
+        while (c) {
+            struct emu_cond* nx = c->next;
+            free(c);
+            c = nx;
+        }
+    }
+    g->magic = 0;
+    free(g);
+}
+
+static void gnode_free(struct emu_gnode* n) {
+    if (n->f) module_unref(n->f->mod);
+    free(n->vals);
+    graph_free(n->body, 0);
+    n->magic = 0;
+    free(n);
+}
+
+static struct emu_graph* graph_new(int is_body) {
+    struct emu_graph* g = calloc(1, sizeof *g);
+    if (g) {
+        g->magic = MAGIC_GRAPH;
+        g->is_body = is_body;
+    }
+    return g;
+}
+
+static void graph_append(struct emu_graph* g, struct emu_gnode* n) {
+    if (g->tail)
+        g->tail->next = n;
+    else
+        g->head = n;
+    g->tail = n;
+}
+
+EXPORT CUresult cuGraphCreate(CUgraph* ph, unsigned int flags) {
+    if (!ph || flags) return CUDA_ERROR_INVALID_VALUE;
+    *ph = graph_new(0);
+    return *ph ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuGraphDestroy(CUgraph g) {
+    if (!g || g->magic != MAGIC_GRAPH || g->is_body) return CUDA_ERROR_INVALID_VALUE;
+    if (g->instantiated && g->exec) { /* the executable graph keeps the handles */
+        g->exec->conds = g->conds;
+        g->exec->src = NULL;
+        g->conds = NULL;
+    }
+    graph_free(g, 1);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphConditionalHandleCreate(CUgraphConditionalHandle* out, CUgraph g,
+                                               CUcontext ctx, unsigned int defaultLaunchValue,
+                                               unsigned int flags) {
+    (void)ctx;
+    if (!out || !g || g->magic != MAGIC_GRAPH || (flags & ~(unsigned)CU_GRAPH_COND_ASSIGN_DEFAULT))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (atomic_load(&g_graph_refuse)) {
+        set_error("cuGraphConditionalHandleCreate: refused (avi_emu_graph_refuse test hook)");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    struct emu_cond* c = calloc(1, sizeof *c);
+    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    atomic_init(&c->value, defaultLaunchValue);
+    c->dflt = defaultLaunchValue;
+    c->flags = flags;
+    c->next = g->conds;
+    g->conds = c;
+    *out = (CUgraphConditionalHandle)(uintptr_t)&c->value;
+    return CUDA_SUCCESS;
+}
+
+/* Copy a kernel's parameter values (by its parameter sizes) into n->vals. */
+static CUresult set_kernel(struct emu_gnode* n, const CUDA_KERNEL_NODE_PARAMS_v2* p) {
+    struct emu_function* f = p->func;
+    if (!func_ok(f)) return CUDA_ERROR_INVALID_HANDLE;
+    if (p->extra) return CUDA_ERROR_NOT_SUPPORTED;
+    if (f->nparams < 0) return CUDA_ERROR_NOT_SUPPORTED;
+    if (!p->gridDimX || !p->gridDimY || !p->gridDimZ || !p->blockDimX || !p->blockDimY ||
+        !p->blockDimZ)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((uint64_t)p->blockDimX * p->blockDimY * p->blockDimZ > (uint64_t)EMU_MAX_THREADS)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (p->sharedMemBytes > (unsigned)atomic_load(&f->max_dyn_smem)) return CUDA_ERROR_INVALID_VALUE;
+    if (f->nparams > 0 && !p->kernelParams) return CUDA_ERROR_INVALID_VALUE;
+    char* vals = NULL;
+    if (f->pbytes) {
+        vals = aligned_alloc(EMU_PARAM_ALIGN, round_up(f->pbytes, EMU_PARAM_ALIGN));
+        if (!vals) return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    size_t off = 0;
+    for (int i = 0; i < f->nparams; ++i) {
+        if (!p->kernelParams[i] && f->sizes[i]) {
+            free(vals);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        memcpy(vals + off, p->kernelParams[i], f->sizes[i]);
+        off += round_up(f->sizes[i], EMU_PARAM_ALIGN);
+    }
+    module_ref(f->mod);
+    if (n->f) module_unref(n->f->mod);
+    free(n->vals);
+    n->f = f;
+    n->vals = vals;
+    n->g[0] = p->gridDimX, n->g[1] = p->gridDimY, n->g[2] = p->gridDimZ;
+    n->b[0] = p->blockDimX, n->b[1] = p->blockDimY, n->b[2] = p->blockDimZ;
+    n->smem = p->sharedMemBytes;
+    return CUDA_SUCCESS;
+}
+
+static int in_graph(struct emu_graph* g, struct emu_gnode* x) {
+    for (struct emu_gnode* n = g->head; n; n = n->next) {
+        if (n == x) return 1;
+        if (n->body && in_graph(n->body, x)) return 1;
+    }
+    return 0;
+}
+
+EXPORT CUresult cuGraphAddNode(CUgraphNode* ph, CUgraph g, const CUgraphNode* deps, size_t ndeps,
+                               CUgraphNodeParams* p) {
+    if (!ph || !g || g->magic != MAGIC_GRAPH || !p || (ndeps && !deps))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (g->instantiated) return CUDA_ERROR_NOT_PERMITTED; /* conditional graphs: one instantiation */
+    for (size_t i = 0; i < ndeps; ++i) /* dependencies: nodes already in this graph */
+        if (!deps[i] || deps[i]->magic != MAGIC_GNODE || !in_graph(g, deps[i]))
+            return CUDA_ERROR_INVALID_VALUE;
+    struct emu_gnode* n = calloc(1, sizeof *n);
+    if (!n) return CUDA_ERROR_OUT_OF_MEMORY;
+    n->magic = MAGIC_GNODE;
+    n->type = p->type;
+    CUresult rc = CUDA_SUCCESS;
+    if (p->type == CU_GRAPH_NODE_TYPE_KERNEL) {
+        rc = set_kernel(n, &p->u.kernel);
+    } else if (p->type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {
+        const CUDA_CONDITIONAL_NODE_PARAMS* c = &p->u.conditional;
+        if (c->type != CU_GRAPH_COND_TYPE_IF || c->size != 1 || !c->handle) {
+            set_error("cuGraphAddNode: the emulator has IF conditionals with one body only");
+            rc = c->type == CU_GRAPH_COND_TYPE_IF ? CUDA_ERROR_INVALID_VALUE
+                                                  : CUDA_ERROR_NOT_SUPPORTED;
+        } else {
+            n->cond = (struct emu_cond*)(uintptr_t)c->handle;
+            n->body = graph_new(1);
+            if (!n->body) rc = CUDA_ERROR_OUT_OF_MEMORY;
+            else p->u.conditional.phGraph_out = &n->body;
+        }
+    } else {
+        set_error("cuGraphAddNode: node type %d is not emulated", p->type);
+        rc = CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (rc != CUDA_SUCCESS) {
+        free(n->vals);
+        if (n->f) module_unref(n->f->mod);
+        free(n->body);
+        free(n);
+        return rc;
+    }
+    graph_append(g, n);
+    *ph = n;
+    return CUDA_SUCCESS;
+}
+
+/* Deep copy of g's nodes (kernel values, bodies); conds are shared with the source. */
+static struct emu_graph* graph_copy(struct emu_graph* g, int keep_orig) {
+    struct emu_graph* c = graph_new(g->is_body);
+    if (!c) return NULL;
+    for (struct emu_gnode* n = g->head; n; n = n->next) {
+        struct emu_gnode* m = calloc(1, sizeof *m);
+        if (!m) goto fail;
+        m->magic = MAGIC_GNODE;
+        m->type = n->type;
+        m->orig = keep_orig ? (n->orig ? n->orig : n) : NULL;
+        m->f = n->f;
+        memcpy(m->g, n->g, sizeof m->g);
+        memcpy(m->b, n->b, sizeof m->b);
+        m->smem = n->smem;
+        m->cond = n->cond;
+        graph_append(c, m);
+        if (n->f) {
+            module_ref(n->f->mod);
+            if (n->f->pbytes) {
+                m->vals = aligned_alloc(EMU_PARAM_ALIGN, round_up(n->f->pbytes, EMU_PARAM_ALIGN));
+                if (!m->vals) goto fail;
+                memcpy(m->vals, n->vals, n->f->pbytes);
+            }
+        }
+        if (n->body && !(m->body = graph_copy(n->body, keep_orig))) goto fail;
+    }
+    return c;
+fail:
+    graph_free(c, 0);
+    return NULL;
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* ph, CUgraph g, unsigned long long flags) {
+    if (!ph || !g || g->magic != MAGIC_GRAPH || g->is_body || flags) return CUDA_ERROR_INVALID_VALUE;
+    if (g->instantiated) return CUDA_ERROR_NOT_PERMITTED;
+    struct emu_gexec* x = calloc(1, sizeof *x);
+    if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
+    x->g = graph_copy(g, 1);
+    if (!x->g) {
+        free(x);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    x->magic = MAGIC_GEXEC;
+    x->src = g;
+    pthread_mutex_init(&x->run_mu, NULL);
+    pthread_mutex_init(&x->param_mu, NULL);
+    g->instantiated = 1;
+    g->exec = x;
+    *ph = x;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec x) {
+    if (!x || x->magic != MAGIC_GEXEC) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&x->run_mu); /* a launch still running holds it */
+    pthread_mutex_unlock(&x->run_mu);
+    if (x->src && x->src->magic == MAGIC_GRAPH) {
+        x->src->instantiated = 0;
+        x->src->exec = NULL;
+    }
+    struct emu_cond* c = x->conds;
+    while (c) {
+        struct emu_cond* nx = c->next;
+        free(c);
+        c = nx;
+    }
+    graph_free(x->g, 0);
+    pthread_mutex_destroy(&x->run_mu);
+    pthread_mutex_destroy(&x->param_mu);
+    x->magic = 0;
+    free(x);
+    return CUDA_SUCCESS;
+}
+
+static struct emu_gnode* find_copy(struct emu_graph* g, struct emu_gnode* orig) {
+    for (struct emu_gnode* n = g->head; n; n = n->next) {
+        if (n->orig == orig) return n;
+        if (n->body) {
+            struct emu_gnode* m = find_copy(n->body, orig);
+            if (m) return m;
+        }
+    }
+    return NULL;
+}
+
+EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec x, CUgraphNode node,
+                                                  const CUDA_KERNEL_NODE_PARAMS_v2* p) {
+    if (!x || x->magic != MAGIC_GEXEC || !node || node->magic != MAGIC_GNODE || !p)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct emu_gnode* m = find_copy(x->g, node);
+    if (!m || m->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
+    if (p->func != m->f) return CUDA_ERROR_INVALID_VALUE; /* CUDA: same context; we: same function */
+    pthread_mutex_lock(&x->param_mu); /* launches snapshot under it */
+    CUresult rc = set_kernel(m, p);
+    pthread_mutex_unlock(&x->param_mu);
+    return rc;
+}
+
+EXPORT CUresult cuGraphExecKernelNodeSetParams(CUgraphExec x, CUgraphNode node,
+                                               const CUDA_KERNEL_NODE_PARAMS_v2* p) {
+    return cuGraphExecKernelNodeSetParams_v2(x, node, p);
+}
+
+struct glaunch {
+    struct emu_gexec* x;
+    struct emu_graph* g;      /* the snapshot */
+};
+
+static int run_graph(struct emu_graph* g) {
+    for (struct emu_gnode* n = g->head; n; n = n->next) {
+        if (n->type == CU_GRAPH_NODE_TYPE_KERNEL) {
+            struct emu_function* f = n->f;
+            int left = atomic_load(&g_graph_fail_after);
+            if (left > 0 && atomic_fetch_sub(&g_graph_fail_after, 1) == 1) {
+                set_error("graph kernel node %s failed (avi_emu_graph_fail_after test hook)",
+                          f->name);
+                return CUDA_ERROR_LAUNCH_FAILED;
+            }
+            void* ptrs[64];
+            if (f->nparams > 64) return CUDA_ERROR_NOT_SUPPORTED;
+            size_t off = 0;
+            for (int i = 0; i < f->nparams; ++i) {
+                ptrs[i] = n->vals + off;
+                off += round_up(f->sizes[i], EMU_PARAM_ALIGN);
+            }
+            int rc = f->fn(f->nparams ? ptrs : NULL, n->g[0], n->g[1], n->g[2], n->b[0], n->b[1],
+                           n->b[2], n->smem);
+            atomic_fetch_add(&g_graph_kernels, 1);
+            if (rc != 0) {
+                set_error("graph kernel node %s returned %d", f->name, rc);
+                return rc;
+            }
+        } else if (n->type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {
+            atomic_thread_fence(memory_order_seq_cst);
+            if (atomic_load(&n->cond->value) != 0) {
+                int rc = run_graph(n->body);
+                if (rc != 0) return rc;
+            }
+        }
+    }
+    return 0;
+}
+
+static int glaunch_run(void* data, int run) {
+    struct glaunch* l = data;
+    int rc = 0;
+    if (run) {
+        pthread_mutex_lock(&l->x->run_mu);
+        struct emu_cond* conds = l->x->src ? l->x->src->conds : l->x->conds;
+        for (struct emu_cond* c = conds; c; c = c->next)
+            if (c->flags & CU_GRAPH_COND_ASSIGN_DEFAULT) atomic_store(&c->value, c->dflt);
+        atomic_fetch_add(&g_graph_launches, 1);
+        rc = run_graph(l->g);
+        pthread_mutex_unlock(&l->x->run_mu);
+    }
+    graph_free(l->g, 0);
+    free(l);
+    return rc;
+}
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec x, CUstream h) {
+    if (!x || x->magic != MAGIC_GEXEC) return CUDA_ERROR_INVALID_VALUE;
+    struct glaunch* l = calloc(1, sizeof *l);
+    if (!l) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&x->param_mu);
+    l->g = graph_copy(x->g, 0); /* parameters as of this call */
+    pthread_mutex_unlock(&x->param_mu);
+    if (!l->g) {
+        free(l);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    l->x = x;
+    CUresult rc = emu_enqueue_host(h, glaunch_run, l);
+    if (rc != CUDA_SUCCESS) {
+        graph_free(l->g, 0);
+        free(l);
+    }
+    return rc;
+}

@@ -1,0 +1,337 @@
+"""Gated CUDA graphs on BE streams (docs/cuda_graphs.md), on the CPU emulator.
+
+``CudaDevice(emulate=True, graphs="be")`` launches every kernel of ours on a BE stream as
+one CUDA graph: gate kernel -> IF conditional node { the op }. The emulated driver runs the
+graph with its sequential executor (cuda_emu/graph_emu.c) through exactly the driver entry
+points a GPU gets. Checked here: outputs against ONNX Runtime and bit-identical to plain
+launches, a raised flag skipping every gated op still queued with the completions saying so
+(``executed`` False) and the gate record's progress, restore from that progress with
+bit-identical outputs, the scheduler on top, a driver that refuses conditional nodes (plain
+path, reported), and a fault inside a graph (the task's DeviceFaultError).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import queue
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from av_infer.devices.base import Completion
+from av_infer.devices.cuda import availability
+from av_infer.devices.cuda_vendor import TOLERANCE, max_error
+from av_infer.kernels.cuda.gate import RAN, SKIPPED
+from av_infer.kernels.cuda.samples import chain_plan
+from tests.checks import require
+
+EMU_OK, EMU_WHY = availability(emulate=True)
+
+
+def _device(**kw):
+    require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    from av_infer.devices.cuda import CudaDevice
+
+    return CudaDevice(emulate=True, **kw)
+
+
+def _emu(dev) -> ctypes.CDLL:
+    return ctypes.CDLL(dev._driver_path)
+
+
+def graph_runs(dev) -> tuple[int, int]:
+    """(graph launches, kernel nodes run) by the emulated driver in this process."""
+    out = (ctypes.c_uint64 * 2)()
+    _emu(dev).avi_emu_graph_runs(out)
+    return int(out[0]), int(out[1])
+
+
+class Runner:
+    """Plans through the device without a scheduler; completions kept per (task, kernel)."""
+
+    def __init__(self, dev, priority: int = 0) -> None:
+        self.dev = dev
+        self.q: queue.Queue[Completion] = queue.Queue()
+        self.stream = dev.open_stream(priority)
+        self.last: dict[int, int] = {}
+        self.comps: dict[tuple[int, int], list[Completion]] = {}
+        dev.start(self.q.put)
+        self.next = 0
+
+    def wait(self, task: int, kernel: int) -> None:
+        while self.last.get(task, -1) < kernel:
+            c = self.q.get(timeout=120)
+            self.comps.setdefault((c.task, c.kernel), []).append(c)
+            self.last[c.task] = max(self.last.get(c.task, -1), c.kernel)
+
+    def start_task(self, handle, x) -> int:
+        t = self.next = self.next + 1
+        self.dev.new_task(handle, t)
+        self.dev.write_inputs(t, x)
+        return t
+
+    def run(self, handle, x) -> dict[str, np.ndarray]:
+        t = self.start_task(handle, x)
+        n = len(handle.plan.kernels)
+        self.dev.enqueue(self.stream, t, 0, n - 1)
+        self.wait(t, n - 1)
+        out = self.dev.read_outputs(t)
+        self.dev.release_task(t)
+        return out
+
+
+@pytest.fixture(scope="module")
+def dev():
+    d = _device(graphs="be")
+    yield d
+    d.close()
+
+
+@pytest.fixture(scope="module")
+def runner(dev):
+    return Runner(dev)
+
+
+def _zoo(name: str):
+    from av_infer.model import zoo
+    from av_infer.model.compiler import compile_model
+
+    p = zoo.path(name, "scaled")
+    return p, compile_model(p, name=name), zoo.sample_inputs(name, "scaled", seed=3)
+
+
+def _ort(path, x) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, x), strict=True))
+
+
+def test_settings_are_validated_first():
+    from av_infer.devices.cuda import CudaDevice
+
+    with pytest.raises(ValueError, match="graphs must be one of"):
+        CudaDevice(emulate=True, graphs="always")
+
+
+@pytest.mark.parametrize("name", ["tiny_cnn", "tiny_mlp", "tiny_transformer", "resnet152"])
+def test_zoo_through_gated_graphs_matches_onnxruntime(name, dev, runner):
+    path, plan, x = _zoo(name)
+    h = dev.load_plan(plan)
+    n = len(plan.kernels)
+    assert dev.telemetry()["graphs"]["active"]
+    assert dev.telemetry()["graphs"]["plans"][name] == n
+    st0 = dev._disp.stream_stats(runner.stream)
+    g0 = graph_runs(dev)
+    t = runner.next + 1
+    got = runner.run(h, x)
+    st = dev._disp.stream_stats(runner.stream)
+    assert st["graphs"] and st["graph_launched"] - st0["graph_launched"] == n
+    assert graph_runs(dev)[0] - g0[0] == n
+    assert graph_runs(dev)[1] - g0[1] == 2 * n  # every gate and every op ran
+    assert all(runner.comps[(t, k)][-1].executed is True for k in range(n))
+    want = _ort(path, x)
+    for k, w in want.items():
+        err = max_error(got[k], w)
+        print(f"{name} {k}: max error {err:.2e} (fp32 tolerance {TOLERANCE['fp32']:.0e})")
+        assert err <= TOLERANCE["fp32"], (name, k, err)
+    dev.unload_plan(h)
+
+
+def test_gated_graphs_equal_plain_launches_bit_for_bit(dev, runner):
+    plan, x = chain_plan(seed=4)
+    h = dev.load_plan(plan)
+    got = runner.run(h, x)
+    plain = _device()
+    try:
+        assert not plain.telemetry()["graphs"]["active"]
+        ref = Runner(plain).run(plain.load_plan(plan), x)
+    finally:
+        plain.close()
+    for k in ref:
+        assert np.array_equal(got[k], ref[k])
+    dev.unload_plan(h)
+
+
+def test_a_raised_flag_skips_every_gated_op_and_says_so(dev, runner):
+    """Launched under a raised flag every gate stays shut: no op runs, every completion is
+    ``executed=False``, the record shows nothing ran; with the flag down the same task runs
+    whole and equals the reference."""
+    plan, x = chain_plan(seed=2)
+    h = dev.load_plan(plan)
+    n = len(plan.kernels)
+    s = runner.stream
+    ref = runner.run(h, x)
+    st0 = dev._disp.stream_stats(s)
+    g0 = graph_runs(dev)
+    t = runner.start_task(h, x)
+    dev.set_preempt(s, True)
+    try:
+        dev.enqueue(s, t, 0, n - 1)
+        runner.wait(t, n - 1)
+    finally:
+        dev.set_preempt(s, False)
+    st = dev._disp.stream_stats(s)
+    assert st["graph_skipped"] - st0["graph_skipped"] == n
+    assert graph_runs(dev)[1] - g0[1] == n  # the gates only
+    assert [runner.comps[(t, k)][-1].executed for k in range(n)] == [False] * n
+    rec = dev._tasks[t].grec
+    assert int(rec[0]) == 0 and all(int(w) == SKIPPED for w in rec[1:])
+    runner.last[t] = -1
+    dev.enqueue(s, t, 0, n - 1)
+    runner.wait(t, n - 1)
+    assert all(runner.comps[(t, k)][-1].executed is True for k in range(n))
+    assert int(rec[0]) == n and all(int(w) == RAN for w in rec[1:])
+    out = dev.read_outputs(t)
+    dev.release_task(t)
+    for k in ref:
+        assert np.array_equal(out[k], ref[k])
+    dev.unload_plan(h)
+
+
+def test_restore_resumes_from_the_recorded_progress_bit_identical(dev, runner):
+    """Reset + flag at a random point: the ops that ran form a prefix, the gate record's
+    progress word is its length, the completions say exactly which ran (no guess), and a
+    restore from that progress re-runs nothing and gives bit-identical outputs."""
+    _, plan, x = _zoo("resnet152")
+    h = dev.load_plan(plan)
+    n = len(plan.kernels)
+    s = runner.stream
+    ref = runner.run(h, x)
+    rng = random.Random(0)
+    restored = skipped_any = 0
+    for _trial in range(12):
+        t = runner.start_task(h, x)
+        dev.enqueue(s, t, 0, n - 1)
+        runner.wait(t, rng.randrange(0, n - 1))
+        info = dev.reset(s)
+        dev.set_preempt(s, True)
+        if info is not None:
+            runner.wait(info.task, info.last_sent)
+        dev.set_preempt(s, False)
+        ran = [k for k in range(n) if (t, k) in runner.comps
+               and runner.comps[(t, k)][-1].executed]
+        rec = dev._tasks[t].grec
+        progress = int(rec[0])
+        assert ran == list(range(progress))  # a prefix, and the record's progress is its end
+        assert all(int(rec[1 + k]) == RAN for k in ran)
+        sent = info.last_sent if info is not None and info.task == t else n - 1
+        skipped = [k for k in range(progress, sent + 1)
+                   if runner.comps[(t, k)][-1].executed is False]
+        assert skipped == list(range(progress, sent + 1))
+        skipped_any += bool(skipped)
+        if progress < n:
+            restored += 1
+            g0 = graph_runs(dev)[1]
+            runner.last[t] = progress - 1
+            dev.enqueue(s, t, progress, n - 1)
+            runner.wait(t, n - 1)
+            assert graph_runs(dev)[1] - g0 == 2 * (n - progress)  # nothing re-ran
+        assert int(rec[0]) == n
+        out = dev.read_outputs(t)
+        for k in ref:
+            assert np.array_equal(out[k], ref[k]), (_trial, info, progress)
+        dev.release_task(t)
+    assert restored > 0 and skipped_any > 0
+    dev.unload_plan(h)
+
+
+def test_rt_streams_stay_on_plain_launches(dev):
+    sid = dev.open_stream(1)
+    assert not dev._disp.stream_stats(sid)["graphs"]
+
+
+def test_scheduler_reef_over_gated_graphs_is_bit_identical():
+    """The real scheduler (unchanged) over gated BE graphs: BE outputs under RT preemption
+    equal the unpreempted ones bit for bit; BE ran through graphs."""
+    from av_infer import Runtime
+
+    _, be, x = _zoo("resnet152")
+    _, rt_plan, x_rt = _zoo("tiny_mlp")
+    d = _device(graphs="be")
+    with Runtime(d, policy="reef", c=4) as rt:
+        rt.load_model("be", be)
+        rt.load_model("rt", rt_plan)
+        ref = rt.submit("be", x, client="be").result(timeout=120).outputs
+        futs = [rt.submit("be", x, client="be") for _ in range(6)]
+
+        def rt_load() -> None:
+            for _ in range(30):
+                rt.submit("rt", x_rt, priority="RT").result(timeout=60)
+                time.sleep(0.002)
+
+        th = threading.Thread(target=rt_load)
+        th.start()
+        try:
+            for f in futs:
+                out = f.result(timeout=300).outputs
+                for k in ref:
+                    assert np.array_equal(out[k], ref[k])
+        finally:
+            th.join()
+        assert rt.stats()["preemptions"] > 0
+        tel = d.telemetry()
+    assert sum(s["graph_launched"] for s in tel["streams"]) > 0
+
+
+def test_a_driver_that_refuses_conditional_nodes_falls_back_and_says_so():
+    """cuGraphConditionalHandleCreate refused (the emulator's hook, as a driver without
+    conditional nodes): the plan loads, runs the plain vHQ path (executed unknown: None),
+    gives the right outputs, and telemetry names the refusing call."""
+    d = _device(graphs="be")
+    _emu(d).avi_emu_graph_refuse(1)
+    try:
+        plan, x = chain_plan(seed=3)
+        h = d.load_plan(plan)
+        g = d.telemetry()["graphs"]
+        assert not g["active"] and g["mode"] == "be"
+        assert "cuGraphConditionalHandleCreate" in g["reason"] and "801" in g["reason"]
+        assert h.graphs == []
+        r = Runner(d)
+        assert not d._disp.stream_stats(r.stream)["graphs"]
+        t = r.next + 1
+        got = r.run(h, x)
+        assert r.comps[(t, 0)][-1].executed is None
+        want = _ref_chain(plan, x)
+        for k in want:
+            assert np.array_equal(got[k], want[k])
+    finally:
+        _emu(d).avi_emu_graph_refuse(0)
+        d.close()
+
+
+def _ref_chain(plan, x):
+    plain = _device()
+    try:
+        return Runner(plain).run(plain.load_plan(plan), x)
+    finally:
+        plain.close()
+
+
+def test_a_fault_inside_a_graph_fails_its_task_with_a_typed_error():
+    """A kernel node failing inside a graph (the emulator's hook) fails the graph launch
+    like a failing cuLaunchKernel: the task's read_outputs raises DeviceFaultError."""
+    from av_infer.errors import DeviceFaultError
+
+    d = _device(graphs="be")
+    try:
+        r = Runner(d)
+        plan, x = chain_plan(seed=1)
+        h = d.load_plan(plan)
+        n = len(plan.kernels)
+        t = r.start_task(h, x)
+        _emu(d).avi_emu_graph_fail_after(5)
+        try:
+            d.enqueue(r.stream, t, 0, n - 1)
+            r.wait(t, n - 1)
+        finally:
+            _emu(d).avi_emu_graph_fail_after(0)
+        with pytest.raises(DeviceFaultError, match="719"):
+            d.read_outputs(t)
+        d.release_task(t)
+    finally:
+        d.close()
