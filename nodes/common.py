@@ -252,18 +252,27 @@ def error_code(exc: BaseException) -> str:
     return codec.error_code(exc)
 
 
-def debug_publishers(node: Node, enabled: bool) -> tuple[Any, Any] | None:
-    """``~/debug/processing_time_ms`` and ``~/debug/pipeline_latency_ms`` (Autoware's
-    perception-node debug topics, as ``av_infer_msgs/Float64Stamped``), or None when off."""
+def debug_publishers(node: Node, enabled: bool) -> tuple[Any, Any, Any] | None:
+    """``~/debug/processing_time_ms``, ``~/debug/pipeline_latency_ms`` and
+    ``~/debug/cyclic_time_ms`` (Autoware's perception-node debug topics, as
+    ``av_infer_msgs/Float64Stamped``), or None when off."""
     if not enabled:
         return None
-    return (node.create_publisher(Float64Stamped, "~/debug/processing_time_ms", 10,
-                                  event_callbacks=PUB_EVENTS),
-            node.create_publisher(Float64Stamped, "~/debug/pipeline_latency_ms", 10,
-                                  event_callbacks=PUB_EVENTS))
+    return tuple(node.create_publisher(Float64Stamped, f"~/debug/{name}", 10,
+                                       event_callbacks=PUB_EVENTS)
+                 for name in ("processing_time_ms", "pipeline_latency_ms",
+                              "cyclic_time_ms"))  # type: ignore[return-value]
 
 
-def publish_debug(pubs: tuple[Any, Any] | None, node: Node, t_recv: float,
+def publish_cyclic(pubs: tuple[Any, Any, Any] | None, node: Node, ms: float) -> None:
+    """``~/debug/cyclic_time_ms``: the time between the starts of two consecutive input
+    callbacks (Autoware's cyclic time: the node's actual period)."""
+    if pubs is None:
+        return
+    pubs[2].publish(Float64Stamped(stamp=node.get_clock().now().to_msg(), data=float(ms)))
+
+
+def publish_debug(pubs: tuple[Any, Any, Any] | None, node: Node, t_recv: float,
                   stamp: TimeMsg) -> None:
     """Processing time (receipt -> now, monotonic) and pipeline latency (header stamp ->
     now, ROS time; skipped for a zero stamp)."""

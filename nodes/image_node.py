@@ -47,12 +47,21 @@ from av_infer_nodes.common import (
     as_float_list,
     debug_publishers,
     declare,
+    publish_cyclic,
     publish_debug,
     response_msg,
     stamp_tuple,
 )
 from av_infer_nodes.detections import DECODER_PARAMS, decoder_from_params, detections_msg
 from av_infer_nodes.handoff import Handoff
+from av_infer_nodes.health import (
+    ConsecutiveCheck,
+    Finding,
+    RateCheck,
+    StampCheck,
+    combine,
+    status_msg,
+)
 from av_infer_nodes.image_decode import CONVERTED, convert_raw, decode_compressed
 from av_infer_nodes.preprocess import (
     ENCODINGS,
@@ -61,6 +70,7 @@ from av_infer_nodes.preprocess import (
     ImageFormatError,
     image_to_tensor,
 )
+from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
@@ -84,6 +94,50 @@ ResultListener = Callable[[Reply, Image, float], None]
 
 #: Detection2DArray publisher QoS: reliable like ``~/output``.
 DETECTIONS_TOPIC = "~/output/detections"
+
+#: Parameters of the input's health checks (``InputHealth``), applied together.
+HEALTH_PARAMS = ("expected_hz", "rate_tolerance", "stale_timeout_s", "max_stamp_age_ms",
+                 "max_stamp_future_ms", "deadline_miss_warn", "deadline_miss_error")
+#: Reply codes that count as a missed deadline (besides an answer after its deadline).
+MISS_CODES = ("deadline_missed", "timeout")
+
+
+class InputHealth:
+    """The checks behind an image node's /diagnostics status (``health``): the camera's
+    rate and staleness (monotonic receipt times), its header stamps' age (ROS time) and
+    consecutive deadline misses of its requests. Built from the ``HEALTH_PARAMS``
+    (ValueError for values that do not fit together, so a refused batch changes nothing)."""
+
+    def __init__(self, p: dict[str, Any], start: float):
+        if p["deadline_miss_warn"] > p["deadline_miss_error"]:
+            raise ValueError(f"deadline_miss_warn ({p['deadline_miss_warn']}) must not be "
+                             f"above deadline_miss_error ({p['deadline_miss_error']})")
+        self.rate = RateCheck(p["expected_hz"], p["rate_tolerance"], p["stale_timeout_s"],
+                              window_s=max(2.0, 5.0 / p["expected_hz"])
+                              if p["expected_hz"] else 2.0, start=start)
+        self.stamps = StampCheck(p["max_stamp_age_ms"] * 1e-3, p["max_stamp_future_ms"] * 1e-3)
+        self.misses = ConsecutiveCheck(p["deadline_miss_warn"], p["deadline_miss_error"])
+
+    def check(self, now: float) -> Finding:
+        return combine([self.rate.check(now), self.stamps.check(), self.misses.check()])
+
+
+def missed_deadline(reply: Reply) -> bool | None:
+    """Whether ``reply`` came after its request's deadline (None: it had none): a drop
+    (``deadline_missed``) or a client timeout, or an answer whose end passed the deadline
+    (local: the runtime's timings; remote: the host's ``InferTimings.deadline_met``)."""
+    if reply.code in MISS_CODES:
+        return True
+    t = reply.timings
+    if t is None:
+        return None
+    if hasattr(t, "has_deadline"):  # an InferTimings from a runtime host
+        return (not t.deadline_met) if t.has_deadline else None
+    end = getattr(t, "end", None)
+    if reply.deadline is None or not isinstance(end, float):
+        return None
+    return end > reply.deadline
+
 
 #: Parameters that make up the client's configuration in an in-process runtime.
 CLIENT_CONFIG = ("relative_deadline_ms", "hard_deadline_ms", "variant_group", "drop_late")
@@ -121,6 +175,16 @@ class ImageInferenceNode(LifecycleNode):
         self.client: RuntimeClient | None = None
         self._handoff = Handoff(self)
         self._debug = debug_publishers(self, self.p["debug_topics"])
+        self._last_image: float | None = None  # monotonic, for ~/debug/cyclic_time_ms
+        try:
+            self.health = InputHealth(self.p, time.monotonic())
+        except ValueError as exc:  # refuse to start, with the reason
+            self.destroy_node()
+            raise InvalidParameterError(str(exc)) from None
+        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10,
+                                               event_callbacks=PUB_EVENTS)
+        self._diag_timer = self.create_timer(self.p["diagnostics_period_s"],
+                                             self.publish_diagnostics)
         self._pub = self.create_publisher(TensorList, "~/output", 10, event_callbacks=PUB_EVENTS)
         self._err_pub = self.create_publisher(InferResponse, "~/errors", 10,
                                               event_callbacks=PUB_EVENTS)
@@ -184,6 +248,8 @@ class ImageInferenceNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        with self._lock:  # staleness counts from the activation
+            self.health = InputHealth(self.p, time.monotonic())
         self.active = True
         return TransitionCallbackReturn.SUCCESS
 
@@ -268,8 +334,39 @@ class ImageInferenceNode(LifecycleNode):
                                        "and publishes the output at once (no thread "
                                        "hand-offs; the executor thread is busy meanwhile)."),
             "debug_topics": declare(self, "debug_topics", False,
-                                    "Publish ~/debug/processing_time_ms and "
-                                    "~/debug/pipeline_latency_ms.", read_only=True),
+                                    "Publish ~/debug/processing_time_ms, "
+                                    "~/debug/pipeline_latency_ms and "
+                                    "~/debug/cyclic_time_ms.", read_only=True),
+            "diagnostics_period_s": declare(self, "diagnostics_period_s", 1.0,
+                                            "Period of this input's /diagnostics status (s).",
+                                            float_range=(0.05, 60.0)),
+            "expected_hz": declare(self, "expected_hz", 0.0,
+                                   "Expected camera rate (Hz): /diagnostics WARNs outside "
+                                   "expected_hz ± rate_tolerance (0: rate not checked).",
+                                   float_range=(0.0, 1000.0)),
+            "rate_tolerance": declare(self, "rate_tolerance", 0.1,
+                                      "Accepted rate deviation, a fraction of expected_hz.",
+                                      float_range=(0.0, 0.99)),
+            "stale_timeout_s": declare(self, "stale_timeout_s", 1.0,
+                                       "/diagnostics is STALE once no image came for this "
+                                       "long (s) while active.", float_range=(0.01, 3600.0)),
+            "max_stamp_age_ms": declare(self, "max_stamp_age_ms", 0.0,
+                                        "ERROR for an image whose header stamp is older "
+                                        "than this on arrival, ms (0: age not checked; "
+                                        "zero and future stamps are).",
+                                        float_range=(0.0, 600000.0)),
+            "max_stamp_future_ms": declare(self, "max_stamp_future_ms", 50.0,
+                                           "ERROR for a header stamp more than this ahead "
+                                           "of the node's clock (ms).",
+                                           float_range=(0.0, 600000.0)),
+            "deadline_miss_warn": declare(self, "deadline_miss_warn", 1,
+                                          "WARN from this many consecutive deadline misses "
+                                          "(drops and timeouts included).",
+                                          int_range=(1, 100000)),
+            "deadline_miss_error": declare(self, "deadline_miss_error", 3,
+                                           "ERROR from this many consecutive deadline misses "
+                                           "(not below deadline_miss_warn).",
+                                           int_range=(1, 100000)),
             "input": declare(self, "input", "raw",
                              "What `image` carries: raw (sensor_msgs/Image: rgb8, bgr8, "
                              "mono8, yuv422/uyvy, yuyv, bayer_*8) or compressed "
@@ -377,6 +474,17 @@ class ImageInferenceNode(LifecycleNode):
             return None if ok else "background_class must be >= -1"
         if name == "class_names_file":
             return None if isinstance(value, str) else "class_names_file must be a string"
+        if name in ("expected_hz", "rate_tolerance", "stale_timeout_s", "max_stamp_age_ms",
+                    "max_stamp_future_ms", "diagnostics_period_s"):
+            lo, hi = {"expected_hz": (0.0, 1000.0), "rate_tolerance": (0.0, 0.99),
+                      "stale_timeout_s": (0.01, 3600.0), "max_stamp_age_ms": (0.0, 600000.0),
+                      "max_stamp_future_ms": (0.0, 600000.0),
+                      "diagnostics_period_s": (0.05, 60.0)}[name]
+            ok = isinstance(value, float) and lo <= value <= hi
+            return None if ok else f"{name} must be in [{lo:g}, {hi:g}]"
+        if name in ("deadline_miss_warn", "deadline_miss_error"):
+            ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 100000
+            return None if ok else f"{name} must be in 1..100000"
         if self.has_parameter(name) and self.describe_parameter(name).read_only:
             return f"{name} is read-only (a restart is needed)"
         return None
@@ -392,6 +500,12 @@ class ImageInferenceNode(LifecycleNode):
                 self._configure_local_client(merged)
             except Exception as exc:  # noqa: BLE001 - refused with the typed error's text
                 errors.append(f"{type(exc).__name__}: {exc}")
+        health = None
+        if not errors and any(prm.name in HEALTH_PARAMS for prm in params):
+            try:  # all the checks from the merged values: a refusal changes nothing
+                health = InputHealth(merged, time.monotonic())
+            except ValueError as exc:
+                errors.append(str(exc))
         decoder = self._decoder
         if not errors and any(prm.name in DECODER_PARAMS for prm in params):
             try:  # the whole decoder from the merged values: a refusal changes nothing
@@ -403,6 +517,13 @@ class ImageInferenceNode(LifecycleNode):
         if decoder is not None and self._det_pub is None:
             self._det_pub = self._detections_publisher()
         self._decoder = decoder
+        if health is not None:
+            with self._lock:
+                self.health = health
+        if any(prm.name == "diagnostics_period_s" for prm in params):
+            self.destroy_timer(self._diag_timer)
+            self._diag_timer = self.create_timer(float(merged["diagnostics_period_s"]),
+                                                 self.publish_diagnostics)
         for prm in params:  # all valid: take effect from the next image
             if prm.name in self.p:
                 self.p[prm.name] = prm.value
@@ -477,7 +598,14 @@ class ImageInferenceNode(LifecycleNode):
         p = self.p
         model = p["model"]
         client = self.client
+        stamp = msg.header.stamp
+        now_ros = self.get_clock().now().nanoseconds * 1e-9
+        if self._debug is not None and self._last_image is not None:
+            publish_cyclic(self._debug, self, (t_recv - self._last_image) * 1e3)
+        self._last_image = t_recv
         with self._lock:
+            self.health.rate.tick(t_recv)
+            self.health.stamps.tick(stamp.sec + stamp.nanosec * 1e-9, now_ros)
             self.counters["received"] += 1
             if not self.active or client is None:
                 self.counters["dropped_inactive"] += 1
@@ -537,7 +665,10 @@ class ImageInferenceNode(LifecycleNode):
 
     def _done(self, fut: Future, image: Image, t_recv: float, geom: Fit | None = None) -> None:
         reply: Reply = fut.result()
+        missed = missed_deadline(reply)
         with self._lock:
+            if missed is not None:
+                self.health.misses.tick(missed)
             self._in_flight -= 1
             self.counters["completed" if reply.ok else "failed"] += 1
         self._publish(reply, image, t_recv, geom)
@@ -585,6 +716,28 @@ class ImageInferenceNode(LifecycleNode):
                 self.get_logger().error(f"cannot publish output: {exc}")
         for fn in self._listeners:
             fn(reply, image, t_recv)
+
+    # -- diagnostics ---------------------------------------------------------------------
+    def health_status(self, now: float | None = None) -> Any:
+        """This input's ``DiagnosticStatus`` (``InputHealth``) at monotonic time ``now``
+        (default: now): OK only when active and every check passes; while inactive OK
+        with the message "inactive" (not expected to process)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            finding = self.health.check(now) if self.active else Finding(message="inactive")
+            counters = dict(self.counters)
+        return status_msg(finding, f"av_infer: input {self.get_fully_qualified_name()}",
+                          hardware_id=str(self.p["client"]), extra=counters)
+
+    def publish_diagnostics(self) -> None:
+        msg = DiagnosticArray()
+        msg.header.stamp = self.get_clock().now().to_msg()
+        msg.status = [self.health_status()]
+        try:
+            self._diag_pub.publish(msg)
+        except Exception as exc:  # a diagnostics problem must never stop the node
+            if self.context.ok():
+                self.get_logger().warning(f"diagnostics not published: {exc!r}")
 
     def destroy_node(self) -> None:
         self.active = False

@@ -69,6 +69,7 @@ from av_infer_nodes.common import (
     declare,
     describe_model,
     error_reply,
+    publish_cyclic,
     publish_debug,
     response_msg,
     response_topic,
@@ -77,6 +78,7 @@ from av_infer_nodes.common import (
     submit_to_runtime,
 )
 from av_infer_nodes.handoff import Handoff
+from av_infer_nodes.health import OK, ConsecutiveCheck, Finding, RateCheck, combine
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
@@ -247,6 +249,84 @@ def allow_list_refusal(allow: dict[str, frozenset[str]], client: str, model: str
     return None
 
 
+#: Parameters of the per-client health checks (``ClientHealth``), applied together.
+CLIENT_HEALTH_PARAMS = ("client_rates", "rate_tolerance", "stale_timeout_s",
+                        "deadline_miss_warn", "deadline_miss_error")
+
+
+def parse_client_rates(entries: list[str]) -> dict[str, float]:
+    """``client_rates``: ``["front=30", "rear=10"]`` -> client -> expected Hz (0: only
+    staleness); InvalidParameterError for a malformed entry or a client named twice."""
+    out: dict[str, float] = {}
+    for e in entries:
+        client, sep, hz = str(e).partition("=")
+        client = client.strip()
+        try:
+            rate = float(hz) if sep else math.nan
+        except ValueError:
+            rate = math.nan
+        if not client or not (0.0 <= rate <= 1000.0):
+            raise InvalidParameterError(f"client_rates entries are CLIENT=HZ with HZ in "
+                                        f"[0, 1000]; got {e!r}")
+        if client in out:
+            raise InvalidParameterError(f"client_rates names client {client!r} twice")
+        out[client] = rate
+    return out
+
+
+class ClientHealth:
+    """Per client, from the runtime's ``complete`` events (every client: in-process and
+    remote): consecutive deadline misses (WARN from ``deadline_miss_warn``, ERROR from
+    ``deadline_miss_error``); and for the clients ``client_rates`` names, the rate of their
+    answers against the expected Hz ± ``rate_tolerance`` and STALE once none came for
+    ``stale_timeout_s``. Times are monotonic seconds, passed in (``now``), so tests drive
+    the levels. Thread-safe: events come on the runtime's thread."""
+
+    def __init__(self, p: dict[str, Any], start: float):
+        if p["deadline_miss_warn"] > p["deadline_miss_error"]:
+            raise InvalidParameterError(
+                f"deadline_miss_warn ({p['deadline_miss_warn']}) must not be above "
+                f"deadline_miss_error ({p['deadline_miss_error']})")
+        rates = parse_client_rates(list(p["client_rates"] or []))
+        self._warn, self._error = int(p["deadline_miss_warn"]), int(p["deadline_miss_error"])
+        self._lock = threading.Lock()
+        self.rates = {c: RateCheck(hz, float(p["rate_tolerance"]), float(p["stale_timeout_s"]),
+                                   window_s=max(2.0, 5.0 / hz) if hz else 2.0, start=start)
+                      for c, hz in rates.items()}
+        self.misses: dict[str, ConsecutiveCheck] = {}
+
+    def tick(self, client: str, deadline_met: bool | None, now: float) -> None:
+        with self._lock:
+            rate = self.rates.get(client)
+            if rate is not None:
+                rate.tick(now)
+            if deadline_met is not None:
+                check = self.misses.get(client)
+                if check is None:
+                    check = self.misses[client] = ConsecutiveCheck(self._warn, self._error)
+                check.tick(not deadline_met)
+
+    def on_event(self, kind: str, payload: dict[str, Any]) -> None:
+        """A Runtime listener."""
+        if kind == "complete":
+            met = payload.get("deadline_met")
+            self.tick(str(payload.get("client")), None if met is None else bool(met),
+                      time.monotonic())
+
+    def findings(self, now: float) -> dict[str, Finding]:
+        """Client -> its combined finding (expected clients that never answered too)."""
+        with self._lock:
+            out: dict[str, Finding] = {}
+            for c in sorted(set(self.rates) | set(self.misses)):
+                parts = []
+                if c in self.rates:
+                    parts.append(self.rates[c].check(now))
+                if c in self.misses:
+                    parts.append(self.misses[c].check())
+                out[c] = combine(parts)
+            return out
+
+
 class ModelLatency:
     """Per-model latency samples and deadline misses, fed by a Runtime listener."""
 
@@ -315,6 +395,14 @@ class RuntimeNode(LifecycleNode):
                                    max_tensor_bytes=p["max_request_mb"] * 2**20,
                                    max_request_bytes=p["max_request_mb"] * 2**20)
         self.model_latency = ModelLatency()
+        try:
+            self.client_health = ClientHealth(p, time.monotonic())
+        except InvalidParameterError as exc:
+            self.client_health = ClientHealth({**p, "client_rates": [],
+                                               "deadline_miss_warn": 1,
+                                               "deadline_miss_error": 1}, time.monotonic())
+            self._param_errors.append(str(exc))
+        self._last_request: float | None = None  # monotonic, for ~/debug/cyclic_time_ms
         self._last_misses: dict[str, int] = {}
         self._handoff = Handoff(self)
         self._debug = debug_publishers(self, p["debug_topics"])
@@ -492,6 +580,7 @@ class RuntimeNode(LifecycleNode):
         self._startup_settings(p)
         try:
             self.runtime.add_listener(self.model_latency.on_event)
+            self.runtime.add_listener(self._on_runtime_event)
         except Exception as exc:  # a runtime without listeners: counters only
             self.get_logger().warning(f"no per-model latency: {exc}")
 
@@ -503,6 +592,7 @@ class RuntimeNode(LifecycleNode):
             return
         try:
             rt.remove_listener(self.model_latency.on_event)
+            rt.remove_listener(self._on_runtime_event)
         except Exception:  # noqa: BLE001 - releasing anyway
             pass
         if self._owns_runtime:
@@ -657,6 +747,25 @@ class RuntimeNode(LifecycleNode):
                                       "Most tensor bytes in one request (MiB); checked "
                                       "before anything is allocated.", read_only=True,
                                       int_range=(1, 4096)),
+            "client_rates": declare(self, "client_rates", [],
+                                    "Expected clients and their rates: entries CLIENT=HZ "
+                                    "(0: no rate check). /diagnostics WARNs outside HZ ± "
+                                    "rate_tolerance and is STALE once a client's answers "
+                                    "stopped for stale_timeout_s.", array_of=str),
+            "rate_tolerance": declare(self, "rate_tolerance", 0.1,
+                                      "Accepted rate deviation, a fraction of the expected.",
+                                      float_range=(0.0, 0.99)),
+            "stale_timeout_s": declare(self, "stale_timeout_s", 1.0,
+                                       "A client of client_rates is STALE once no answer "
+                                       "went to it for this long (s).",
+                                       float_range=(0.01, 3600.0)),
+            "deadline_miss_warn": declare(self, "deadline_miss_warn", 1,
+                                          "A client's status WARNs from this many "
+                                          "consecutive deadline misses.",
+                                          int_range=(1, 100000)),
+            "deadline_miss_error": declare(self, "deadline_miss_error", 3,
+                                           "...and is ERROR from this many (not below "
+                                           "deadline_miss_warn).", int_range=(1, 100000)),
             "response_routing": declare(self, "response_routing", "per_client",
                                         "Where answers go: per_client (each client's own "
                                         "topic /av_infer/response/<client>; no client "
@@ -807,6 +916,26 @@ class RuntimeNode(LifecycleNode):
             except TypeError:
                 return "client_models must be a string array"
             return None
+        if name == "client_rates":
+            try:
+                parse_client_rates(list(value or []))
+            except InvalidParameterError as exc:
+                return str(exc)
+            except TypeError:
+                return "client_rates must be a string array"
+            return None
+        if name in ("rate_tolerance", "stale_timeout_s"):
+            lo, hi = (0.0, 0.99) if name == "rate_tolerance" else (0.01, 3600.0)
+            ok = isinstance(value, float) and lo <= value <= hi
+            return None if ok else f"{name} must be in [{lo:g}, {hi:g}]"
+        if name in ("deadline_miss_warn", "deadline_miss_error"):
+            ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 100000
+            if not ok:
+                return f"{name} must be in 1..100000"
+            if merged["deadline_miss_warn"] > merged["deadline_miss_error"]:
+                return (f"deadline_miss_warn ({merged['deadline_miss_warn']}) must not be "
+                        f"above deadline_miss_error ({merged['deadline_miss_error']})")
+            return None
         if name in ("eq2_b_thrd", "fixed_max"):
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
             return None if ok else f"{name} must be an integer >= 1, got {value!r}"
@@ -820,9 +949,11 @@ class RuntimeNode(LifecycleNode):
         return None
 
     def _on_set_parameters(self, params: list[Parameter]) -> SetParametersResult:
-        merged = {n: self.get_parameter(n).value for n in
+        current = self._current_parameters()  # unset arrays (client_rates): their default
+        merged = {n: current[n] for n in
                   ("policy", "padding", "c", "edf_preempt", "max_queue_depth", "be_min_share",
-                   "cache_budget_mb", *BATCHING, "diagnostics_period_s")}
+                   "cache_budget_mb", *BATCHING, "diagnostics_period_s",
+                   *CLIENT_HEALTH_PARAMS)}
         changed: dict[str, Any] = {}
         for prm in params:
             merged[prm.name] = prm.value
@@ -845,7 +976,8 @@ class RuntimeNode(LifecycleNode):
         undo: list[tuple[Any, tuple[Any, ...]]] = []
         if rt is None:  # unconfigured: configure reads the parameters
             changed = {k: v for k, v in changed.items()
-                       if k in ("diagnostics_period_s", "client_models")}
+                       if k in ("diagnostics_period_s", "client_models",
+                                *CLIENT_HEALTH_PARAMS)}
         try:
             if rt is None:
                 pass
@@ -884,6 +1016,8 @@ class RuntimeNode(LifecycleNode):
             raise
         if "client_models" in changed:  # validated: cannot fail, so nothing to roll back
             self.allow = parse_client_models(list(changed["client_models"] or []))
+        if any(k in changed for k in CLIENT_HEALTH_PARAMS):  # validated likewise
+            self.client_health = ClientHealth(merged, time.monotonic())
         if "diagnostics_period_s" in changed:
             self._diag_timer.cancel()
             self.destroy_timer(self._diag_timer)
@@ -1016,6 +1150,9 @@ class RuntimeNode(LifecycleNode):
         """Validates control, then metadata, then copies each payload once into the task's
         input buffers and submits; answers every request exactly once (even malformed)."""
         t_recv = time.monotonic()
+        if self._debug is not None and self._last_request is not None:
+            publish_cyclic(self._debug, self, (t_recv - self._last_request) * 1e3)
+        self._last_request = t_recv
         rid = codec.read_id(msg, self.limits)
         rt = self.runtime
         if not self.active or rt is None:
@@ -1110,6 +1247,9 @@ class RuntimeNode(LifecycleNode):
         with self._pubs_lock:
             return list(self._client_pubs)
 
+    def _on_runtime_event(self, kind: str, payload: dict[str, Any]) -> None:
+        self.client_health.on_event(kind, payload)  # the current one (parameters swap it)
+
     # -- diagnostics ---------------------------------------------------------------------
     def publish_diagnostics(self) -> None:
         if self.runtime is None:  # unconfigured: nothing to report
@@ -1125,7 +1265,9 @@ class RuntimeNode(LifecycleNode):
         stats["models"] = self._model_stats(stats.get("models") or {})
         msg.status = diagnostic_statuses(stats, self.device, self.runtime, self._last_misses,
                                          device_reason=self.device_reason,
-                                         device_fallback=self.device_fallback)
+                                         device_fallback=self.device_fallback,
+                                         client_findings=self.client_health.findings(
+                                             time.monotonic()))
         try:
             self._diag_pub.publish(msg)
         except Exception as exc:  # a diagnostics problem must never stop the node
@@ -1213,14 +1355,19 @@ def _flatten(prefix: str, value: Any, out: list[KeyValue]) -> None:
 
 def diagnostic_statuses(stats: dict[str, Any], device: str, rt: Any,
                         last_misses: dict[str, int], device_reason: str = "",
-                        device_fallback: bool = False) -> list[DiagnosticStatus]:
+                        device_fallback: bool = False,
+                        client_findings: dict[str, Finding] | None = None
+                        ) -> list[DiagnosticStatus]:
     """Runtime.stats() -> one status for the runtime, one per client, one per model, one
     per variant group.
 
     The runtime's status names the device and why it was chosen (``device_reason``) and the
     batch mode; it is WARN while ``device_fallback`` (device=auto found no usable GPU and
     runs on cpu). A client's status is WARN when it missed deadlines since the previous
-    publication. A variant group's says which share of its answers each variant served
+    publication, and at least the level of its ``client_findings`` entry (``ClientHealth``:
+    consecutive misses up to ERROR, rate WARN, STALE); an expected client with no
+    statistics yet is reported too (STALE until its first answer). A variant group's says
+    which share of its answers each variant served
     and their mean utility κ·V (paper 001; ``stats()["variant_groups"]``).
     """
     statuses: list[DiagnosticStatus] = []
@@ -1239,9 +1386,16 @@ def diagnostic_statuses(stats: dict[str, Any], device: str, rt: Any,
     level = DiagnosticStatus.WARN if device_fallback else DiagnosticStatus.OK
     statuses.append(DiagnosticStatus(level=level, name="av_infer: runtime", message=text,
                                      hardware_id=device, values=head))
-    for name, cs in sorted((stats.get("clients") or {}).items()):
+    findings = dict(client_findings or {})
+    clients = dict(stats.get("clients") or {})
+    for name in findings:
+        clients.setdefault(name, {})
+    for name, cs in sorted(clients.items()):
         values: list[KeyValue] = []
         _flatten("", cs, values)
+        finding = findings.get(name, Finding())
+        for k, v in finding.values.items():
+            values.append(_kv(f"health.{k}", v))
         misses = int(cs.get("deadline_misses", 0) or 0)
         new = misses - last_misses.get(name, 0)
         last_misses[name] = misses
@@ -1252,6 +1406,9 @@ def diagnostic_statuses(stats: dict[str, Any], device: str, rt: Any,
         level = DiagnosticStatus.WARN if new > 0 else DiagnosticStatus.OK
         if new > 0:
             text += f", {new} deadline misses"
+        if finding.level != OK:
+            text += f"; {finding.message}"
+        level = bytes([max(level[0], finding.level)])
         statuses.append(DiagnosticStatus(level=level, name=ros_text(f"av_infer: client {name}"),
                                          message=text, hardware_id=device, values=values))
     for name, ms in sorted((stats.get("models") or {}).items()):
