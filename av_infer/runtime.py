@@ -9,6 +9,13 @@ their buffers, and owns the *driver* of the synchronous :class:`Scheduler`
 event itself, one thread inside the scheduler at a time and never blocking on another.
 Futures' done-callbacks run on the runtime's callback thread (wall-clock devices) or
 inline in the simulator's single-threaded event loop (virtual devices, deterministic).
+
+Layout (issue 31, docs/request_path.md): this module is the API; ``engine.Engine``
+builds and holds the device, scheduler, cache, services and driver and validates every
+engine setting (one ``check_*`` per setting); ``registry.ModelRegistry`` holds models,
+sources, variant groups and client configurations under one lock;
+``request_options.RequestOptions`` carries one request's options; ``inputs`` validates
+input tensors.
 """
 
 from __future__ import annotations
@@ -25,42 +32,35 @@ from typing import Any
 
 import numpy as np
 
-from av_infer.cache import ModelCache
-from av_infer.devices import make_device
-from av_infer.devices.base import Completion, Device
+from av_infer.devices.base import Device
+from av_infer.engine import Engine
 from av_infer.errors import (
     AvInferError,
-    InvalidInputError,
     InvalidParameterError,
-    ModelNameInUseError,
     RuntimeClosedError,
     UnknownModelError,
 )
+from av_infer.inputs import InputBuffers, Spec, fmt_spec, validate_inputs
 from av_infer.model.plan import Plan
-from av_infer.model.plan_store import PlanStore, open_plan_store
+from av_infer.model.plan_store import PlanStore
 from av_infer.profiles import ModelProfile
-from av_infer.qos import GroupStats, UtilityTracker, VariantGroup, check_deadlines
-from av_infer.qos.deciders import check_mode
-from av_infer.qos.policy import PolicyNet, load_policy
-from av_infer.sched.driver import Driver, RequestFuture
-from av_infer.sched.model_services import ModelServices, batch_name, compile_batch_plans
-from av_infer.sched.policies import device_refuses, get_policy
+from av_infer.qos import UtilityTracker, VariantGroup, check_deadlines
+from av_infer.qos.policy import PolicyNet
+from av_infer.registry import ClientConfig, ModelRegistry
+from av_infer.request_options import (
+    ARRIVAL_AHEAD_S,
+    ARRIVAL_MAX_AGE_S,
+    RequestOptions,
+    seconds,
+)
+from av_infer.sched.driver import RequestFuture
 from av_infer.sched.request import Priority, Request, Result, Timings
-from av_infer.sched.scheduler import ModelEntry, Scheduler, check_capacity
+from av_infer.sched.scheduler import ModelEntry
 
-__all__ = ["InputBuffers", "ModelInfo", "Runtime"]
+__all__ = ["ARRIVAL_AHEAD_S", "ARRIVAL_MAX_AGE_S", "InputBuffers", "ModelInfo",
+           "RequestOptions", "Runtime"]
 
-Spec = dict[str, tuple[tuple[int, ...], str]]
-
-#: a request's ``arrival`` (``submit``/``infer``) must lie on ``now()``'s clock: at most this
-#: long before ``now()`` and no later than ``ARRIVAL_AHEAD_S`` after it. Latency, EDF order
-#: and the RT forecast are all measured from it; an arrival from another clock or a bad
-#: value (the reliability fuzz sends -1e308) would otherwise give absurd latencies that
-#: overflow the latency statistics every client of the model shares.
-ARRIVAL_MAX_AGE_S = 3600.0
-#: the clock reads of a caller that waits for its scheduled time (``time.sleep``) may land
-#: a hair before it
-ARRIVAL_AHEAD_S = 1e-3
+_options = RequestOptions.of
 
 
 @dataclass(frozen=True)
@@ -80,19 +80,6 @@ class ModelInfo:
     #: cache, no compile), "miss" (compiled and stored), "bypass" (compiled, not storable),
     #: None (no plan cache, or a ready Plan)
     plan_cache: str | None = None
-
-
-@dataclass(frozen=True)
-class _ClientConfig:
-    priority: Priority = Priority.BE
-    relative_deadline: float | None = None  # the soft deadline, relative to arrival
-    drop_late: bool = False
-    hard_deadline: float | None = None  # relative to arrival; None: none
-    variant_group: str | None = None  # its requests are served by this group
-
-
-#: what an unconfigured client's requests get (read-only; shared)
-_DEFAULT_CLIENT = _ClientConfig()
 
 
 class Runtime:
@@ -146,66 +133,35 @@ class Runtime:
         qos_policy: str | os.PathLike | None = None,
         plan_cache: PlanStore | str | os.PathLike | bool | None = None,
     ) -> None:
-        pol = get_policy(policy)
-        batch_mode = check_mode(batch_mode)
-        net = load_policy(qos_policy) if batch_mode == "qos_rl" or qos_policy else None
-        max_queue_depth = _check_depth(max_queue_depth)
-        be_min_share = _check_share(be_min_share)
-        #: compiled plans on disk (``model.plan_store``): a restart loads without compiling
-        self._plans = open_plan_store(plan_cache)
-        if isinstance(max_be_streams, bool) or not isinstance(max_be_streams, int) \
-                or max_be_streams < 1:
-            raise InvalidParameterError(
-                f"max_be_streams must be an int >= 1, got {max_be_streams!r}")
-        self._device = make_device(device, **dict(device_options or {}))
-        try:  # everything the device decides is checked before anything else is built
-            c = check_capacity(c, self._device)
-            why = device_refuses(pol, self._device)
-            if why:
-                raise InvalidParameterError(why)
-            self._sched = Scheduler(self._device, pol.name, c, max_be_streams, edf_preempt,
-                                    preempt_drain)
-            self._sched.max_queue_depth = max_queue_depth
-            self._sched.be_min_share = be_min_share
-        except BaseException:
-            self._device.close()
-            raise
-        # the one place the device's clock kind matters: who drives the scheduler and the
-        # cache's loads (the caller's thread in virtual time, threads on a wall clock)
-        virtual = self._device.virtual
-        # -- model cache, adaptive batching, utility (av_infer.cache/batching/qos) --------
-        # cache_budget None: the device's free memory if it reports one, else unlimited.
-        self._cache = ModelCache(self._device, cache_budget, cache_max_models,
-                                 mode="inline" if virtual else "thread")
-        self._services = ModelServices(self._cache, self._wake, self._sched.resume_parked,
-                                       batching, batch_quantum)
-        self._services.set_mode(batch_mode, net)
-        self._sched.ext = self._services
+        eng = Engine(device, policy, c, max_be_streams, edf_preempt, preempt_drain,
+                     device_options, cache_budget, cache_max_models, batching, batch_quantum,
+                     max_batch, max_queue_depth, be_min_share, batch_mode, qos_policy,
+                     plan_cache)
+        #: the engine (device, scheduler, cache, services, driver; every engine setting)
+        self._engine = eng
+        #: the registry (models, sources, variant groups, clients; one lock)
+        self._reg = ModelRegistry()
+        # the engine's parts and the registry's tables, by the names the request path,
+        # the benches and the tests use (each is one object for the runtime's life)
+        self._device = eng.device
+        self._sched = eng.sched
+        self._cache = eng.cache
+        self._services = eng.services
+        self._driver = eng.driver
+        self._plans = eng.plans
+        self._lock = self._reg.lock
+        self._models = self._reg.models
         self._utility = UtilityTracker()
-        self._groups: dict[str, tuple[VariantGroup, ModelEntry, GroupStats]] = {}
-        self._sources: dict[str, tuple[Any, Any]] = {}  # ONNX sources, for batch plans
-        self._batch_max = _check_max_batch(max_batch)
-        self._batch_info: dict[str, str] = {}  # model -> batch sizes or why unavailable
-        self._lock = threading.RLock()
-        self._models: dict[str, ModelEntry] = {}
-        self._clients: dict[str, _ClientConfig] = {}
         self._ids = itertools.count(1)
         self._closed = False
-        self._submit_errors: dict[str, int] = {}
-        self._driver = Driver(self._sched, "inline" if virtual else "thread",
-                              on_stop=self._device.close)
-        self._device.start(self._on_complete)
 
     # -- the driver -------------------------------------------------------------------------
-    def _on_complete(self, comp: Completion) -> None:
-        self._driver.post(("complete", comp))
-
     def _post(self, event: tuple) -> None:
         self._driver.post(event)
 
     def _control(self, fn: Callable[[], Any], wait: bool = True) -> Any:
         """Run ``fn`` on the scheduler (between events) and return its result."""
-        return self._driver.call(fn, wait)
+        return self._engine.control(fn, wait)
 
     # -- models -----------------------------------------------------------------------------
     def load_model(
@@ -246,9 +202,7 @@ class Runtime:
             raise InvalidParameterError(
                 f"model {name!r}: precision {precision!r}; device {self._device.name} runs "
                 f"{', '.join(runs)}")
-        with self._lock:
-            if name in self._models:
-                raise ModelNameInUseError(f"model {name!r} is already loaded; unload it first")
+        self._reg.check_free(name)
         whole = bool(pin) if whole is None else bool(whole)
         how = None
         if isinstance(source, Plan):
@@ -274,64 +228,22 @@ class Runtime:
                     f"model {name!r}: profile has {len(prof.kernels)} kernels, plan has "
                     f"{len(plan.kernels)}")
             self._device.set_profile(plan.name, prof)
-        handle = self._cache_load(name, plan, bool(pin))
+        handle = self._engine.cache_load(name, plan, bool(pin))
         entry = ModelEntry(name, plan, handle, pinned=bool(pin))
         if prof is None and handle is not None:
             prof = self._device.profile_of(handle)
         entry.profile = prof
-        with self._lock:
-            if name in self._models:
-                self._cache.unregister(name)
-                raise ModelNameInUseError(f"model {name!r} is already loaded")
-            self._models[name] = entry
-            if not isinstance(source, Plan):
-                self._sources[name] = (source, input_shapes, whole)
-        if self._services.batching:
-            self._add_batch_plans(name)
-        return replace(self._info(entry), plan_cache=how)
-
-    # -- cache and batching (av_infer.cache, av_infer.batching) ----------------------------
-    def _wake(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the scheduler soon (a cache load finished)."""
-        if not self._driver.stopped.is_set():
-            self._control(fn, wait=False)
-
-    def _cache_load(self, name: str, plan: Plan, pin: bool) -> Any:
-        """Register with the cache and make resident (pinned: never evicted); the handle."""
-        self._cache.register(name, plan, pin=pin)
         try:
-            if pin:
-                return self._cache.handle(name)
-            return self._cache.ensure_resident(name, count=False).result()
+            self._reg.add(entry, None if isinstance(source, Plan)
+                          else (source, input_shapes, whole))
         except BaseException:
             self._cache.unregister(name)
             raise
+        if self._services.batching:
+            self._engine.add_batch_plans(name, *self._reg.with_source(name))
+        return replace(self._info(entry), plan_cache=how)
 
-    def _add_batch_plans(self, name: str) -> None:
-        """Compile (off the RT path) and register the plans of ``name`` for batch sizes."""
-        with self._lock:
-            entry, src = self._models.get(name), self._sources.get(name)
-        if entry is None:
-            return
-        have = set(self._services.batch_entries.get(name, {}))
-        sizes = [b for b in _pow2(self._batch_max) if b > 1 and b not in have]
-        if not sizes:
-            return
-        plans, why = compile_batch_plans(self._device, name, src[0] if src else None,
-                                         src[1] if src else None, entry.plan, sizes,
-                                         whole=src[2] if src else False)
-        if not plans:
-            self._batch_info[name] = f"unavailable: {why}"
-            return
-        ents = {}
-        for b, p in plans.items():
-            self._cache.register(batch_name(name, b), p, preload=True)  # evictable
-            ents[b] = ModelEntry(batch_name(name, b), p, None)
-        self._batch_info[name] = "batch sizes " + ", ".join(
-            str(b) for b in sorted({1, *have, *plans}))
-        self._control(lambda: self._services.add_batch_entries(name, ents))
-        self._prime_latency([name])
-
+    # -- cache and batching (av_infer.cache, av_infer.batching) ----------------------------
     def set_cache_budget(self, budget: int | None) -> None:
         """Device-memory budget of the model cache in bytes (None: unlimited). Shrinking
         evicts least-recently-used BE models not in use; below pinned bytes: refused."""
@@ -356,24 +268,8 @@ class Runtime:
         arrival-rate window ``rate_window`` (s) and fixed's ``fixed_max``. Everything is
         validated (the policy against every model and group) before anything changes."""
         self._check_open()
-        if max_batch is not None:
-            max_batch = _check_max_batch(max_batch)
-        if quantum is not None and not (isinstance(quantum, (int, float)) and quantum > 0):
-            raise InvalidParameterError(f"batch quantum must be seconds > 0, got {quantum!r}")
-        if mode is not None or policy is not None or params:
-            m = check_mode(mode if mode is not None else self._services.mode)
-            net = policy if isinstance(policy, PolicyNet) else (
-                load_policy(policy) if policy is not None or (
-                    m == "qos_rl" and self._services.policy is None) else None)
-            prm = dict(params or {})
-            self._control(lambda: self._services.set_mode(m, net, prm))
-        if max_batch is not None:
-            self._batch_max = max_batch
-        if enabled:
-            for name in self.models():
-                self._add_batch_plans(name)
-        mb = self._batch_max
-        self._control(lambda: self._services.set_batching(bool(enabled), quantum, mb))
+        self._engine.set_batching(enabled, max_batch, quantum, mode, policy, params,
+                                  self.models(), self._reg.with_source)
 
     def _info(self, e: ModelEntry) -> ModelInfo:
         try:
@@ -387,12 +283,7 @@ class Runtime:
     def unload_model(self, name: str) -> None:
         """Forget ``name``: new submits fail; accepted requests still complete, then its
         device memory is freed."""
-        with self._lock:
-            used = [g for g, (grp, _, _) in self._groups.items() if name in grp.models]
-            if used:
-                raise InvalidParameterError(
-                    f"model {name!r} is a variant of group(s) {used}; remove them first")
-            entry = self._models.pop(name, None)
+        entry = self._reg.remove(name)
         if entry is None:
             raise UnknownModelError(f"unknown model {name!r}; loaded: {self.models()}")
         if self._closed:
@@ -400,32 +291,16 @@ class Runtime:
         self._control(lambda: self._sched.unload(entry))
 
     def models(self) -> list[str]:
-        with self._lock:
-            return list(self._models)
+        return self._reg.names()
 
     def model_info(self, name: str) -> ModelInfo:
-        return self._info(self._entry(name))
-
-    def _find(self, name: str) -> ModelEntry | None:
-        """The entry a request names: a loaded model, or a variant group's (caller holds
-        ``_lock``)."""
-        e = self._models.get(name)
-        if e is None and name in self._groups:
-            e = self._groups[name][1]
-        return e
-
-    def _entry(self, name: str) -> ModelEntry:
-        with self._lock:
-            e = self._find(name)
-        if e is None:
-            raise UnknownModelError(f"unknown model {name!r}; loaded: {self.models()}")
-        return e
+        return self._info(self._reg.entry(name))
 
     def input_spec(self, name: str) -> Spec:
-        return dict(self._entry(name).input_spec)
+        return dict(self._reg.entry(name).input_spec)
 
     def output_spec(self, name: str) -> Spec:
-        return self._entry(name).plan.output_spec()
+        return self._reg.entry(name).plan.output_spec()
 
     def input_buffers(self, name: str) -> InputBuffers:
         """Fresh, uninitialised input arrays of model ``name`` for the caller to fill in
@@ -457,9 +332,7 @@ class Runtime:
         or one of its models) are served by the group's best variant. Everything is
         validated first; a refusal changes nothing."""
         if variant_group is not None:
-            with self._lock:
-                known = variant_group in self._groups
-            if not known:
+            if self._reg.group(variant_group) is None:
                 raise UnknownModelError(
                     f"unknown variant group {variant_group!r}; defined: {self.variant_groups()}")
         if soft_deadline is not None or hard_deadline is not None:
@@ -492,10 +365,9 @@ class Runtime:
             soft, hard = sd, hd
             if not hd > 0:
                 raise InvalidParameterError(f"hard deadline must be > 0 s, got {hd}")
-        with self._lock:
-            self._clients[client] = _ClientConfig(
-                prio, relative_deadline if relative_deadline is not None else (soft or None),
-                bool(drop_late), hard, variant_group)
+        self._reg.set_client(client, ClientConfig(
+            prio, relative_deadline if relative_deadline is not None else (soft or None),
+            bool(drop_late), hard, variant_group))
         self._utility.configure(client, soft_deadline, hard_deadline)
 
     # -- variant groups (paper 001 §2.3, av_infer.qos) ---------------------------------------
@@ -508,65 +380,32 @@ class Runtime:
         UnknownModelError); a refusal changes nothing."""
         self._check_open()
         group = VariantGroup.build(name, variants)
-        with self._lock:
-            if name in self._models or name in self._groups:
-                raise InvalidParameterError(f"{name!r} is already a model or variant group")
-            missing = [m for m in group.models if m not in self._models]
-            bases = [self._models.get(m) for m in group.models]
-        if missing:
-            raise UnknownModelError(f"variant group {name!r}: models {missing} are not "
-                                    f"loaded; loaded: {self.models()}")
+        bases = self._reg.group_bases(group)
         first = bases[0]
         for e in bases[1:]:
             for what, a, b in (("inputs", first.plan.input_spec(), e.plan.input_spec()),
                                ("outputs", first.plan.output_spec(), e.plan.output_spec())):
                 if a != b:
                     raise InvalidParameterError(
-                        f"variant group {name!r}: {e.name!r} {what} {_fmt_spec(b)} differ from "
-                        f"{first.name!r}'s {_fmt_spec(a)}")
+                        f"variant group {name!r}: {e.name!r} {what} {fmt_spec(b)} differ from "
+                        f"{first.name!r}'s {fmt_spec(a)}")
         entry = ModelEntry(name, first.plan, first.handle, variants=group)
         self._control(lambda: self._services.add_group(group, bases))
-        with self._lock:
-            self._groups[name] = (group, entry, GroupStats(group))
-        self._prime_latency(group.models)
+        self._reg.add_group(group, entry)
+        self._engine.prime_latency(group.models)
 
     def remove_variant_group(self, name: str) -> None:
-        """Forget a group; requests already accepted still complete."""
-        with self._lock:
-            if self._groups.pop(name, None) is None:
-                raise UnknownModelError(f"unknown variant group {name!r}")
-            for c in self._clients.values():
-                if c.variant_group == name:
-                    c.variant_group = None
+        """Forget a group; requests already accepted still complete. Clients configured
+        with it are served by the model their requests name from then on."""
+        self._reg.remove_group(name)
         self._control(lambda: self._services.remove_group(name))
 
     def variant_groups(self) -> dict[str, dict[str, float]]:
         """Group name -> {model: κ}, most accurate first."""
-        with self._lock:
-            return {n: {v.model: v.kappa for v in g.variants}
-                    for n, (g, _, _) in self._groups.items()}
-
-    def _prime_latency(self, models: Any) -> None:
-        """Seed the decisions' latency table with the device's profile of each plan (base
-        and batch plans that are resident); observed run times take over later."""
-        ents = self._services.batch_entries  # read on the driver: it alone writes them
-        names = self._control(lambda: [n for m in models for n in (
-            m, *(e.name for e in ents.get(m, {}).values()))]) or []
-        est = {}
-        for n in names:
-            h = self._cache.handle(n)
-            if h is None:
-                continue
-            try:
-                est[n] = self._device.profile_of(h).total_us * 1e-6
-            except Exception:  # noqa: BLE001 - no profile on this device: observe instead
-                continue
-        if est:
-            self._control(lambda: [self._services.latency.prime(n, v) for n, v in est.items()])
+        return self._reg.variant_groups()
 
     def _record_quality(self, group: str, fut: Future) -> None:
-        with self._lock:
-            g = self._groups.get(group)
+        g = self._reg.group(group)
         if g is None:
             return
         try:
@@ -603,8 +442,9 @@ class Runtime:
         ``variant_group`` (default: the client's) serves ``model`` (the group or one of its
         variants) by the group. Per-request values never change the client's configuration.
         """
-        return self._submit(model, inputs, priority, deadline, client, arrival, False,
-                            drop_late, hard_deadline, variant_group)
+        return self._submit(model, inputs, _options(priority, deadline, client, arrival,
+                                                    drop_late, hard_deadline, variant_group,
+                                                    False), False)
 
     def infer(
         self,
@@ -628,19 +468,78 @@ class Runtime:
         them in place until ``infer`` returns (ONNX Runtime's ``InferenceSession.run``
         contract: do not change them from another thread meanwhile). With a ``timeout`` the
         request may outlive the call, so they are copied as ``submit`` copies them."""
-        fut = self._submit(model, inputs, priority, deadline, client, arrival, True,
-                           drop_late, hard_deadline, variant_group, borrow=timeout is None)
+        fut = self._submit(model, inputs, _options(priority, deadline, client, arrival,
+                                                   drop_late, hard_deadline, variant_group,
+                                                   timeout is None), True)
         return fut.result(timeout)
 
-    def _submit(self, model: str, inputs: Any, priority: Any, deadline: Any, client: Any,
-                arrival: Any, caller_runs: bool, drop_late: Any = None,
-                hard_deadline: Any = None, variant_group: Any = None,
-                borrow: bool = False) -> Future[Result]:
+    def _submit(self, model: str, inputs: Any, opts: RequestOptions,
+                caller_runs: bool) -> Future[Result]:
+        """One request: validated (the typed error of the first thing wrong fails the
+        future, nothing is queued), built once, posted to the driver. One look at the
+        registry, under one acquisition of its lock (this runs on every submit; the
+        validation is inline here, one Python call less per request)."""
         fut: RequestFuture = RequestFuture(self._driver)
         try:
-            req, entry = self._make_request(model, inputs, priority, deadline, client,
-                                            arrival, drop_late, hard_deadline,
-                                            variant_group, borrow)
+            if self._closed:
+                raise RuntimeClosedError("runtime is closed")
+            client = opts.client
+            if not isinstance(client, str) or not client:
+                raise InvalidParameterError(f"client must be a non-empty string, got {client!r}")
+            cfg, gname, grp, entry = self._reg.resolve(model, client, opts.variant_group)
+            if gname is not None:
+                if grp is None:
+                    raise UnknownModelError(f"unknown variant group {gname!r}; defined: "
+                                            f"{self.variant_groups()}")
+                if model != gname and model not in grp[0].models:
+                    raise InvalidParameterError(
+                        f"model {model!r} is not in variant group {gname!r} {grp[0].models}")
+                model = gname
+            if entry is None:
+                raise UnknownModelError(f"unknown model {model!r}; loaded: {self.models()}")
+            priority = opts.priority
+            if priority is None:
+                prio = cfg.priority
+            else:
+                try:
+                    prio = Priority.parse(priority)
+                except (ValueError, TypeError) as e:
+                    raise InvalidParameterError(str(e)) from None
+            copied = validate_inputs(model, entry.input_spec, inputs, opts.borrow)
+            received = self._device.now()
+            arrival = opts.arrival
+            if arrival is None:
+                arrival = received
+            else:
+                arrival = seconds("arrival", arrival)
+                if not received - ARRIVAL_MAX_AGE_S <= arrival <= received + ARRIVAL_AHEAD_S:
+                    raise InvalidParameterError(
+                        f"arrival must be on now()'s clock, within {ARRIVAL_MAX_AGE_S:g} s before "
+                        f"now() ({received:.6f}) and not after it (+{ARRIVAL_AHEAD_S * 1e3:g} ms); "
+                        f"got {arrival!r}")
+            deadline = opts.deadline
+            if deadline is None:
+                deadline = arrival + cfg.relative_deadline if cfg.relative_deadline else math.inf
+            else:
+                deadline = seconds("deadline", deadline, allow_inf=True)
+            hard_deadline = opts.hard_deadline
+            if hard_deadline is None:
+                hard = arrival + cfg.hard_deadline if cfg.hard_deadline else math.inf
+                hard = max(hard, deadline)  # a per-request soft deadline may pass the client's hard
+            else:
+                hard = seconds("hard_deadline", hard_deadline, allow_inf=True)
+                if deadline == math.inf:  # a hard deadline alone: a step utility (soft = hard)
+                    deadline = hard
+                if hard < deadline:
+                    raise InvalidParameterError(
+                        f"hard_deadline {hard} is before the (soft) deadline {deadline}")
+            drop_late = opts.drop_late
+            if drop_late is None:
+                drop_late = cfg.drop_late
+            elif not isinstance(drop_late, (bool, np.bool_)):
+                raise InvalidParameterError(f"drop_late must be a bool, got {drop_late!r}")
+            req = Request(next(self._ids), model, copied, prio, client, deadline, bool(drop_late),
+                          Timings(arrival, received=received), None, hard_deadline=hard)
         except AvInferError as e:
             self._count_submit_error(e)
             fut.set_exception(e)
@@ -655,7 +554,7 @@ class Runtime:
         # the worker's wake-up, since this thread runs the launches right after (a start on
         # any other thread, or later, wakes a worker: nothing is left unrun)
         req.caller_runs = threading.get_ident() if caller_runs else 0
-        self._post(("arrival", req, entry))
+        self._driver.post(("arrival", req, entry))
         req.caller_runs = 0
         return fut
 
@@ -680,80 +579,7 @@ class Runtime:
         self._utility.record(client, lat)
 
     def _count_submit_error(self, e: AvInferError) -> None:
-        with self._lock:
-            self._submit_errors[e.code] = self._submit_errors.get(e.code, 0) + 1
-
-    def _make_request(self, model: str, inputs: Any, priority: Any, deadline: Any,
-                      client: Any, arrival: Any, drop_late: Any = None,
-                      hard_deadline: Any = None, variant_group: Any = None,
-                      borrow: bool = False) -> tuple[Request, ModelEntry]:
-        """The validated request (its future not yet attached) and the entry it runs on;
-        raises the typed error of the first thing wrong. One look at the registry, under
-        one acquisition of the runtime's lock (this runs on every submit)."""
-        if self._closed:
-            raise RuntimeClosedError("runtime is closed")
-        if not isinstance(client, str) or not client:
-            raise InvalidParameterError(f"client must be a non-empty string, got {client!r}")
-        with self._lock:
-            cfg = self._clients.get(client) or _DEFAULT_CLIENT
-            gname = cfg.variant_group if variant_group is None else variant_group
-            if gname is None:
-                grp = None
-                entry = self._models.get(model)
-                if entry is None and model in self._groups:
-                    entry = self._groups[model][1]
-            else:
-                grp = self._groups.get(gname)
-                entry = None if grp is None else grp[1]
-        if gname is not None:
-            if grp is None:
-                raise UnknownModelError(f"unknown variant group {gname!r}; defined: "
-                                        f"{self.variant_groups()}")
-            if model != gname and model not in grp[0].models:
-                raise InvalidParameterError(
-                    f"model {model!r} is not in variant group {gname!r} {grp[0].models}")
-            model = gname
-        if entry is None:
-            raise UnknownModelError(f"unknown model {model!r}; loaded: {self.models()}")
-        if priority is None:
-            prio = cfg.priority
-        else:
-            try:
-                prio = Priority.parse(priority)
-            except (ValueError, TypeError) as e:
-                raise InvalidParameterError(str(e)) from None
-        copied = _validate_inputs(model, entry.input_spec, inputs, borrow)
-        received = self._device.now()
-        if arrival is None:
-            arrival = received
-        else:
-            arrival = _number("arrival", arrival)
-            if not received - ARRIVAL_MAX_AGE_S <= arrival <= received + ARRIVAL_AHEAD_S:
-                raise InvalidParameterError(
-                    f"arrival must be on now()'s clock, within {ARRIVAL_MAX_AGE_S:g} s before "
-                    f"now() ({received:.6f}) and not after it (+{ARRIVAL_AHEAD_S * 1e3:g} ms); "
-                    f"got {arrival!r}")
-        if deadline is None:
-            deadline = arrival + cfg.relative_deadline if cfg.relative_deadline else math.inf
-        else:
-            deadline = _number("deadline", deadline, allow_inf=True)
-        if hard_deadline is None:
-            hard = arrival + cfg.hard_deadline if cfg.hard_deadline else math.inf
-            hard = max(hard, deadline)  # a per-request soft deadline may pass the client's hard
-        else:
-            hard = _number("hard_deadline", hard_deadline, allow_inf=True)
-            if deadline == math.inf:  # a hard deadline alone: a step utility (soft = hard)
-                deadline = hard
-            if hard < deadline:
-                raise InvalidParameterError(
-                    f"hard_deadline {hard} is before the (soft) deadline {deadline}")
-        if drop_late is None:
-            drop_late = cfg.drop_late
-        elif not isinstance(drop_late, (bool, np.bool_)):
-            raise InvalidParameterError(f"drop_late must be a bool, got {drop_late!r}")
-        return Request(next(self._ids), model, copied, prio, client, deadline, bool(drop_late),
-                       Timings(arrival, received=received), None,
-                       hard_deadline=hard), entry
+        self._reg.count_submit_error(e.code)
 
     # -- settings ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -772,18 +598,11 @@ class Runtime:
         """Switch policy; it applies to the next decisions (running work is not undone,
         except that ``rt_only`` rejects queued BE and fails running BE)."""
         self._check_open()
-        pol = get_policy(name)
-        why = device_refuses(pol, self._device)
-        if why:
-            raise InvalidParameterError(why)
-        self._control(lambda: self._sched.set_policy(pol.name))
+        self._engine.set_policy(name)
 
     def policy_unavailable(self, name: str) -> str | None:
         """Why ``name`` cannot be used on this runtime's device (None if it can)."""
-        try:
-            return device_refuses(get_policy(name), self._device)
-        except InvalidParameterError as e:
-            return str(e)
+        return self._engine.policy_unavailable(name)
 
     @property
     def c(self) -> int:
@@ -793,19 +612,13 @@ class Runtime:
     def c_range(self) -> tuple[int, int]:
         """The values ``set_c`` accepts now: 1 up to the device's ``max_capacity`` and below
         every loaded plan's reuse guard (restore needs ``c + 1 <= reuse_guard``)."""
-        with self._lock:
-            guards = [e.plan.reuse_guard for e in self._models.values()]
-        hi = int(self._device.max_capacity)
-        return 1, min([hi, *(g - 1 for g in guards)])
+        return self._engine.c_range(self._reg.reuse_guards())
 
     def set_c(self, c: int) -> None:
         """Device queue capacity, in ``c_range``. Validated first: a refused value raises
         InvalidParameterError and changes nothing."""
         self._check_open()
-        with self._lock:
-            guards = [e.plan.reuse_guard for e in self._models.values()]
-        c = _check_c(c, guards, self._device)
-        self._control(lambda: self._sched.set_c(c))
+        self._engine.set_c(c, self._reg.reuse_guards())
 
     @property
     def max_queue_depth(self) -> int | None:
@@ -815,8 +628,7 @@ class Runtime:
         """Queued requests per priority class beyond which arrivals are rejected (None: no
         bound); requests already queued stay. Validated first."""
         self._check_open()
-        depth = _check_depth(depth)
-        self._control(lambda: self._sched.set_max_queue_depth(depth))
+        self._engine.set_max_queue_depth(depth)
 
     @property
     def be_min_share(self) -> float:
@@ -826,8 +638,7 @@ class Runtime:
         """BE's minimum share under RT overload (see the class docstring). Validated
         first."""
         self._check_open()
-        share = _check_share(share)
-        self._control(lambda: self._sched.set_be_min_share(share))
+        self._engine.set_be_min_share(share)
 
     @property
     def edf_preempt(self) -> bool:
@@ -835,7 +646,7 @@ class Runtime:
 
     def set_edf_preempt(self, flag: bool) -> None:
         self._check_open()
-        self._control(lambda: self._sched.set_edf_preempt(flag))
+        self._engine.set_edf_preempt(flag)
 
     @property
     def preempt_drain(self) -> bool:
@@ -843,76 +654,36 @@ class Runtime:
 
     def set_preempt_drain(self, flag: bool) -> None:
         self._check_open()
-        self._control(lambda: self._sched.set_preempt_drain(flag))
+        self._engine.set_preempt_drain(flag)
 
     def add_listener(self, fn: Callable[[str, dict], None]) -> None:
         """Call ``fn(event, payload)`` on arrival/dispatch/preempt/restore/kernel/complete/
         fail, from the scheduler (keep it short; no cost when none is registered)."""
-        def add() -> None:
-            self._sched.listeners = [*self._sched.listeners, fn]
-        self._control(add)
+        self._engine.add_listener(fn)
 
     def remove_listener(self, fn: Callable[[str, dict], None]) -> None:
-        def rm() -> None:
-            self._sched.listeners = [f for f in self._sched.listeners if f is not fn]
-        self._control(rm)
+        self._engine.remove_listener(fn)
 
     # -- diagnostics ------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """A JSON-able snapshot: per client/model counters and latency percentiles,
         preemptions, queue depths, mode, policy, c and device telemetry."""
-        sched = self._sched
-        snap = sched.stats.snapshot()
-        depths: Any = None
-        if not self._driver.stopped.is_set() and not self._driver.holds():
-            fut: Future = Future()
-            self._post(("control", sched.queue_depths, fut))
-            try:
-                depths = fut.result(timeout=2.0)
-            except Exception:  # noqa: BLE001 - fall back to an unsynchronised read
-                depths = None
-        if depths is None:
-            try:
-                depths = sched.queue_depths()
-            except RuntimeError:
-                depths = {}
-        snap["queues"] = depths
-        snap["mode"] = "real-time" if (sched.rt_queue or sched.rt_active) else "normal"
-        snap["policy"] = sched.policy.name
-        snap["c"] = sched.c
-        snap["edf_preempt"] = sched.edf_preempt
-        snap["preempt_drain"] = sched.preempt_drain
-        snap["max_queue_depth"] = sched.max_queue_depth
-        snap["be_min_share"] = sched.be_min_share
-        dev = self._device
-        supported = bool(dev.supports_padding)
-        snap["padding"] = {
-            "supported": supported,
-            "reason": None if supported else dev.padding_reason,
-            "active": bool(sched.policy.padding and supported),
-            "launches": snap.pop("padded_launches", 0),
-            "blocks": snap.pop("padded_blocks", 0),
-            "kernels": snap.pop("padded_kernels", 0),
-        }
+        snap = self._sched.stats.snapshot()
+        self._engine.settings(snap)
         snap["closed"] = self._closed
         if self._plans is not None:
             snap["plan_cache"] = self._plans.stats()
         with self._lock:
-            snap["submit_errors"] = dict(self._submit_errors)
+            snap["submit_errors"] = dict(self._reg.submit_errors)
             snap["loaded_models"] = list(self._models)
         snap["cache"] = _jsonable(self._cache.stats())
-        for _ in range(3):  # the scheduler thread may be updating the batchers
-            try:
-                snap["batching"] = _jsonable({**self._services.batching_stats(),
-                                              "availability": dict(self._batch_info)})
-                break
-            except RuntimeError:
-                continue
+        batching = self._engine.batching_stats()
+        if batching is not None:
+            snap["batching"] = _jsonable(batching)
         utility = self._utility.summary()
         if utility:
             snap["utility"] = _jsonable(utility)
-        with self._lock:
-            groups = {n: g[2] for n, g in self._groups.items()}
+        groups = self._reg.group_stats()
         if groups:
             snap["variant_groups"] = _jsonable({n: g.summary() for n, g in groups.items()})
         try:
@@ -933,25 +704,7 @@ class Runtime:
         with self._lock:
             already = self._closed
             self._closed = True
-        sched, driver = self._sched, self._driver
-        if already:
-            if not driver.holds():
-                driver.stopped.wait(timeout)
-            return
-        if self._device.virtual:  # the caller's thread is the driver: run the events now
-            if drain:
-                self._device.run()
-            self._post(("control", lambda: sched.shutdown(False), None))
-        else:
-            self._post(("control", lambda: sched.shutdown(drain), None))
-            if driver.holds():
-                return  # called inside the scheduler: it stops once idle (on_stop closes)
-            if not driver.stopped.wait(timeout):
-                self._post(("control", lambda: sched.shutdown(False), None))
-                driver.stopped.wait()
-        self._device.close()
-        self._cache.close(unload=False)
-        driver.close_callbacks()
+        self._engine.close(drain, timeout, already)
 
     def __enter__(self) -> Runtime:
         return self
@@ -961,45 +714,6 @@ class Runtime:
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def _check_depth(d: Any) -> int | None:
-    if d is None:
-        return None
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or int(d) < 1:
-        raise InvalidParameterError(f"max_queue_depth must be an int >= 1 or None, got {d!r}")
-    return int(d)
-
-
-def _check_share(x: Any) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) \
-            or not 0.0 <= float(x) < 1.0:
-        raise InvalidParameterError(f"be_min_share must be a number in [0, 1), got {x!r}")
-    return float(x)
-
-
-def _check_max_batch(b: Any) -> int:
-    if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 1 <= int(b) <= 256:
-        raise InvalidParameterError(f"max_batch must be an int in 1..256, got {b!r}")
-    return int(b)
-
-
-def _pow2(n: int) -> list[int]:
-    """1, 2, 4, ... up to n: the batch sizes plans are compiled for."""
-    out, b = [], 1
-    while b <= n:
-        out.append(b)
-        b *= 2
-    return out
-
-
-def _check_c(c: Any, guards: list[int], device: Device) -> int:
-    c = check_capacity(c, device)
-    if guards and c + 1 > min(guards):
-        raise InvalidParameterError(
-            f"c={c} too large: restore needs c + 1 <= reuse_guard, and a loaded plan has "
-            f"reuse_guard={min(guards)}")
-    return c
-
-
 def _load_profile(name: str, profile: Any) -> ModelProfile | None:
     """A ModelProfile, a path to one, or None; InvalidParameterError if unreadable."""
     if profile is None or isinstance(profile, ModelProfile):
@@ -1012,84 +726,6 @@ def _load_profile(name: str, profile: Any) -> ModelProfile | None:
                 f"model {name!r}: cannot read profile {str(profile)!r}: {e}") from None
     raise InvalidParameterError(
         f"model {name!r}: profile must be a ModelProfile or a path, got {type(profile).__name__}")
-
-
-def _number(what: str, v: Any, allow_inf: bool = False) -> float:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise InvalidParameterError(f"{what} must be a number (seconds), got {v!r}") from None
-    if math.isnan(x) or (math.isinf(x) and not (allow_inf and x > 0)):
-        raise InvalidParameterError(f"{what} must be a finite number of seconds, got {v!r}")
-    return x
-
-
-def _validate_inputs(model: str, spec: Spec, inputs: Any,
-                     borrow: bool = False) -> dict[str, np.ndarray]:
-    """Exact names, shapes and dtypes (no silent casts); returns private copies, or with
-    ``borrow`` (``Runtime.infer``: the caller waits) the C-contiguous arrays themselves."""
-    if not isinstance(inputs, Mapping):
-        raise InvalidInputError(
-            f"model {model!r}: inputs must be a dict of name -> numpy array, "
-            f"got {type(inputs).__name__}")
-    missing = [n for n in spec if n not in inputs]
-    extra = [n for n in inputs if n not in spec] if len(inputs) != len(spec) or missing else []
-    if missing or extra:
-        want = _fmt_spec(spec)
-        parts = []
-        if missing:
-            parts.append(f"missing {missing}")
-        if extra:
-            parts.append(f"unexpected {extra}")
-        raise InvalidInputError(f"model {model!r}: {', '.join(parts)}; expects {want}")
-    out: dict[str, np.ndarray] = {}
-    for name, (shape, dtype) in spec.items():
-        v = inputs[name]
-        if not isinstance(v, np.ndarray):
-            raise InvalidInputError(
-                f"model {model!r} input {name!r}: expected a numpy array {dtype}{list(shape)}, "
-                f"got {type(v).__name__}")
-        if v.shape != tuple(shape) or v.dtype != dtype:
-            raise InvalidInputError(
-                f"model {model!r} input {name!r}: expected {dtype}{list(shape)}, "
-                f"got {v.dtype}{list(v.shape)}")
-        if isinstance(inputs, InputBuffers):
-            out[name] = inputs.take(name, v)
-        elif borrow and v.flags.c_contiguous:
-            out[name] = v
-        else:
-            out[name] = v.copy(order="C")
-    return out
-
-
-class InputBuffers(dict):
-    """Input arrays a caller filled in place, handed to ``Runtime.submit`` without a copy.
-
-    ``Runtime.input_buffers(model)`` makes them; the caller writes into the arrays (never
-    replaces them: a replaced or foreign array is copied as usual) and submits the mapping
-    once. On submit the runtime owns the arrays: they become read-only, so a late write by
-    the caller fails loudly instead of changing a queued request. Submitting the same
-    mapping again copies (the arrays are the first request's).
-    """
-
-    def __init__(self, model: str, arrays: dict[str, np.ndarray]):
-        super().__init__(arrays)
-        self.model = model
-        self._own = dict(arrays)
-        self._taken = False
-
-    def take(self, name: str, value: np.ndarray) -> np.ndarray:
-        """``value`` itself if it is this mapping's untaken own array, else a copy."""
-        if self._taken or self._own.get(name) is not value or not value.flags.c_contiguous:
-            return value.copy(order="C")
-        value.flags.writeable = False
-        if all(not a.flags.writeable for a in self.values()):
-            self._taken = True
-        return value
-
-
-def _fmt_spec(spec: Spec) -> str:
-    return ", ".join(f"{n}: {dt}{list(sh)}" for n, (sh, dt) in spec.items())
 
 
 def _jsonable(o: Any) -> Any:

@@ -230,10 +230,119 @@ def test_unregister_does_not_wait_for_a_running_load() -> None:
         dev.close()
 
 
+# -- issue 31 item 3: the runtime split into API, engine assembly, registry, options ------------
+#: the modules ``Runtime`` is made of (the API and what it delegates to)
+RUNTIME_FILES = ("av_infer/runtime.py", "av_infer/engine.py", "av_infer/registry.py",
+                 "av_infer/request_options.py", "av_infer/inputs.py")
+
+
+def _imports(rel: str) -> set[str]:
+    tree = ast.parse((ROOT / rel).read_text())
+    out: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.module:
+            out.add(n.module)
+        elif isinstance(n, ast.Import):
+            out.update(a.name for a in n.names)
+    return out
+
+
+def test_no_floor_below_the_runtime_imports_its_modules() -> None:
+    """The scheduler and the devices sit below the runtime: none of them may import the
+    API, the engine assembly, the registry or the request options (no import runs up)."""
+    above = {f[:-3].replace("/", ".") for f in RUNTIME_FILES}
+    for pkg in ("av_infer/sched", "av_infer/devices"):
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            up = _imports(str(f.relative_to(ROOT))) & above
+            assert not up, (str(f.relative_to(ROOT)), up)
+
+
+def test_each_engine_setting_has_one_validator_the_runtime_delegates_to() -> None:
+    """``c``, policy, queue depth, BE share and batching are checked in ``engine`` only:
+    the API module calls none of the scheduler-level checks itself."""
+    src = (ROOT / "av_infer/runtime.py").read_text()
+    for check in ("check_capacity", "device_refuses", "get_policy", "check_mode",
+                  "check_depth", "check_share", "check_max_batch", "check_c("):
+        assert check not in src, check
+    from av_infer import engine
+    dev = SimDevice("mi50")
+    try:
+        with pytest.raises(InvalidParameterError, match="1.."):
+            engine.check_c(0, dev)
+        with pytest.raises(InvalidParameterError, match="reuse_guard=3"):
+            engine.check_c(3, dev, [3, 8])
+        assert engine.check_c(2, dev, [3, 8]) == 2
+        with pytest.raises(InvalidParameterError, match="unknown policy"):
+            engine.check_policy("nope", dev)
+        assert engine.check_policy("reef", dev).name == "reef"
+        assert engine.check_depth(None) is None
+        for bad in (0, True, 1.5):
+            with pytest.raises(InvalidParameterError):
+                engine.check_depth(bad)
+        with pytest.raises(InvalidParameterError):
+            engine.check_share(1.0)
+        with pytest.raises(InvalidParameterError):
+            engine.check_max_batch(257)
+    finally:
+        dev.close()
+
+
+def test_a_bad_max_batch_is_refused_before_a_device_is_made(monkeypatch) -> None:
+    """Was: ``max_batch`` was checked after the device was built, outside the guard that
+    closes it again, so a refused value left the device open."""
+    made: list[SimDevice] = []
+    init = SimDevice.__init__
+
+    def counted(self, *a, **k) -> None:
+        init(self, *a, **k)
+        made.append(self)
+
+    monkeypatch.setattr(SimDevice, "__init__", counted)
+    with pytest.raises(InvalidParameterError, match="max_batch"):
+        Runtime(device="sim", max_batch=0)
+    assert not made
+    Runtime(device="sim").close()  # the counter sees a device that is made
+    assert len(made) == 1
+
+
+def test_request_options_is_one_frozen_value() -> None:
+    from dataclasses import FrozenInstanceError, fields
+
+    from av_infer.request_options import RequestOptions
+    names = [f.name for f in fields(RequestOptions)]
+    assert names == ["priority", "deadline", "client", "arrival", "drop_late",
+                     "hard_deadline", "variant_group", "borrow"]
+    fast = RequestOptions.of("rt", 1.0, "cam", None, True, 2.0, None, False)
+    assert fast == RequestOptions("rt", 1.0, "cam", None, True, 2.0, None, False)
+    assert hash(fast) == hash(RequestOptions("rt", 1.0, "cam", None, True, 2.0, None, False))
+    with pytest.raises(FrozenInstanceError):
+        fast.client = "other"  # type: ignore[misc]
+
+
+def test_removing_a_group_a_client_is_configured_with_changes_that_client() -> None:
+    """Was: ``remove_variant_group`` assigned to the client's frozen configuration and
+    raised FrozenInstanceError (after the group was already gone). Now the client's
+    requests go to the model they name."""
+    rt, dev = sim_runtime()
+    try:
+        rt.define_variant_group("ab", {"a": 1.0, "b": 0.5})
+        rt.configure_client("cam", variant_group="ab")
+        rt.remove_variant_group("ab")
+        assert rt.variant_groups() == {}
+        x = {n: np.zeros(sh, dt) for n, (sh, dt) in rt.input_spec("a").items()}
+        fut = rt.submit("a", x, client="cam")
+        dev.run()
+        assert fut.result().model == "a"
+        with pytest.raises(UnknownModelError):
+            rt.remove_variant_group("ab")
+    finally:
+        rt.close()
+
+
 # -- defect 7: capabilities declared, timers -------------------------------------------------
 def test_runtime_and_scheduler_never_probe_the_device_with_getattr() -> None:
-    for rel in ("av_infer/runtime.py", "av_infer/sched/scheduler.py",
-                "av_infer/sched/policies.py"):
+    for rel in RUNTIME_FILES + ("av_infer/sched/scheduler.py",
+                                "av_infer/sched/policies.py"):
         tree = ast.parse((ROOT / rel).read_text())
         probes = [n.lineno for n in ast.walk(tree)
                   if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "getattr"]

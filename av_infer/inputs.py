@@ -1,0 +1,90 @@
+"""A request's input tensors at the API boundary: validation and zero-copy buffers.
+
+Why here: the runtime checks inputs exactly (names, shapes, dtypes; no silent casts)
+before anything is queued, and copies them so callers can reuse their buffers, except
+where the caller handed the arrays over (:class:`InputBuffers`) or waits for the answer
+(``Runtime.infer`` without a timeout borrows them, as ``InferenceSession.run`` does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from av_infer.errors import InvalidInputError
+
+__all__ = ["InputBuffers", "Spec", "fmt_spec", "validate_inputs"]
+
+Spec = dict[str, tuple[tuple[int, ...], str]]
+
+
+def validate_inputs(model: str, spec: Spec, inputs: Any,
+                    borrow: bool = False) -> dict[str, np.ndarray]:
+    """Exact names, shapes and dtypes (no silent casts); returns private copies, or with
+    ``borrow`` (``Runtime.infer``: the caller waits) the C-contiguous arrays themselves.
+    Raises InvalidInputError naming the first thing wrong."""
+    if not isinstance(inputs, Mapping):
+        raise InvalidInputError(
+            f"model {model!r}: inputs must be a dict of name -> numpy array, "
+            f"got {type(inputs).__name__}")
+    missing = [n for n in spec if n not in inputs]
+    extra = [n for n in inputs if n not in spec] if len(inputs) != len(spec) or missing else []
+    if missing or extra:
+        want = fmt_spec(spec)
+        parts = []
+        if missing:
+            parts.append(f"missing {missing}")
+        if extra:
+            parts.append(f"unexpected {extra}")
+        raise InvalidInputError(f"model {model!r}: {', '.join(parts)}; expects {want}")
+    out: dict[str, np.ndarray] = {}
+    for name, (shape, dtype) in spec.items():
+        v = inputs[name]
+        if not isinstance(v, np.ndarray):
+            raise InvalidInputError(
+                f"model {model!r} input {name!r}: expected a numpy array {dtype}{list(shape)}, "
+                f"got {type(v).__name__}")
+        if v.shape != tuple(shape) or v.dtype != dtype:
+            raise InvalidInputError(
+                f"model {model!r} input {name!r}: expected {dtype}{list(shape)}, "
+                f"got {v.dtype}{list(v.shape)}")
+        if isinstance(inputs, InputBuffers):
+            out[name] = inputs.take(name, v)
+        elif borrow and v.flags.c_contiguous:
+            out[name] = v
+        else:
+            out[name] = v.copy(order="C")
+    return out
+
+
+class InputBuffers(dict):
+    """Input arrays a caller filled in place, handed to ``Runtime.submit`` without a copy.
+
+    ``Runtime.input_buffers(model)`` makes them; the caller writes into the arrays (never
+    replaces them: a replaced or foreign array is copied as usual) and submits the mapping
+    once. On submit the runtime owns the arrays: they become read-only, so a late write by
+    the caller fails loudly instead of changing a queued request. Submitting the same
+    mapping again copies (the arrays are the first request's).
+    """
+
+    def __init__(self, model: str, arrays: dict[str, np.ndarray]):
+        super().__init__(arrays)
+        self.model = model
+        self._own = dict(arrays)
+        self._taken = False
+
+    def take(self, name: str, value: np.ndarray) -> np.ndarray:
+        """``value`` itself if it is this mapping's untaken own array, else a copy."""
+        if self._taken or self._own.get(name) is not value or not value.flags.c_contiguous:
+            return value.copy(order="C")
+        value.flags.writeable = False
+        if all(not a.flags.writeable for a in self.values()):
+            self._taken = True
+        return value
+
+
+def fmt_spec(spec: Spec) -> str:
+    """``name: dtype[shape], ...`` for error messages."""
+    return ", ".join(f"{n}: {dt}{list(sh)}" for n, (sh, dt) in spec.items())
