@@ -254,6 +254,10 @@ CLIENT_HEALTH_PARAMS = ("client_rates", "rate_tolerance", "stale_timeout_s",
                         "deadline_miss_warn", "deadline_miss_error")
 
 
+#: Clients ``ClientHealth`` tracks one by one (as the runtime's statistics do).
+MAX_HEALTH_CLIENTS = 256
+
+
 def parse_client_rates(entries: list[str]) -> dict[str, float]:
     """``client_rates``: ``["front=30", "rear=10"]`` -> client -> expected Hz (0: only
     staleness); InvalidParameterError for a malformed entry or a client named twice."""
@@ -301,6 +305,8 @@ class ClientHealth:
             if rate is not None:
                 rate.tick(now)
             if deadline_met is not None:
+                if client not in self.misses and len(self.misses) >= MAX_HEALTH_CLIENTS:
+                    client = "(other clients)"  # invented names cannot grow the table
                 check = self.misses.get(client)
                 if check is None:
                     check = self.misses[client] = ConsecutiveCheck(self._warn, self._error)
