@@ -49,6 +49,20 @@ def graph_runs(dev) -> tuple[int, int]:
     return int(out[0]), int(out[1])
 
 
+def raise_flag(dev, s: int) -> None:
+    """Raise stream ``s``'s flag and wait until the word has landed in (emulated) device
+    memory: the write goes through the flag stream asynchronously, and a launch issued
+    before it lands may still see the flag down (as on a GPU)."""
+    from av_infer.devices.cuda import _FLAG_STRIDE
+
+    dev.set_preempt(s, True)
+    words = dev._flags.view(np.uint32)
+    deadline = time.monotonic() + 60
+    while words[s * _FLAG_STRIDE // 4] != 1:
+        assert time.monotonic() < deadline, "the flag write never landed"
+        time.sleep(0.001)
+
+
 class Runner:
     """Plans through the device without a scheduler; completions kept per (task, kernel)."""
 
@@ -169,7 +183,7 @@ def test_a_raised_flag_skips_every_gated_op_and_says_so(dev, runner):
     st0 = dev._disp.stream_stats(s)
     g0 = graph_runs(dev)
     t = runner.start_task(h, x)
-    dev.set_preempt(s, True)
+    raise_flag(dev, s)
     try:
         dev.enqueue(s, t, 0, n - 1)
         runner.wait(t, n - 1)
@@ -238,6 +252,41 @@ def test_restore_resumes_from_the_recorded_progress_bit_identical(dev, runner):
         dev.release_task(t)
     assert restored > 0 and skipped_any > 0
     dev.unload_plan(h)
+
+
+def test_vendor_ops_stay_on_the_host_check_beside_gated_graphs():
+    """vendor="force" + graphs="be": vendor ops get no graph (closed kernels keep the host
+    flag check, executed unknown), the kernels of ours do; under a raised flag nothing runs
+    and the gated completions say False; flag down: bit-identical to the reference."""
+    d = _device(graphs="be", vendor="force")
+    try:
+        r = Runner(d)
+        plan, x = chain_plan(seed=6)
+        h = d.load_plan(plan)
+        n = len(plan.kernels)
+        vendor = [k for k in range(n) if h.vendor and h.vendor[k] is not None]
+        assert vendor and all(h.graphs[k] == 0 for k in vendor)
+        assert all(h.graphs[k] for k in range(n) if k not in vendor)
+        ref = r.run(h, x)
+        t = r.start_task(h, x)
+        raise_flag(d, r.stream)
+        try:
+            d.enqueue(r.stream, t, 0, n - 1)
+            r.wait(t, n - 1)
+        finally:
+            d.set_preempt(r.stream, False)
+        ex = [r.comps[(t, k)][-1].executed for k in range(n)]
+        assert all(ex[k] is None for k in vendor)
+        assert all(ex[k] is False for k in range(n) if k not in vendor)
+        r.last[t] = -1
+        d.enqueue(r.stream, t, 0, n - 1)
+        r.wait(t, n - 1)
+        out = d.read_outputs(t)
+        d.release_task(t)
+        for k in ref:
+            assert np.array_equal(out[k], ref[k])
+    finally:
+        d.close()
 
 
 def test_rt_streams_stay_on_plain_launches(dev):
