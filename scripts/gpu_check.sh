@@ -27,6 +27,10 @@
 #              E, B under rt_only/streams/reef/reef_dkp, 2 s each (~30 s per workload)
 #              -> disb_sim.json. Lowest priority: alone with
 #              GPU_CHECK_STEPS=build,sim_profiles,sim_disb (~4-5 min)
+#   graphs     issue 30 item 2: scripts/gpu_graphs_check.py, full-size resnet152 on a BE
+#              stream, plain vs gated CUDA graphs (docs/cuda_graphs.md): vs ORT, e2e
+#              latency, host us/launch, flag-to-stop us, ran/skipped; last, low priority;
+#              printed whole into gpu_check.log (no file of its own in $OUT)
 # Always: gpu_check.log (everything printed), gpu_check_steps.json (status, rc and
 # seconds per step) and gpu_summary.json (issue 30 item 7's shape, from gpu_vendor.json and
 # peer_torch.json: python -m av_infer.bench.gpu_summary; written even when steps failed).
@@ -58,7 +62,7 @@ if [ -z "${PY:-}" ]; then
 fi
 export PY PYTHONUNBUFFERED=1 GPU_CHECK_NO_INSTALL="${GPU_CHECK_NO_INSTALL:-}"
 BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
-STEPS=${GPU_CHECK_STEPS:-build,vendor,peer_torch,pytest,bench,disb_A,disb_C,sweep_A,sweep_C,sweep_A_wait,sweep_C_wait,sim_profiles,sim_disb}
+STEPS=${GPU_CHECK_STEPS:-build,vendor,peer_torch,pytest,bench,disb_A,disb_C,sweep_A,sweep_C,sweep_A_wait,sweep_C_wait,sim_profiles,sim_disb,graphs}
 DISB_S=${GPU_CHECK_DISB_S:-4}
 SWEEP_S=${GPU_CHECK_SWEEP_S:-3}
 RATE_SCALE=${GPU_CHECK_RATE_SCALE:-0.5}
@@ -199,6 +203,7 @@ for pol in reef wait; do
 done
 step sim_profiles 120 bash scripts/gpu_sim_steps.sh profiles "$OUTDIR"
 step sim_disb 270 bash scripts/gpu_sim_steps.sh disb "$OUTDIR"
+step graphs 150 "$PY" scripts/gpu_graphs_check.py --out "$PARTS/graphs" --repeats 10 --trials 20
 COMMIT=${GPU_CHECK_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 "$PY" -m av_infer.bench.gpu_summary "$OUTDIR" --commit "$COMMIT" \
     --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" \

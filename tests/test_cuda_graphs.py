@@ -384,3 +384,27 @@ def test_a_fault_inside_a_graph_fails_its_task_with_a_typed_error():
         d.release_task(t)
     finally:
         d.close()
+
+
+def test_gpu_graphs_check_script_on_the_emulator(tmp_path, capsys):
+    """The GPU step's script (scripts/gpu_graphs_check.py) runs end to end on the emulator:
+    both modes right against ONNX Runtime, preemption trials restored bit-identical, the
+    gated mode knowing what the flag caught, the plain mode not."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_graphs_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_graphs_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rc = mod.main(["--emulate", "--variant", "scaled", "--model", "tiny_cnn", "--repeats", "2",
+                   "--trials", "4", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "gpu_graphs.json").read_text())
+    assert rc == 0 and [m["mode"] for m in res["modes"]] == ["off", "be"]
+    off, be = res["modes"]
+    assert off["ok"] and be["ok"] and be["graphs"]["active"]
+    assert off["preempt"]["caught"]["ran"] == off["preempt"]["caught"]["skipped"] == 0
+    assert be["preempt"]["caught"]["unknown"] == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("gpu_graphs: {")
