@@ -132,6 +132,24 @@ def test_settings_are_validated_first():
         CudaDevice(emulate=True, graphs="always")
 
 
+def test_off_by_default_and_the_environment_turns_it_on(monkeypatch):
+    monkeypatch.delenv("AV_INFER_CUDA_GRAPHS", raising=False)
+    d = _device()
+    try:
+        g = d.telemetry()["graphs"]
+        assert g["mode"] == "off" and not g["active"] and g["reason"] == "off"
+    finally:
+        d.close()
+    monkeypatch.setenv("AV_INFER_CUDA_GRAPHS", "be")
+    d = _device()
+    try:
+        g = d.telemetry()["graphs"]
+        assert g["mode"] == "be" and g["active"] and g["reason"] == ""
+        assert d._disp.graphs_missing() == []
+    finally:
+        d.close()
+
+
 @pytest.mark.parametrize("name", ["tiny_cnn", "tiny_mlp", "tiny_transformer", "resnet152"])
 def test_zoo_through_gated_graphs_matches_onnxruntime(name, dev, runner):
     path, plan, x = _zoo(name)
