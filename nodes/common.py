@@ -114,7 +114,11 @@ def declare(node: Node, name: str, default: Any, description: str, *,
             read_only: bool = False, int_range: tuple[int, int] | None = None,
             float_range: tuple[float, float] | None = None,
             array_of: type | None = None, constraints: str = "") -> Any:
-    """Declares one parameter with a full ParameterDescriptor; returns its value."""
+    """Declares one parameter with a full ParameterDescriptor; returns its value. The
+    default is kept in ``declared_defaults(node)`` (the parameter schema is generated from
+    the declarations: ``param_schema``)."""
+    node.__dict__.setdefault("_av_declared_defaults", {})[name] = (
+        list(default) if array_of is not None else default)
     if array_of is not None:
         ptype = {str: ParameterType.PARAMETER_STRING_ARRAY,
                  float: ParameterType.PARAMETER_DOUBLE_ARRAY,
@@ -135,6 +139,11 @@ def declare(node: Node, name: str, default: Any, description: str, *,
         value = node.declare_parameter(name, _ARRAY_TYPES[array_of], desc).value
         return [] if value is None else value
     return node.declare_parameter(name, default, desc).value
+
+
+def declared_defaults(node: Node) -> dict[str, Any]:
+    """Name -> default of every parameter ``declare`` declared on ``node``, in order."""
+    return dict(node.__dict__.get("_av_declared_defaults", {}))
 
 
 # -- messages ------------------------------------------------------------------------------

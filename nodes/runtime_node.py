@@ -414,7 +414,7 @@ class RuntimeNode(LifecycleNode):
         self._debug = debug_publishers(self, p["debug_topics"])
         self._resp_pub = self.create_publisher(InferResponse, RESPONSE_TOPIC, REQUEST_QOS,
                                                event_callbacks=PUB_EVENTS)
-        #: per-client response publishers (topic -> publisher), least recently used first;
+        #: per-client response publishers (client id -> publisher), least recently used first;
         #: at most ``max_response_topics`` (the oldest is destroyed to make room)
         self._client_pubs: OrderedDict[str, Any] = OrderedDict()
         self._pubs_lock = threading.Lock()
@@ -1233,25 +1233,24 @@ class RuntimeNode(LifecycleNode):
         client = request.client if isinstance(request.client, str) else ""
         if self.p["response_routing"] != "per_client" or not client:
             return self._resp_pub
-        topic = response_topic(client)
         with self._pubs_lock:
-            pub = self._client_pubs.get(topic)
+            pub = self._client_pubs.get(client)
             if pub is not None:
-                self._client_pubs.move_to_end(topic)
+                self._client_pubs.move_to_end(client)
                 return pub
             while len(self._client_pubs) >= self.p["max_response_topics"]:
                 _, old = self._client_pubs.popitem(last=False)
                 self.destroy_publisher(old)
-            pub = self.create_publisher(InferResponse, topic, RESPONSE_QOS_CLIENT,
-                                        event_callbacks=PUB_EVENTS)
-            self._client_pubs[topic] = pub
+            pub = self.create_publisher(InferResponse, response_topic(client),
+                                        RESPONSE_QOS_CLIENT, event_callbacks=PUB_EVENTS)
+            self._client_pubs[client] = pub
             return pub
 
     def response_topics(self) -> list[str]:
         """The per-client response topics this host publishes now (least recently used
         first)."""
         with self._pubs_lock:
-            return list(self._client_pubs)
+            return [p.topic_name for p in self._client_pubs.values()]
 
     def _on_runtime_event(self, kind: str, payload: dict[str, Any]) -> None:
         self.client_health.on_event(kind, payload)  # the current one (parameters swap it)

@@ -94,22 +94,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--others", type=int, nargs="*", default=[0, 3])
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat, alternating which routing runs first (order effects)")
     ap.add_argument("--json", metavar="PATH", help="'-' prints JSON to stdout")
     args = ap.parse_args(argv)
-    rows = [run(r, args.n, k, args.warmup) for k in args.others
-            for r in ("shared", "per_client")]
+    rows = []
+    for i in range(args.rounds):
+        order = ("shared", "per_client") if i % 2 == 0 else ("per_client", "shared")
+        rows += [dict(run(r, args.n, k, args.warmup), round=i) for k in args.others
+                 for r in order]
     if args.json == "-":
         json.dump(rows, sys.stdout, indent=1)
         print()
         return
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
-    print(f"{'routing':<11} {'others':>6} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} "
-          f"{'delivered/own':>14}")
+    print(f"{'round':>5} {'routing':<11} {'others':>6} {'p50 ms':>7} {'p90 ms':>7} "
+          f"{'p99 ms':>7} {'delivered/own':>14}")
     for r in rows:
         q = r["rtt_ms"]
-        print(f"{r['routing']:<11} {r['others']:>6} {q['p50']:7.3f} {q['p90']:7.3f} "
-              f"{q['p99']:7.3f} {r['delivered_to_measured']:>7}/{r['own_requests']}")
+        print(f"{r['round']:>5} {r['routing']:<11} {r['others']:>6} {q['p50']:7.3f} "
+              f"{q['p90']:7.3f} {q['p99']:7.3f} {r['delivered_to_measured']:>7}/"
+              f"{r['own_requests']}")
 
 
 if __name__ == "__main__":
