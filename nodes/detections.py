@@ -16,8 +16,15 @@ from typing import Any
 from std_msgs.msg import Header
 from vision_msgs.msg import Detection2D, Detection2DArray, ObjectHypothesisWithPose
 
-from av_infer.detect import DECODERS, Decoder, DecoderConfig, Detections, load_class_names
-from av_infer.detect.decoders import BOX_FORMATS, make_decoder
+from av_infer.detect import (
+    BOX_FORMATS,
+    DECODERS,
+    Decoder,
+    DecoderConfig,
+    Detections,
+    load_class_names,
+    make_decoder,
+)
 
 #: Node parameters read by :func:`decoder_from_params` (the image node declares them).
 DECODER_PARAMS = ("decoder", "score_threshold", "iou_threshold", "max_detections",

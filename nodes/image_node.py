@@ -80,10 +80,7 @@ from vision_msgs.msg import Detection2DArray
 
 from av_infer import AvInferError, InvalidParameterError
 from av_infer import tensor_codec as codec
-from av_infer.detect import DECODERS, Decoder, fit
-from av_infer.detect.decoders import BOX_FORMATS
-from av_infer.detect.geometry import Fit
-from av_infer.detect.nms import BACKENDS as NMS_BACKENDS
+from av_infer.detect import BOX_FORMATS, DECODERS, NMS_BACKENDS, Decoder, Fit, fit
 
 #: SensorDataQoS with depth 1 (best effort, volatile, keep last 1).
 IMAGE_QOS = QoSProfile(depth=1, history=qos_profile_sensor_data.history,

@@ -120,7 +120,7 @@ def _gather_plan(encoding: str, height: int, width: int, step: int, c: int, h: i
     ``geometry.fit`` and the padding gets weight 0 and the offset that makes it
     ``LETTERBOX_PAD`` after normalisation.
     """
-    from av_infer.detect.geometry import fit as fit_geometry
+    from av_infer.detect import fit as fit_geometry
 
     ch_in, order = ENCODINGS[encoding]
     g = fit_geometry(height, width, h, w, fit_mode)

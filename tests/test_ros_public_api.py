@@ -27,6 +27,9 @@ ALLOWED = {
                              "ROS-free so it is tested without ROS",
     "av_infer.pipeline": "the PPipe stage process (pipeline_stage_node.py): stage specs, input "
                          "widening and the pipeline's typed errors, exported by the package",
+    "av_infer.detect": "detector-head decoders, NMS and the image <-> model-input geometry "
+                       "of the perception node's detections and letterbox: ROS-free, "
+                       "tested without ROS",
     "av_infer.model_admin": "the ROS-free logic behind /av_infer/load_model, unload_model and "
                             "list_models: model_dirs confinement, size bounds, typed failures",
 }

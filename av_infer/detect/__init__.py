@@ -6,6 +6,7 @@ See docs/ros.md, "Detections".
 """
 
 from av_infer.detect.decoders import (
+    BOX_FORMATS,
     DECODERS,
     DecodeError,
     Decoder,
@@ -17,8 +18,9 @@ from av_infer.detect.decoders import (
     make_decoder,
 )
 from av_infer.detect.geometry import FIT_MODES, Fit, fit
+from av_infer.detect.nms import BACKENDS as NMS_BACKENDS
 from av_infer.detect.nms import box_iou, nms
 
-__all__ = ["DECODERS", "FIT_MODES", "DecodeError", "Decoder", "DecoderConfig", "Detections",
-           "Fit", "SsdDecoder", "YoloDecoder", "box_iou", "fit", "load_class_names",
-           "make_decoder", "nms"]
+__all__ = ["BOX_FORMATS", "DECODERS", "FIT_MODES", "NMS_BACKENDS", "DecodeError", "Decoder",
+           "DecoderConfig", "Detections", "Fit", "SsdDecoder", "YoloDecoder", "box_iou", "fit",
+           "load_class_names", "make_decoder", "nms"]
