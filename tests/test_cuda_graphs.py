@@ -522,3 +522,168 @@ def test_the_gate_kernel_compiles_with_nvcc_without_rdc(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     data = out.read_bytes()
     assert data[:4] == b"\x7fELF" and b"avi_gate" in data and b"cudaGraphSetConditional" in data
+
+
+# -- the emulated driver's graph executor, call by call (graph_emu.c) -------------------------
+_PUT_SOURCE = r"""
+extern "C" __global__ void avi_put(unsigned int* p, unsigned int v) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) *p = v;
+}
+"""
+
+
+class _KernelNodeParams(ctypes.Structure):
+    _fields_ = [("func", ctypes.c_void_p), ("g", ctypes.c_uint * 3), ("b", ctypes.c_uint * 3),
+                ("smem", ctypes.c_uint), ("kernelParams", ctypes.POINTER(ctypes.c_void_p)),
+                ("extra", ctypes.c_void_p), ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+
+class _CondNodeParams(ctypes.Structure):
+    _fields_ = [("handle", ctypes.c_uint64), ("type", ctypes.c_int), ("size", ctypes.c_uint),
+                ("phGraph_out", ctypes.POINTER(ctypes.c_void_p)), ("ctx", ctypes.c_void_p)]
+
+
+class _NodeUnion(ctypes.Union):
+    _fields_ = [("reserved1", ctypes.c_longlong * 29), ("kernel", _KernelNodeParams),
+                ("conditional", _CondNodeParams)]
+
+
+class _NodeParams(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("reserved0", ctypes.c_int * 3), ("u", _NodeUnion),
+                ("reserved2", ctypes.c_longlong)]
+
+
+class _Graphs:
+    """ctypes on the emulated driver's graph entry points, as the dispatcher calls them."""
+
+    def __init__(self, dev) -> None:
+        from av_infer.devices.cuda_emu.kernels import HostKernelCompiler
+        from av_infer.kernels.cuda.gate import GATE_SOURCE
+
+        assert ctypes.sizeof(_NodeParams) == 256 and _NodeParams.u.offset == 16
+        self.L = L = _emu(dev)
+        L.cuGraphConditionalHandleCreate.argtypes = [ctypes.POINTER(ctypes.c_uint64),
+                                                     ctypes.c_void_p, ctypes.c_void_p,
+                                                     ctypes.c_uint, ctypes.c_uint]
+        L.cuGraphInstantiateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p),
+                                                  ctypes.c_void_p, ctypes.c_ulonglong]
+        for name in ("cuGraphLaunch", "cuStreamSynchronize", "cuGraphExecDestroy",
+                     "cuGraphDestroy"):
+            getattr(L, name).argtypes = [ctypes.c_void_p] * (2 if name == "cuGraphLaunch" else 1)
+        L.cuGraphExecKernelNodeSetParams_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
+                                                        ctypes.POINTER(_KernelNodeParams)]
+        L.cuGraphAddNode.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+                                     ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
+                                     ctypes.POINTER(_NodeParams)]
+        L.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
+        L.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+                                          ctypes.c_char_p]
+        assert L.cuInit(0) == 0
+        cc = HostKernelCompiler()
+        self.gate = self.func(cc.compile(GATE_SOURCE), b"avi_gate")
+        self.put = self.func(cc.compile(_PUT_SOURCE), b"avi_put")
+        self.stream = ctypes.c_void_p()
+        assert L.cuStreamCreate(ctypes.byref(self.stream), 0) == 0
+        self.keep: list = []
+
+    def func(self, image: bytes, name: bytes) -> ctypes.c_void_p:
+        m, f = ctypes.c_void_p(), ctypes.c_void_p()
+        assert self.L.cuModuleLoadData(ctypes.byref(m), image) == 0
+        assert self.L.cuModuleGetFunction(ctypes.byref(f), m, name) == 0
+        return f
+
+    def kparams(self, func, *vals) -> _KernelNodeParams:
+        boxes = [ctypes.c_uint64(v) if isinstance(v, int) and v > 0xFFFFFFFF
+                 else ctypes.c_uint32(v) if isinstance(v, int) else v for v in vals]
+        arr = (ctypes.c_void_p * len(boxes))(*[ctypes.addressof(b) for b in boxes])
+        self.keep += [boxes, arr]
+        p = _KernelNodeParams(func=func, smem=0, kernelParams=arr)
+        p.g[:] = (1, 1, 1)
+        p.b[:] = (1, 1, 1)
+        return p
+
+    def add_kernel(self, graph, deps, func, *vals) -> ctypes.c_void_p:
+        np_ = _NodeParams(type=0)
+        np_.u.kernel = self.kparams(func, *vals)
+        node = ctypes.c_void_p()
+        d = (ctypes.c_void_p * max(len(deps), 1))(*deps)
+        assert self.L.cuGraphAddNode(ctypes.byref(node), graph, d, len(deps),
+                                     ctypes.byref(np_)) == 0
+        return node
+
+    def add_if(self, graph, deps, handle: int, ctype: int = 0) -> tuple[int, ctypes.c_void_p]:
+        np_ = _NodeParams(type=13)
+        np_.u.conditional = _CondNodeParams(handle=handle, type=ctype, size=1)
+        node = ctypes.c_void_p()
+        d = (ctypes.c_void_p * max(len(deps), 1))(*deps)
+        rc = self.L.cuGraphAddNode(ctypes.byref(node), graph, d, len(deps), ctypes.byref(np_))
+        body = ctypes.c_void_p(np_.u.conditional.phGraph_out[0]) if rc == 0 else None
+        return rc, body
+
+    def launch_sync(self, exe) -> None:
+        assert self.L.cuGraphLaunch(exe, self.stream) == 0
+        assert self.L.cuStreamSynchronize(self.stream) == 0
+
+
+def test_emulated_graph_executor_gates_records_and_snapshots():
+    """graph_emu.c on its own: a gate opens or shuts the IF body from the flag word and
+    writes the record; an exec update changes later launches only (each launch snapshots
+    its values); a handle's default applies at every launch; the executable graph outlives
+    its source graph; SWITCH nodes are refused (not emulated)."""
+    d = _device()
+    try:
+        G = _Graphs(d)
+        L = G.L
+        words = np.zeros(8, dtype=np.uint32)  # [flag, out, rec0, rec1, ...]
+        base = words.ctypes.data
+        flag, out, rec = base, base + 4, base + 8
+        graph, h = ctypes.c_void_p(), ctypes.c_uint64()
+        assert L.cuGraphCreate(ctypes.byref(graph), 0) == 0
+        assert L.cuGraphConditionalHandleCreate(ctypes.byref(h), graph, None, 0, 1) == 0
+        gate = G.add_kernel(graph, [], G.gate, ctypes.c_uint64(flag), ctypes.c_uint64(h.value),
+                            ctypes.c_uint64(rec), 0)
+        rc, body = G.add_if(graph, [gate.value], h.value)
+        assert rc == 0
+        op = G.add_kernel(body, [], G.put, ctypes.c_uint64(out), 7)
+        assert G.add_if(graph, [], h.value, ctype=2)[0] == 801  # SWITCH: not emulated
+        exe = ctypes.c_void_p()
+        assert L.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, 0) == 0
+        assert L.cuGraphInstantiateWithFlags(ctypes.byref(ctypes.c_void_p()), graph, 0) == 800
+        runs0 = graph_runs(d)
+        G.launch_sync(exe)
+        assert words[1] == 7 and list(words[2:4]) == [1, RAN]
+        # the exec's copy changes; the graph's node is the handle to it
+        assert L.cuGraphExecKernelNodeSetParams_v2(
+            exe, op, ctypes.byref(G.kparams(G.put, ctypes.c_uint64(out), 9))) == 0
+        assert L.cuGraphLaunch(exe, G.stream) == 0  # snapshot: 9
+        assert L.cuGraphExecKernelNodeSetParams_v2(
+            exe, op, ctypes.byref(G.kparams(G.put, ctypes.c_uint64(out), 11))) == 0
+        assert L.cuStreamSynchronize(G.stream) == 0
+        assert words[1] == 9
+        G.launch_sync(exe)
+        assert words[1] == 11
+        words[0] = 1  # flag up: the gate shuts the body
+        G.launch_sync(exe)
+        assert words[1] == 11 and words[3] == SKIPPED and words[2] == 1
+        assert graph_runs(d)[0] - runs0[0] == 4
+        assert graph_runs(d)[1] - runs0[1] == 4 + 3  # four gates, three ops
+        # the source graph destroyed: the executable graph and its handle live on
+        assert L.cuGraphDestroy(graph) == 0
+        words[0] = 0
+        G.launch_sync(exe)
+        assert words[1] == 11 and words[3] == RAN
+        assert L.cuGraphExecDestroy(exe) == 0
+        # a handle's default applies at every launch (no gate: default 1 opens the body)
+        g2, h2 = ctypes.c_void_p(), ctypes.c_uint64()
+        assert L.cuGraphCreate(ctypes.byref(g2), 0) == 0
+        assert L.cuGraphConditionalHandleCreate(ctypes.byref(h2), g2, None, 1, 1) == 0
+        rc, body2 = G.add_if(g2, [], h2.value)
+        G.add_kernel(body2, [], G.put, ctypes.c_uint64(out), 5)
+        e2 = ctypes.c_void_p()
+        assert L.cuGraphInstantiateWithFlags(ctypes.byref(e2), g2, 0) == 0
+        ctypes.c_uint32.from_address(h2.value).value = 0  # a stale value from a last launch
+        G.launch_sync(e2)
+        assert words[1] == 5
+        assert L.cuGraphExecDestroy(e2) == 0 and L.cuGraphDestroy(g2) == 0
+    finally:
+        d.close()
