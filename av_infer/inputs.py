@@ -24,21 +24,28 @@ def validate_inputs(model: str, spec: Spec, inputs: Any,
                     borrow: bool = False) -> dict[str, np.ndarray]:
     """Exact names, shapes and dtypes (no silent casts); returns private copies, or with
     ``borrow`` (``Runtime.infer``: the caller waits) the C-contiguous arrays themselves.
-    Raises InvalidInputError naming the first thing wrong."""
-    if not isinstance(inputs, Mapping):
+    Raises InvalidInputError naming the first thing wrong (names before arrays).
+
+    Every submit runs this, so the common case takes the cheap checks first: a plain dict
+    before the ``Mapping`` ABC check, one key-view comparison for the names (the lists of
+    missing and unexpected names are built only for the error), dtypes compared with
+    cached ``np.dtype`` objects rather than parsed from their names each time."""
+    if type(inputs) is not dict and not isinstance(inputs, Mapping):
         raise InvalidInputError(
             f"model {model!r}: inputs must be a dict of name -> numpy array, "
             f"got {type(inputs).__name__}")
-    missing = [n for n in spec if n not in inputs]
-    extra = [n for n in inputs if n not in spec] if len(inputs) != len(spec) or missing else []
-    if missing or extra:
-        want = fmt_spec(spec)
+    if inputs.keys() != spec.keys():
+        missing = [n for n in spec if n not in inputs]
+        extra = [n for n in inputs if n not in spec] \
+            if len(inputs) != len(spec) or missing else []
         parts = []
         if missing:
             parts.append(f"missing {missing}")
         if extra:
             parts.append(f"unexpected {extra}")
-        raise InvalidInputError(f"model {model!r}: {', '.join(parts)}; expects {want}")
+        raise InvalidInputError(f"model {model!r}: {', '.join(parts)}; "
+                                f"expects {fmt_spec(spec)}")
+    buffers = isinstance(inputs, InputBuffers)
     out: dict[str, np.ndarray] = {}
     for name, (shape, dtype) in spec.items():
         v = inputs[name]
@@ -46,17 +53,24 @@ def validate_inputs(model: str, spec: Spec, inputs: Any,
             raise InvalidInputError(
                 f"model {model!r} input {name!r}: expected a numpy array {dtype}{list(shape)}, "
                 f"got {type(v).__name__}")
-        if v.shape != tuple(shape) or v.dtype != dtype:
+        dt = _DTYPES.get(dtype)
+        if dt is None:
+            dt = _DTYPES[dtype] = np.dtype(dtype)
+        if v.shape != tuple(shape) or v.dtype != dt:
             raise InvalidInputError(
                 f"model {model!r} input {name!r}: expected {dtype}{list(shape)}, "
                 f"got {v.dtype}{list(v.shape)}")
-        if isinstance(inputs, InputBuffers):
+        if buffers:
             out[name] = inputs.take(name, v)
         elif borrow and v.flags.c_contiguous:
             out[name] = v
         else:
             out[name] = v.copy(order="C")
     return out
+
+
+#: dtype name (as a plan's spec holds it) -> ``np.dtype``: a handful of entries
+_DTYPES: dict[Any, np.dtype] = {}
 
 
 class InputBuffers(dict):

@@ -37,6 +37,9 @@ class ClientConfig:
     drop_late: bool = False
     hard_deadline: float | None = None  # relative to arrival; None: none
     variant_group: str | None = None  # its requests are served by this group
+    #: its deadline utility is tracked (soft/hard deadlines configured): the request path
+    #: reads this flag instead of asking the tracker on every submit
+    utility: bool = False
 
 
 #: what an unconfigured client's requests get (read-only; shared)

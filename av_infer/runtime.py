@@ -61,6 +61,7 @@ __all__ = ["ARRIVAL_AHEAD_S", "ARRIVAL_MAX_AGE_S", "InputBuffers", "ModelInfo",
            "RequestOptions", "Runtime"]
 
 _options = RequestOptions.of
+_get_ident = threading.get_ident
 
 
 @dataclass(frozen=True)
@@ -365,9 +366,10 @@ class Runtime:
             soft, hard = sd, hd
             if not hd > 0:
                 raise InvalidParameterError(f"hard deadline must be > 0 s, got {hd}")
+        tracked = soft_deadline is not None or hard_deadline is not None
         self._reg.set_client(client, ClientConfig(
             prio, relative_deadline if relative_deadline is not None else (soft or None),
-            bool(drop_late), hard, variant_group))
+            bool(drop_late), hard, variant_group, tracked))
         self._utility.configure(client, soft_deadline, hard_deadline)
 
     # -- variant groups (paper 001 §2.3, av_infer.qos) ---------------------------------------
@@ -545,7 +547,7 @@ class Runtime:
             fut.set_exception(e)
             return fut
         req.future = fut
-        if self._utility.deadlines(req.client) is not None:
+        if cfg.utility:  # the tracker follows configure_client, as this flag does
             fut.add_done_callback(lambda f, c=req.client: self._record_utility(c, f))
         if entry.variants is not None:
             fut.add_done_callback(lambda f, g=req.model: self._record_quality(g, f))
@@ -553,7 +555,7 @@ class Runtime:
         # caller_runs: an enqueue made on this thread while it handles its own arrival skips
         # the worker's wake-up, since this thread runs the launches right after (a start on
         # any other thread, or later, wakes a worker: nothing is left unrun)
-        req.caller_runs = threading.get_ident() if caller_runs else 0
+        req.caller_runs = _get_ident() if caller_runs else 0
         self._driver.post(("arrival", req, entry))
         req.caller_runs = 0
         return fut
