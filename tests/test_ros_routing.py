@@ -119,6 +119,32 @@ def _ctrl(client: str, model: str = "tiny_cnn") -> codec.RequestControl:
                                 drop_late=False)
 
 
+def _x(seed: int) -> dict[str, np.ndarray]:
+    return {"input": np.random.default_rng(seed).standard_normal((1, 3, 32, 32))
+            .astype(np.float32)}
+
+
+def test_least_recently_used_topic_is_remade_and_still_answers():
+    """Runs before the module's host process starts (``graph``), the only host then.
+    ``max_response_topics`` 1: each client's request destroys the other's publisher
+    and makes its own again; every answer still arrives (transient local: kept until the
+    client's reader matches the new publisher)."""
+    with RosHarness() as h:
+        host = h.add(RuntimeNode(context=h.context, parameter_overrides=[
+            Parameter("device", value="cpu"), Parameter("max_response_topics", value=1)]))
+        a = Counted(h.node("lru_a"), timeout_s=60.0, client="lru_a")
+        b = Counted(h.node("lru_b"), timeout_s=60.0, client="lru_b")
+        wait_for(lambda: a.ready("tiny_cnn") and b.ready("tiny_cnn"), what="the host")
+        for i in range(3):
+            for c in (a, b):
+                r = c.submit(_ctrl(c.client), _x(i)).result(WAIT_S)
+                assert r.code == "ok", r.message
+                assert host.response_topics() == [f"/av_infer/response/{c.client}"]
+        with a._dlock, b._dlock:
+            assert len(a.delivered) == len(set(a.delivered)) == 3
+            assert len(b.delivered) == len(set(b.delivered)) == 3
+
+
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory):
     logs = tmp_path_factory.mktemp("ros_routing_logs")
@@ -142,11 +168,6 @@ def graph(tmp_path_factory):
         code = proc.stop()
         print(f"--- runtime host ---\n{proc.output()[-3000:]}")
         assert code == 0, code
-
-
-def _x(seed: int) -> dict[str, np.ndarray]:
-    return {"input": np.random.default_rng(seed).standard_normal((1, 3, 32, 32))
-            .astype(np.float32)}
 
 
 def test_each_client_receives_only_its_own_answers(graph):
