@@ -371,6 +371,28 @@ def test_a_driver_that_refuses_conditional_nodes_falls_back_and_says_so():
         d.close()
 
 
+def test_a_driver_that_refuses_updates_inside_conditional_bodies_falls_back_at_load():
+    """Every gated launch updates the op node inside the IF body; a driver that refuses that
+    (the emulator's hook 2) is found at load by a probe update, not per launch: plain path,
+    the reason names the call, no BE request fails."""
+    d = _device(graphs="be")
+    _emu(d).avi_emu_graph_refuse(2)
+    try:
+        plan, x = chain_plan(seed=3)
+        h = d.load_plan(plan)
+        g = d.telemetry()["graphs"]
+        assert not g["active"] and h.graphs == []
+        assert "op node in the IF body" in g["reason"] and "801" in g["reason"]
+        r = Runner(d)
+        got = r.run(h, x)
+        want = _ref_chain(plan, x)
+        for k in want:
+            assert np.array_equal(got[k], want[k])
+    finally:
+        _emu(d).avi_emu_graph_refuse(0)
+        d.close()
+
+
 def _ref_chain(plan, x):
     plain = _device()
     try:

@@ -665,7 +665,22 @@ cdef class Dispatcher:
         if r == CUDA_SUCCESS:
             what = "cuGraphInstantiateWithFlags"
             r = d.cuGraphInstantiateWithFlags(&gg.exec, gg.graph, 0)
+        if r == CUDA_SUCCESS:
+            # every launch updates the op node inside the IF body of the executable graph:
+            # probe it now, so a driver that refuses it falls back here, not per launch
+            what = "cuGraphExecKernelNodeSetParams(op node in the IF body)"
+            r = d.cuGraphExecKernelNodeSetParams(gg.exec, gg.op, kp)
+        if r == CUDA_SUCCESS:
+            what = "cuGraphExecKernelNodeSetParams(gate node)"
+            kp.func = gg.gate_func
+            kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
+            kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1
+            kp.sharedMemBytes = 0
+            kp.kernelParams = gparams
+            r = d.cuGraphExecKernelNodeSetParams(gg.exec, gg.gate, kp)
         if r != CUDA_SUCCESS:
+            if gg.exec != NULL:
+                d.cuGraphExecDestroy(gg.exec)
             if gg.graph != NULL:
                 d.cuGraphDestroy(gg.graph)
             free(gg)

@@ -27,7 +27,8 @@
  * - A failing kernel node fails the stream like a failing cuLaunchKernel (the rest of the
  *   graph is skipped; later events report CUDA_ERROR_LAUNCH_FAILED).
  * Test hooks: avi_emu_graph_refuse(1) makes cuGraphConditionalHandleCreate answer
- * CUDA_ERROR_NOT_SUPPORTED (a driver without conditional nodes); avi_emu_graph_fail_after(n)
+ * CUDA_ERROR_NOT_SUPPORTED (a driver without conditional nodes), avi_emu_graph_refuse(2)
+ * makes cuGraphExecKernelNodeSetParams refuse nodes inside a conditional body (801); avi_emu_graph_fail_after(n)
  * makes the n-th graph kernel node executed from now fail (returns 719, does not run);
  * avi_emu_graph_runs(out[2]) counts graph launches and kernel nodes run.
  */
@@ -90,6 +91,7 @@ struct emu_cond {
 struct emu_gnode {
     uint32_t magic;
     int type;
+    int in_body;              /* added to a conditional's body graph */
     struct emu_gnode* next;
     struct emu_gnode* orig;   /* in an executable graph: the node it was copied from */
     /* kernel */
@@ -201,7 +203,7 @@ EXPORT CUresult cuGraphConditionalHandleCreate(CUgraphConditionalHandle* out, CU
     (void)ctx;
     if (!out || !g || g->magic != MAGIC_GRAPH || (flags & ~(unsigned)CU_GRAPH_COND_ASSIGN_DEFAULT))
         return CUDA_ERROR_INVALID_VALUE;
-    if (atomic_load(&g_graph_refuse)) {
+    if (atomic_load(&g_graph_refuse) == 1) {
         set_error("cuGraphConditionalHandleCreate: refused (avi_emu_graph_refuse test hook)");
         return CUDA_ERROR_NOT_SUPPORTED;
     }
@@ -274,6 +276,7 @@ EXPORT CUresult cuGraphAddNode(CUgraphNode* ph, CUgraph g, const CUgraphNode* de
     if (!n) return CUDA_ERROR_OUT_OF_MEMORY;
     n->magic = MAGIC_GNODE;
     n->type = p->type;
+    n->in_body = g->is_body;
     CUresult rc = CUDA_SUCCESS;
     if (p->type == CU_GRAPH_NODE_TYPE_KERNEL) {
         rc = set_kernel(n, &p->u.kernel);
@@ -314,6 +317,7 @@ static struct emu_graph* graph_copy(struct emu_graph* g, int keep_orig) {
         if (!m) goto fail;
         m->magic = MAGIC_GNODE;
         m->type = n->type;
+        m->in_body = n->in_body;
         m->orig = keep_orig ? (n->orig ? n->orig : n) : NULL;
         m->f = n->f;
         memcpy(m->g, n->g, sizeof m->g);
@@ -397,6 +401,10 @@ EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec x, CUgraphNode nod
     struct emu_gnode* m = find_copy(x->g, node);
     if (!m || m->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
     if (p->func != m->f) return CUDA_ERROR_INVALID_VALUE; /* CUDA: same context; we: same function */
+    if (m->in_body && atomic_load(&g_graph_refuse) == 2) {
+        set_error("cuGraphExecKernelNodeSetParams: body node refused (avi_emu_graph_refuse(2))");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
     pthread_mutex_lock(&x->param_mu); /* launches snapshot under it */
     CUresult rc = set_kernel(m, p);
     pthread_mutex_unlock(&x->param_mu);
