@@ -2,8 +2,10 @@
 """Cost of the Autoware-style debug topics per input (``debug_topics``): the three
 publishes an image node makes per image (``~/debug/cyclic_time_ms``,
 ``processing_time_ms``, ``pipeline_latency_ms``; ``common.publish_cyclic`` +
-``publish_debug``), without and with a subscriber on each. Wall clock on a possibly shared
-machine: compare the rows of one run.
+``publish_debug``), without and with a subscriber on each; and the input health checks
+every image runs (``image_node.InputHealth``: a ROS clock read, the rate and stamp ticks,
+the deadline verdict, as ``_on_image``/``_done`` make them). Wall clock on a possibly
+shared machine: compare the rows of one run.
 
     scripts/netns_run.sh .venv/bin/python scripts/debug_topics_cost.py
 """
@@ -11,11 +13,13 @@ machine: compare the rows of one run.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 
 import rclpy
 from av_infer_msgs.msg import Float64Stamped
-from av_infer_nodes.common import debug_publishers, publish_cyclic, publish_debug
+from av_infer_nodes.common import Reply, debug_publishers, publish_cyclic, publish_debug
+from av_infer_nodes.image_node import InputHealth, missed_deadline
 from rclpy.node import Node
 
 TOPICS = ("processing_time_ms", "pipeline_latency_ms", "cyclic_time_ms")
@@ -42,6 +46,29 @@ def main(n: int = 2000, reps: int = 5) -> None:
             rows.append((time.perf_counter() - t0) / n * 1e6)
         print(f"subscribers={with_subs}: us per image (3 publishes), {reps} x {n}: "
               f"{[round(r, 1) for r in rows]}, median {statistics.median(rows):.1f}")
+    p = dict(expected_hz=30.0, rate_tolerance=0.1, stale_timeout_s=1.0, max_stamp_age_ms=100.0,
+             max_stamp_future_ms=50.0, deadline_miss_warn=1, deadline_miss_error=3)
+    health, lock = InputHealth(p, time.monotonic()), threading.Lock()
+
+    class Timings:
+        end = 1.0
+
+    reply = Reply(id="x", timings=Timings(), deadline=2.0)
+    rows = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(n * 10):
+            t = time.monotonic()
+            now_ros = node.get_clock().now().nanoseconds * 1e-9
+            with lock:
+                health.rate.tick(t)
+                health.stamps.tick(now_ros - 0.01, now_ros)
+            missed = missed_deadline(reply)
+            with lock:
+                health.misses.tick(bool(missed))
+        rows.append((time.perf_counter() - t0) / (n * 10) * 1e6)
+    print(f"health checks: us per image, {reps} x {n * 10}: {[round(r, 1) for r in rows]}, "
+          f"median {statistics.median(rows):.1f}")
     node.destroy_node()
     rclpy.shutdown()
 
