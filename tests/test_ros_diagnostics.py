@@ -225,3 +225,45 @@ def test_perception_input_levels(perception):
                  what="the input's status (diagnostics_period_s)")
     finally:
         tester.destroy_subscription(sub)
+
+
+def test_host_client_status_escalates_from_real_misses():
+    """The host's per-client checks are fed by the runtime's own ``complete`` events: two
+    requests whose deadline (1 us after an old stamp) cannot be met make the client ERROR
+    (deadline_miss_error 2), one with a 60 s deadline ends the run."""
+    import numpy as np
+    from av_infer_nodes.common import LocalRuntimeClient
+
+    from av_infer import tensor_codec as codec
+
+    with RosHarness() as h:
+        host = h.add(RuntimeNode(context=h.context, parameter_overrides=[
+            Parameter("device", value="cpu"), Parameter("deadline_miss_error", value=2)]))
+        client = LocalRuntimeClient(host, host.runtime)
+        x = {"input": np.zeros((1, 3, 32, 32), np.float32)}
+
+        def ask(deadline_s, stamp):
+            ctrl = codec.RequestControl(id=f"r{deadline_s}{stamp}", model="tiny_cnn",
+                                        client="late_cam", priority="RT", stamp=stamp,
+                                        frame_id="f", deadline_s=deadline_s,
+                                        drop_late=False)
+            reply = client.submit(ctrl, x).result(30.0)
+            assert reply.code == "ok", reply.message
+
+        def level():
+            return host.client_health.findings(time.monotonic())["late_cam"].level
+
+        now = host.get_clock().now().seconds_nanoseconds()
+        old = (now[0] - 10, now[1])
+        ask(1e-6, old)
+        wait_for(lambda: "late_cam" in host.client_health.findings(time.monotonic()),
+                 what="the complete event")
+        assert level() == WARN
+        ask(1e-6, old)
+        wait_for(lambda: level() == ERROR, what="ERROR after 2 consecutive misses")
+        sts = diagnostic_statuses({"clients": {}}, "cpu", host.runtime, {},
+                                  client_findings=host.client_health.findings(
+                                      time.monotonic()))
+        assert [s.level[0] for s in sts if s.name == "av_infer: client late_cam"] == [ERROR]
+        ask(60.0, (0, 0))
+        wait_for(lambda: level() == OK, what="the run ended by a met deadline")
