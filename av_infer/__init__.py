@@ -16,6 +16,7 @@ from av_infer.errors import (  # noqa: F401
     InvalidParameterError,
     ModelLoadError,
     ModelTooLargeError,
+    NotAllowedError,
     RejectedError,
     RuntimeClosedError,
     UnboundDimensionError,

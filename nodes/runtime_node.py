@@ -96,13 +96,13 @@ from av_infer import (
     AvInferError,
     DeviceUnavailableError,
     InvalidParameterError,
+    NotAllowedError,
     UnknownModelError,
     check_batch_mode,
     device_class,
     load_qos_policy,
 )
 from av_infer import tensor_codec as codec
-from av_infer.errors import NotAllowedError
 
 LOAD_MODEL_SERVICE = "/av_infer/load_model"
 UNLOAD_MODEL_SERVICE = "/av_infer/unload_model"
