@@ -203,6 +203,15 @@ class Engine:
         c = check_c(c, self.device, guards)
         self.control(lambda: self.sched.set_c(c))
 
+    def check_plan(self, name: str, plan: Plan) -> None:
+        """A plan to load must restore under the current ``c`` (``c + 1 <= reuse_guard``),
+        the same rule ``check_c`` applies to a new ``c`` against the loaded plans."""
+        c = self.sched.c
+        if c + 1 > plan.reuse_guard:
+            raise InvalidParameterError(
+                f"model {name!r}: plan reuse_guard={plan.reuse_guard} cannot restore with "
+                f"c={c} (needs c + 1 <= reuse_guard): lower c or recompile")
+
     def set_max_queue_depth(self, depth: Any) -> None:
         depth = check_depth(depth)
         self.control(lambda: self.sched.set_max_queue_depth(depth))

@@ -157,9 +157,6 @@ class Runtime:
         self._closed = False
 
     # -- the driver -------------------------------------------------------------------------
-    def _post(self, event: tuple) -> None:
-        self._driver.post(event)
-
     def _control(self, fn: Callable[[], Any], wait: bool = True) -> Any:
         """Run ``fn`` on the scheduler (between events) and return its result."""
         return self._engine.control(fn, wait)
@@ -218,11 +215,7 @@ class Runtime:
                 plan = self._device.compile(source, input_shapes, name=name, whole=whole)
         if precision is not None and precision != plan.precision:
             plan = replace(plan, precision=precision)  # a copy: cached plans stay as they are
-        if self._sched.c + 1 > plan.reuse_guard:
-            raise InvalidParameterError(
-                f"model {name!r}: plan reuse_guard={plan.reuse_guard} cannot restore with "
-                f"c={self._sched.c} (needs c + 1 <= reuse_guard): lower c or recompile"
-            )
+        self._engine.check_plan(name, plan)
         if prof is not None:
             if len(prof.kernels) != len(plan.kernels):
                 raise InvalidParameterError(
