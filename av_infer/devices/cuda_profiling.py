@@ -50,6 +50,30 @@ class DriverTiming:
             ctypes.c_size_t(smem)), "cuOccupancyMaxActiveBlocksPerMultiprocessor")
         return int(n.value)
 
+    def _median_us(self, launch: Callable[[], None], sp: Any, start: Any, end: Any,
+                   repeats: int) -> float:
+        """One warm-up ``launch()``, then the median µs of ``repeats`` launches each timed
+        between events ``start`` and ``end`` on stream ``sp``; the stream is drained and
+        both events destroyed whatever happens (the stream stays the caller's)."""
+        cu = self._driver()
+        times = []
+        try:
+            launch()
+            for _ in range(max(1, int(repeats))):
+                self._check(cu.cuEventRecord(start, sp), "cuEventRecord")
+                launch()
+                self._check(cu.cuEventRecord(end, sp), "cuEventRecord")
+                self._check(cu.cuEventSynchronize(end), "cuEventSynchronize")
+                ms = ctypes.c_float(0.0)
+                self._check(cu.cuEventElapsedTime(ctypes.byref(ms), start, end),
+                            "cuEventElapsedTime")
+                times.append(ms.value * 1000.0)
+        finally:
+            cu.cuStreamSynchronize(sp)
+            cu.cuEventDestroy_v2(start)
+            cu.cuEventDestroy_v2(end)
+        return float(statistics.median(times))
+
     def time_kernel(self, func: int, spec: Any, pack: Callable[[Any], bytes], arena_bytes: int,
                     repeats: int) -> float:
         """Median µs of ``repeats`` CUDA-event-timed launches of ``func`` with ``spec``'s
@@ -74,24 +98,10 @@ class DriverTiming:
                 *(ctypes.c_uint(b) for b in spec.block), ctypes.c_uint(spec.smem), sp,
                 params, None), "cuLaunchKernel")
 
-        times = []
         try:
-            launch()
-            for _ in range(max(1, int(repeats))):
-                self._check(cu.cuEventRecord(start, sp), "cuEventRecord")
-                launch()
-                self._check(cu.cuEventRecord(end, sp), "cuEventRecord")
-                self._check(cu.cuEventSynchronize(end), "cuEventSynchronize")
-                ms = ctypes.c_float(0.0)
-                self._check(cu.cuEventElapsedTime(ctypes.byref(ms), start, end),
-                            "cuEventElapsedTime")
-                times.append(ms.value * 1000.0)
+            return self._median_us(launch, sp, start, end, repeats)
         finally:
-            cu.cuStreamSynchronize(sp)
-            cu.cuEventDestroy_v2(start)
-            cu.cuEventDestroy_v2(end)
             cu.cuStreamDestroy_v2(sp)
-        return float(statistics.median(times))
 
     def time_vendor(self, vendor: Any, op: int, pack: Callable[[Any], bytes], arena_bytes: int,
                     repeats: int, ws_bytes: int) -> float:
@@ -116,23 +126,7 @@ class DriverTiming:
             if rc != 0:
                 raise DeviceFaultError(f"vendor op failed: {vendor.error_string(rc)}")
 
-        times = []
-        try:
-            launch()
-            for _ in range(max(1, int(repeats))):
-                self._check(cu.cuEventRecord(start, sp), "cuEventRecord")
-                launch()
-                self._check(cu.cuEventRecord(end, sp), "cuEventRecord")
-                self._check(cu.cuEventSynchronize(end), "cuEventSynchronize")
-                ms = ctypes.c_float(0.0)
-                self._check(cu.cuEventElapsedTime(ctypes.byref(ms), start, end),
-                            "cuEventElapsedTime")
-                times.append(ms.value * 1000.0)
-        finally:
-            cu.cuStreamSynchronize(sp)
-            cu.cuEventDestroy_v2(start)
-            cu.cuEventDestroy_v2(end)
-        return float(statistics.median(times))
+        return self._median_us(launch, sp, start, end, repeats)
 
     def close(self) -> None:
         """Destroy the vendor timing stream (its vendor context dies with the vendor's)."""
