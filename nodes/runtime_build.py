@@ -1,0 +1,109 @@
+"""How the runtime host builds its Runtime: which devices a live ROS graph may run on,
+``device=auto``'s choice with its reason, the cpu device options from the ``cpu_*``
+parameters, and where a ``models`` entry comes from (zoo name or ONNX path).
+
+ROS-free apart from the package it lives in: nothing here creates a node, so the
+construction rules are tested without a graph (tests/test_nodes_runtime_api.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import av_infer
+from av_infer import (
+    DEVICE_NAMES,
+    POLICIES,
+    AvInferError,
+    DeviceUnavailableError,
+    InvalidParameterError,
+    device_class,
+)
+
+
+def _wall_clock(name: str) -> bool:
+    """A device whose time passes by itself. The simulator runs in virtual time that only
+    its caller advances (``av-infer bench --device sim``): a node on it would never answer
+    a request. A device that cannot load here (no CUDA build) is still a wall-clock one."""
+    try:
+        return not device_class(name).virtual
+    except AvInferError:
+        return True
+
+
+#: what the ``device`` parameter accepts: auto and the wall-clock devices
+DEVICES = ("auto", *(d for d in DEVICE_NAMES if _wall_clock(d)))
+
+
+def policy_names() -> tuple[str, ...]:
+    """The runtime's policy table (``av_infer.POLICIES``)."""
+    return tuple(POLICIES)
+
+
+def check_policy(name: str, runtime: Any = None) -> str | None:
+    """None if ``name`` is a usable policy (on ``runtime``'s device, when given: reef_dkp
+    needs padded launches, which the cpu device refuses), else the reason it is not."""
+    if runtime is not None:
+        return runtime.policy_unavailable(name)
+    try:
+        av_infer.get_policy(name)
+    except InvalidParameterError as exc:
+        return str(exc)
+    return None
+
+
+def check_live_device(device: str) -> None:
+    """InvalidParameterError with the reason for a device a live ROS graph cannot run on
+    (one in virtual time); unknown names are left to ``Runtime``, which names the choices."""
+    if device != "auto" and not _wall_clock(device):
+        raise InvalidParameterError(
+            f"device {device!r} runs in virtual time, advanced only by its caller, so a ROS "
+            f"node on it would never answer; choose one of {', '.join(DEVICES)} (the "
+            "simulator is for benchmarks: av-infer bench --device sim)")
+
+
+def make_runtime(device: str, cpu_options: dict[str, Any] | None = None,
+                 **kwargs: Any) -> tuple[Any, str, str]:
+    """Builds a Runtime; returns (runtime, device name, why that device).
+
+    ``device="auto"`` takes cuda when a GPU is usable and falls back to cpu only when it
+    is not (``DeviceUnavailableError``: no GPU, driver, CuPy or built dispatcher); the
+    reason says so. Any other error (a bad policy, c, option: ``InvalidParameterError``
+    and the rest) propagates, so a configuration error is never hidden behind a cpu
+    fallback. ``cpu_options``: device options used when the device is the cpu (e.g.
+    rt_priority).
+    """
+    check_live_device(device)
+    cpu = {"device_options": dict(cpu_options)} if cpu_options else {}
+    if device != "auto":
+        extra = cpu if device == "cpu" else {}
+        return av_infer.Runtime(device=device, **kwargs, **extra), device, "requested"
+    try:
+        return av_infer.Runtime(device="cuda", **kwargs), "cuda", "auto: a CUDA GPU is usable"
+    except DeviceUnavailableError as exc:
+        why = f"auto: no usable GPU ({exc}); fell back to cpu"
+    return av_infer.Runtime(device="cpu", **kwargs, **cpu), "cpu", why
+
+
+def cpu_options(p: dict[str, Any]) -> dict[str, Any]:
+    """The ``cpu_*`` parameters as cpu device options (``CpuDevice``; used when the
+    device is the cpu, validated there: a refused value fails configure with its reason).
+    ``cpu_rt_parallel`` 0 leaves the device's default (one RT lane per core)."""
+    out: dict[str, Any] = {"rt_priority": p["cpu_rt_priority"], "be_nice": p["cpu_be_nice"]}
+    if p["cpu_rt_parallel"] != 0:
+        out["rt_parallel"] = p["cpu_rt_parallel"]
+    return out
+
+
+def model_source(entry: str, variant: str) -> tuple[str, Any]:
+    """A ``models`` entry -> (runtime model name, source): zoo names or ONNX paths."""
+    p = Path(entry).expanduser()
+    if entry.endswith(".onnx") or p.suffix == ".onnx" or p.exists():
+        return p.stem, str(p)
+    from av_infer import zoo_names, zoo_path
+
+    if entry not in zoo_names():
+        raise ValueError(f"{entry!r} is neither an ONNX file nor a zoo model "
+                         f"({', '.join(zoo_names())})")
+    return entry, zoo_path(entry, variant)
