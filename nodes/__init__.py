@@ -1,6 +1,8 @@
 """av_infer's rclpy nodes (installed as ``av_infer_nodes``).
 
 * ``runtime_node``: ``av_infer_runtime``, owns the Runtime, /diagnostics, request endpoint;
+  its jobs in ``runtime_params`` (the parameter table), ``runtime_build``,
+  ``runtime_requests``, ``runtime_services`` and ``runtime_diagnostics``;
 * ``perception_node``: ``av_infer_perception``, RT image inference;
 * ``monitoring_node``: ``av_infer_monitoring``, BE image inference;
 * ``container``: ``av_infer_container``, all of them in one process.
