@@ -23,7 +23,6 @@ the plan's output; a cluster file states both per type.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -37,6 +36,7 @@ from av_infer.pipeline.errors import (
     ProfileUnitsError,
     UnknownDeviceTypeError,
 )
+from av_infer.pipeline.profile_files import read_json
 from av_infer.profiles import GPUS
 
 CLUSTER_FORMAT = "av_infer.cluster"
@@ -138,13 +138,7 @@ def parse_cluster(spec: str) -> Cluster:
     for part in spec.split(","):
         name, _, num = part.strip().partition(":")
         dt = device_type(name)
-        try:
-            n = int(num) if num.strip() else 1
-        except ValueError:
-            raise InvalidParameterError(
-                f"cluster spec {spec!r}: count of {name!r} is not an integer: {num!r}") from None
-        if n < 1:
-            raise InvalidParameterError(f"cluster spec {spec!r}: count of {name!r} must be >= 1")
+        n = _spec_count(spec, name, num)
         counts[dt.name] = counts.get(dt.name, 0) + n
     cluster = Cluster(tuple(counts.items()))
     if len({t.simulated for t in cluster.types}) > 1:
@@ -203,13 +197,7 @@ def cluster_from_profiles(spec: str, profiles: Mapping[str, Mapping[str, Any]]) 
                     f"device type {name!r} has no block profile (profiled: "
                     f"{', '.join(sorted(known))}) and is not built in "
                     f"({', '.join(known_types())})") from None
-        try:
-            n = int(num) if num.strip() else 1
-        except ValueError:
-            raise InvalidParameterError(
-                f"cluster spec {spec!r}: count of {name!r} is not an integer: {num!r}") from None
-        if n < 1:
-            raise InvalidParameterError(f"cluster spec {spec!r}: count of {name!r} must be >= 1")
+        n = _spec_count(spec, name, num)
         counts[key] = counts.get(key, 0) + n
     return Cluster(tuple(counts.items()), tuple(defs.values()))
 
@@ -288,16 +276,21 @@ def parse_cluster_doc(doc: Any, profiles: Mapping[str, Mapping[str, Any]] | None
     return cluster
 
 
+def _spec_count(spec: str, name: str, num: str) -> int:
+    """The count after ``name:`` in a cluster spec (1 when absent), an int >= 1."""
+    try:
+        n = int(num) if num.strip() else 1
+    except ValueError:
+        raise InvalidParameterError(
+            f"cluster spec {spec!r}: count of {name!r} is not an integer: {num!r}") from None
+    if n < 1:
+        raise InvalidParameterError(f"cluster spec {spec!r}: count of {name!r} must be >= 1")
+    return n
+
+
 def load_cluster_file(path: str | os.PathLike[str],
                       profiles: Mapping[str, Mapping[str, Any]] | None = None) -> Cluster:
-    p = Path(path)
-    try:
-        doc = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise ProfileFormatError(f"{p}: cannot read: {e}") from None
-    except json.JSONDecodeError as e:
-        raise ProfileFormatError(f"{p}: not JSON: {e}") from None
-    return parse_cluster_doc(doc, profiles, str(p))
+    return parse_cluster_doc(read_json(path), profiles, str(Path(path)))
 
 
 def resolve_cluster(arg: str, profiles: Mapping[str, Mapping[str, Any]] | None = None

@@ -244,15 +244,20 @@ def parse_profile(doc: Any, where: str = "profile",
                            n, cut_bytes, table, dict(prov))
 
 
-def load_profile(path: str | os.PathLike[str]) -> MeasuredProfile:
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """The JSON document in ``path`` (profile and cluster files); ProfileFormatError when
+    it cannot be read or is not JSON."""
     p = Path(path)
     try:
-        doc = json.loads(p.read_text())
+        return json.loads(p.read_text())
     except (OSError, UnicodeDecodeError) as e:
         raise ProfileFormatError(f"{p}: cannot read: {e}") from None
     except json.JSONDecodeError as e:
         raise ProfileFormatError(f"{p}: not JSON: {e}") from None
-    return parse_profile(doc, str(p))
+
+
+def load_profile(path: str | os.PathLike[str]) -> MeasuredProfile:
+    return parse_profile(read_json(path), str(Path(path)))
 
 
 def load_profiles(directory: str | os.PathLike[str], models: Sequence[str] | None = None
