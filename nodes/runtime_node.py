@@ -93,6 +93,7 @@ from av_infer_nodes.runtime_params import (  # noqa: F401 - re-exported
     GROUP_NAME,
     LIVE,
     declare_parameters,
+    defaults,
     parse_client_models,
     parse_client_rates,
     validate,
@@ -225,8 +226,10 @@ class RuntimeNode(RequestEndpoint, ModelServices, LifecycleNode):
             for entry in p["models"]:
                 self.load_model(entry, p["model_variant"], pin=entry in p["pinned_models"])
             self._define_groups(p)
-            if self._given_runtime is None or p["batch_max"] > 1 or p["batch_quantum_ms"] \
-                    or p["batch_mode"] != "rafiqi" or p["qos_policy"]:  # a shared one: if set
+            default = defaults()
+            if self._given_runtime is None or any(  # a shared one: only if set
+                    p[k] != default[k] for k in ("batch_max", "batch_quantum_ms",
+                                                 "batch_mode", "qos_policy")):
                 self._set_batching(p)  # after the groups: a qos_rl policy must fit them
             if p["model_services"]:
                 from av_infer.model_admin import ModelAdmin
@@ -373,6 +376,7 @@ class RuntimeNode(RequestEndpoint, ModelServices, LifecycleNode):
         self._loaded_here.clear()
         self.model_info.clear()
 
+    # -- parameters ----------------------------------------------------------------------
     def _declare_parameters(self) -> dict[str, Any]:
         """Declares the table's parameters (``runtime_params``); ``_param_errors``: those
         that cannot even be declared (a bad group name): configure refuses them."""

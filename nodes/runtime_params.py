@@ -234,6 +234,11 @@ LIVE = ("policy", "padding", "c", "edf_preempt", "max_queue_depth", "be_min_shar
 GROUP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 
 
+def defaults() -> dict[str, Any]:
+    """Name -> default of every parameter of the table."""
+    return {p.name: p.default for p in param_table()}
+
+
 def ranges() -> dict[str, tuple[float, float]]:
     """Name -> (low, high) of every parameter with a declared range (the validator's
     bounds where they are the declared ones)."""
