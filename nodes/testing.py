@@ -51,6 +51,23 @@ REPO = Path(__file__).resolve().parents[1]
 WAIT_S = 120.0
 
 
+class Collector:
+    """Thread-safe list of received messages: a subscription callback whose ``snapshot``
+    a test polls (``wait_for``) from its own thread."""
+
+    def __init__(self) -> None:
+        self.items: list = []
+        self._lock = threading.Lock()
+
+    def __call__(self, msg: Any) -> None:
+        with self._lock:
+            self.items.append(msg)
+
+    def snapshot(self) -> list:
+        with self._lock:
+            return list(self.items)
+
+
 class TesterNode(Node):
     """A plain node whose publishers and subscriptions add no QoS-event waitables unless a
     caller asks (``event_callbacks=``), like av_infer's own endpoints (``PUB_EVENTS``).

@@ -9,7 +9,6 @@ Run inside scripts/netns_run.sh: LOCALHOST discovery, fresh netns.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,12 @@ from av_infer_nodes.image_node import IMAGE_QOS  # noqa: E402
 from av_infer_nodes.perception_node import PerceptionNode  # noqa: E402
 from av_infer_nodes.preprocess import image_to_tensor  # noqa: E402
 from av_infer_nodes.runtime_node import RuntimeNode  # noqa: E402
-from av_infer_nodes.testing import RosHarness, wait_for, wait_matched  # noqa: E402
+from av_infer_nodes.testing import (  # noqa: E402
+    Collector,
+    RosHarness,
+    wait_for,
+    wait_matched,
+)
 from rclpy.parameter import Parameter  # noqa: E402
 from sensor_msgs.msg import CameraInfo, CompressedImage, Image  # noqa: E402
 from vision_msgs.msg import Detection2DArray  # noqa: E402
@@ -39,19 +43,6 @@ pytestmark = [pytest.mark.ros, pytest.mark.timeout(900),
 
 FIXTURE = Path(__file__).parent / "fixtures" / "layout_page.jpg"
 
-
-class Collector:
-    def __init__(self) -> None:
-        self.items: list = []
-        self._lock = threading.Lock()
-
-    def __call__(self, msg) -> None:
-        with self._lock:
-            self.items.append(msg)
-
-    def snapshot(self) -> list:
-        with self._lock:
-            return list(self.items)
 
 
 def camera_info(width: int, height: int) -> CameraInfo:

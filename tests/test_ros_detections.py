@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,12 @@ from av_infer_msgs.msg import TensorList  # noqa: E402
 from av_infer_nodes.image_node import IMAGE_QOS  # noqa: E402
 from av_infer_nodes.perception_node import PerceptionNode  # noqa: E402
 from av_infer_nodes.runtime_node import RuntimeNode  # noqa: E402
-from av_infer_nodes.testing import RosHarness, wait_for, wait_matched  # noqa: E402
+from av_infer_nodes.testing import (  # noqa: E402
+    Collector,
+    RosHarness,
+    wait_for,
+    wait_matched,
+)
 from rclpy.parameter import Parameter  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from vision_msgs.msg import Detection2DArray  # noqa: E402
@@ -42,19 +46,6 @@ FIXTURE = Path(__file__).parent / "fixtures" / "layout_page.jpg"
 #: workspace that vendors ros-perception/vision_msgs).
 PUBLISHED_HASH = "RIHS01_214274120007f4a683866481336b70310268cfa107aebe9d594a6acf75bda968"
 
-
-class Collector:
-    def __init__(self) -> None:
-        self.items: list = []
-        self._lock = threading.Lock()
-
-    def __call__(self, msg) -> None:
-        with self._lock:
-            self.items.append(msg)
-
-    def snapshot(self) -> list:
-        with self._lock:
-            return list(self.items)
 
 
 def test_vision_msgs_is_the_published_definition():

@@ -8,8 +8,6 @@ Run inside scripts/netns_run.sh: LOCALHOST discovery, fresh netns.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -18,26 +16,18 @@ isaac = pytest.importorskip("isaac_ros_tensor_list_interfaces.msg")
 
 from av_infer_msgs.msg import Tensor, TensorList  # noqa: E402
 from av_infer_nodes.isaac_bridge import IsaacBridgeNode, convert_list  # noqa: E402
-from av_infer_nodes.testing import RosHarness, wait_for, wait_matched  # noqa: E402
+from av_infer_nodes.testing import (  # noqa: E402
+    Collector,
+    RosHarness,
+    wait_for,
+    wait_matched,
+)
 from rclpy.serialization import serialize_message  # noqa: E402
 
 from av_infer import tensor_codec as codec  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.timeout(600)]
 
-
-class Collector:
-    def __init__(self) -> None:
-        self.items: list = []
-        self._lock = threading.Lock()
-
-    def __call__(self, msg) -> None:
-        with self._lock:
-            self.items.append(msg)
-
-    def snapshot(self) -> list:
-        with self._lock:
-            return list(self.items)
 
 
 def every_dtype() -> dict[str, np.ndarray]:

@@ -12,7 +12,6 @@ Run inside scripts/netns_run.sh (make test does): LOCALHOST discovery, fresh net
 from __future__ import annotations
 
 import gc
-import threading
 import uuid
 
 import numpy as np
@@ -41,6 +40,7 @@ from av_infer_nodes.preprocess import image_to_tensor  # noqa: E402
 from av_infer_nodes.runtime_node import RuntimeNode, diagnostic_statuses  # noqa: E402
 from av_infer_nodes.testing import (  # noqa: E402
     WAIT_S,
+    Collector,
     RosHarness,
     make_image,
     wait_for,
@@ -56,21 +56,6 @@ from av_infer import tensor_codec as codec  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.timeout(600)]  # a hang guard
 
-
-class Collector:
-    """Thread-safe list of received messages."""
-
-    def __init__(self) -> None:
-        self.items: list = []
-        self._lock = threading.Lock()
-
-    def __call__(self, msg) -> None:
-        with self._lock:
-            self.items.append(msg)
-
-    def snapshot(self) -> list:
-        with self._lock:
-            return list(self.items)
 
 
 @pytest.fixture(scope="module", params=["single", "multi"])

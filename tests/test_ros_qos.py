@@ -17,7 +17,6 @@ Run inside scripts/netns_run.sh (make test does): LOCALHOST discovery, fresh net
 from __future__ import annotations
 
 import shutil
-import threading
 import uuid
 
 import numpy as np
@@ -39,6 +38,7 @@ from av_infer_nodes.perception_node import PerceptionNode  # noqa: E402
 from av_infer_nodes.runtime_node import RuntimeNode  # noqa: E402
 from av_infer_nodes.testing import (  # noqa: E402
     WAIT_S,
+    Collector,
     RosHarness,
     make_image,
     wait_for,
@@ -55,21 +55,6 @@ pytestmark = [pytest.mark.ros, pytest.mark.timeout(600)]  # a hang guard
 
 KAPPA = {"full": 1.0, "fast": 0.5}
 
-
-class Collector:
-    """Thread-safe list of received messages."""
-
-    def __init__(self) -> None:
-        self.items: list = []
-        self._lock = threading.Lock()
-
-    def __call__(self, msg) -> None:
-        with self._lock:
-            self.items.append(msg)
-
-    def snapshot(self) -> list:
-        with self._lock:
-            return list(self.items)
 
 
 def _group_params(models: list[str], kappas: list[float], name: str = "det") -> list:
