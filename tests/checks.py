@@ -27,3 +27,30 @@ def compare_outputs(got: dict, want: dict, name: str, rtol: float, atol: float) 
             np.testing.assert_array_equal(g, w, err_msg=f"{name}:{k}")
         else:
             np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=f"{name}:{k}")
+
+
+def be_bit_identical_under_rt(rt, x_be: dict, x_rt: dict, n_be: int, n_rt: int) -> None:
+    """On a Runtime with models ``be`` and ``rt`` loaded: ``n_be`` BE requests submitted
+    while a thread sends ``n_rt`` paced RT requests all equal the unpreempted BE result bit
+    for bit. Bounded and paced: back-to-back RT starves BE under reef by design (a BE
+    kernel never finishes between two RT requests when it is slower than the gap)."""
+    import threading
+    import time
+
+    ref = rt.submit("be", x_be, client="be").result(timeout=120).outputs
+    futs = [rt.submit("be", x_be, client="be") for _ in range(n_be)]
+
+    def rt_load() -> None:
+        for _ in range(n_rt):
+            rt.submit("rt", x_rt, priority="RT").result(timeout=60)
+            time.sleep(0.002)
+
+    th = threading.Thread(target=rt_load)
+    th.start()
+    try:
+        for f in futs:
+            out = f.result(timeout=300).outputs
+            for k in ref:
+                assert np.array_equal(out[k], ref[k])
+    finally:
+        th.join()

@@ -25,7 +25,7 @@ from av_infer.devices.cuda import availability
 from av_infer.kernels.cpu import CpuPlanRunner
 from av_infer.kernels.cuda.samples import chain_plan, samples
 from av_infer.model.plan import Plan
-from tests.checks import compare_outputs, require
+from tests.checks import be_bit_identical_under_rt, compare_outputs, require
 
 OK, WHY = availability()
 EMU_OK, EMU_WHY = availability(emulate=True)
@@ -230,25 +230,7 @@ def test_runtime_reef_policy_on_cuda(emulate):
     with Runtime("cuda-emu" if emulate else "cuda", policy="reef", c=4) as rt:
         rt.load_model("be", be)
         rt.load_model("rt", rt_plan)
-        ref = rt.submit("be", x, client="be").result(timeout=120).outputs
-        futs = [rt.submit("be", x, client="be") for _ in range(8)]
-
-        def rt_load() -> None:
-            # bounded and paced: back-to-back RT starves BE under reef by design (a BE
-            # kernel never finishes between two RT requests when it is slower than the gap)
-            for _ in range(40):
-                rt.submit("rt", x_rt, priority="RT").result(timeout=60)
-                time.sleep(0.002)
-
-        th = threading.Thread(target=rt_load)
-        th.start()
-        try:
-            for f in futs:
-                out = f.result(timeout=300).outputs
-                for k in ref:
-                    assert np.array_equal(out[k], ref[k])
-        finally:
-            th.join()
+        be_bit_identical_under_rt(rt, x, x_rt, n_be=8, n_rt=40)
         if emulate:  # 8 BE requests of ~0.1 s each under 40 RT arrivals: preempted
             assert rt.stats()["preemptions"] > 0
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 import ctypes
 import queue
 import random
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -26,7 +24,7 @@ from av_infer.devices.cuda_vendor import TOLERANCE, VendorLibraryError, find_lib
 from av_infer.errors import DeviceUnavailableError, InvalidParameterError
 from av_infer.kernels.cuda.samples import chain_plan
 from av_infer.model.plan_builder import PlanBuilder
-from tests.checks import require
+from tests.checks import be_bit_identical_under_rt, require
 
 EMU_OK, EMU_WHY = availability(emulate=True)
 GPU_OK, GPU_WHY = availability()
@@ -247,23 +245,7 @@ def test_scheduler_reef_preempts_be_running_vendor_ops():
     with Runtime(d, policy="reef", c=4) as rt:
         rt.load_model("be", be)
         rt.load_model("rt", rt_plan)
-        ref = rt.submit("be", x, client="be").result(timeout=120).outputs
-        futs = [rt.submit("be", x, client="be") for _ in range(6)]
-
-        def rt_load() -> None:
-            for _ in range(30):
-                rt.submit("rt", x_rt, priority="RT").result(timeout=60)
-                time.sleep(0.002)
-
-        th = threading.Thread(target=rt_load)
-        th.start()
-        try:
-            for f in futs:
-                out = f.result(timeout=300).outputs
-                for k in ref:
-                    assert np.array_equal(out[k], ref[k])
-        finally:
-            th.join()
+        be_bit_identical_under_rt(rt, x, x_rt, n_be=6, n_rt=30)
         assert rt.stats()["preemptions"] > 0
     assert vendor_runs(d)[1] > runs0[1]
 
