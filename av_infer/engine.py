@@ -115,24 +115,26 @@ class Engine:
 
     def __init__(
         self,
-        device: str | Device = "cpu",
-        policy: str = "reef",
-        c: int = 4,
-        max_be_streams: int = 2,
-        edf_preempt: bool = False,
-        preempt_drain: bool = False,
-        device_options: Mapping[str, Any] | None = None,
-        cache_budget: int | None = None,
-        cache_max_models: int | None = None,
-        batching: bool = False,
-        batch_quantum: float = 0.005,
-        max_batch: int = 8,
-        max_queue_depth: int | None = None,
-        be_min_share: float = 0.1,
-        batch_mode: str = "rafiqi",
-        qos_policy: str | os.PathLike | None = None,
-        plan_cache: PlanStore | str | os.PathLike | bool | None = None,
+        device: str | Device,
+        policy: str,
+        c: int,
+        max_be_streams: int,
+        edf_preempt: bool,
+        preempt_drain: bool,
+        device_options: Mapping[str, Any] | None,
+        cache_budget: int | None,
+        cache_max_models: int | None,
+        batching: bool,
+        batch_quantum: float,
+        max_batch: int,
+        max_queue_depth: int | None,
+        be_min_share: float,
+        batch_mode: str,
+        qos_policy: str | os.PathLike | None,
+        plan_cache: PlanStore | str | os.PathLike | bool | None,
     ) -> None:
+        """The settings as ``Runtime`` takes them (its signature holds the defaults and
+        documents each one; this one has none, so they live in one place)."""
         get_policy(policy)  # the name first; what the device can run once it exists
         batch_mode = check_mode(batch_mode)
         net = load_policy(qos_policy) if batch_mode == "qos_rl" or qos_policy else None
