@@ -455,9 +455,8 @@ def test_declared_graph_abi_matches_cuda_h(tmp_path):
     import subprocess
     from pathlib import Path
 
-    inc = _cuda_include()
-    if inc is None or not shutil.which("gcc"):
-        pytest.skip("no CUDA toolkit headers (cuda.h) or no gcc here")
+    inc = require(_cuda_include(), "CUDA toolkit headers (cuda.h)")
+    require(shutil.which("gcc"), "gcc")
     src = tmp_path / "abi.c"
     src.write_text(r"""
 #include <stddef.h>
@@ -517,8 +516,7 @@ def test_the_gate_kernel_compiles_with_nvcc_without_rdc(tmp_path):
     inc = _cuda_include()
     nvcc = shutil.which("nvcc") or (os.path.join(os.path.dirname(inc), "bin", "nvcc")
                                     if inc else None)
-    if not nvcc or not os.path.isfile(nvcc):
-        pytest.skip("no nvcc (CUDA toolkit) here")
+    require(nvcc if nvcc and os.path.isfile(nvcc) else None, "nvcc (CUDA toolkit)")
     cu = tmp_path / "gate.cu"
     cu.write_text(GATE_SOURCE)
     out = tmp_path / "gate.cubin"
