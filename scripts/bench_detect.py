@@ -30,25 +30,6 @@ def _time(fn, repeat: int) -> dict[str, float]:
             "p90_ms": round(float(np.percentile(t, 90)), 4)}
 
 
-def _ort_nms(nc: int):
-    import onnxruntime as ort
-    from onnx import TensorProto, helper
-
-    node = helper.make_node("NonMaxSuppression", ["b", "s", "m", "i", "t"], ["o"])
-    g = helper.make_graph(
-        [node], "nms",
-        [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, None, 4]),
-         helper.make_tensor_value_info("s", TensorProto.FLOAT, [1, nc, None]),
-         helper.make_tensor_value_info("m", TensorProto.INT64, [1]),
-         helper.make_tensor_value_info("i", TensorProto.FLOAT, [1]),
-         helper.make_tensor_value_info("t", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("o", TensorProto.INT64, [None, 3])])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=200)
@@ -56,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     from av_infer.detect import DecoderConfig, YoloDecoder, fit, nms
+    from av_infer.detect.nms import ort_nms_session
 
     rng = np.random.default_rng(0)
     nc = 80
@@ -72,11 +54,11 @@ def main(argv: list[str] | None = None) -> int:
              "nms_backend_onnxruntime": _time(partial(nms, boxes, scores, cls,
                                                       iou_threshold=0.45, max_detections=100,
                                                       backend="onnxruntime"), a.repeat)}
-        sess = _ort_nms(nc)
+        sess = ort_nms_session()  # the backend's own session, called bare
         s = np.full((1, nc, n), -1.0, np.float32)
         s[0, cls, np.arange(n)] = scores
-        feed = {"b": boxes[None], "s": s, "m": np.array([100], np.int64),
-                "i": np.array([0.45], np.float32), "t": np.array([0.0], np.float32)}
+        feed = {"boxes": boxes[None], "scores": s, "max": np.array([100], np.int64),
+                "iou": np.array([0.45], np.float32), "thr": np.array([0.0], np.float32)}
         r["onnxruntime_1thread_all_candidates"] = _time(partial(sess.run, None, feed),
                                                         a.repeat)
         rows.append(r)

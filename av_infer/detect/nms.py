@@ -116,7 +116,7 @@ def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray | None = None
 
 
 @lru_cache(maxsize=1)
-def _ort_session() -> Any:
+def ort_nms_session() -> Any:
     """A one-operator ONNX Runtime session: NonMaxSuppression over [1, N, 4] boxes and
     [1, C, N] scores (one thread: it runs on the node's executor thread)."""
     import onnxruntime as ort
@@ -152,7 +152,7 @@ def _nms_onnxruntime(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray,
     k = len(scores)
     s = np.full((1, len(present), k), -np.inf, np.float32)
     s[0, col, np.arange(k)] = scores
-    sel = _ort_session().run(None, {
+    sel = ort_nms_session().run(None, {
         "boxes": np.ascontiguousarray(boxes, np.float32)[None], "scores": s,
         "max": np.array([max_detections], np.int64),
         "iou": np.array([iou_threshold], np.float32),
