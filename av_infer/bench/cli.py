@@ -118,8 +118,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--be-input-shape", action="append", metavar="[NAME=]DIMS",
                    help="input shape of an ONNX --be-model with dynamic dims")
     g.add_argument("--rt-rate", type=float, default=20.0, help="RT requests/s (%(default)s)")
-    g.add_argument("--be-clients", type=int, default=2,
-                   help="closed-loop BE clients (%(default)s)")
+    g.add_argument("--be-clients", type=int, default=None,
+                   help="closed-loop BE clients (--peer ort: 2; --peer torch: one per BE "
+                        "model of the workload)")
     g.add_argument("--threads", type=int, default=1,
                    help="intra-op threads per ORT session, both systems (%(default)s)")
     g.add_argument("--warmup", type=float, default=1.0,
@@ -217,13 +218,14 @@ def cmd_peer(args: argparse.Namespace) -> int:
         if not sep:
             raise SystemExit(f"--device-option: expected KEY=VALUE, got {kv!r}")
         opts[k.strip()] = _option_value(v)
-    if args.be_clients < 1 or args.rt_rate <= 0 or args.threads < 1 or args.rounds < 1:
+    be_clients = 2 if args.be_clients is None else args.be_clients
+    if be_clients < 1 or args.rt_rate <= 0 or args.threads < 1 or args.rounds < 1:
         raise SystemExit("bench --peer: --be-clients >= 1, --rt-rate > 0, --threads >= 1, "
                          "--rounds >= 1")
     cfg = PeerConfig(rt_model=args.rt_model, be_model=args.be_model,
                      rt_shape=parse_input_shapes(args.rt_input_shape),
                      be_shape=parse_input_shapes(args.be_input_shape),
-                     rt_rate=args.rt_rate, be_clients=args.be_clients, policy=policy,
+                     rt_rate=args.rt_rate, be_clients=be_clients, policy=policy,
                      c=args.c, duration=args.duration, warmup=args.warmup,
                      threads=args.threads, device_options=opts,
                      progress=not args.no_progress, rounds=args.rounds)
@@ -261,7 +263,7 @@ def cmd_peer_torch(args: argparse.Namespace) -> int:
     if args.workload not in WORKLOADS:
         raise SystemExit(f"bench --peer torch: --workload {sorted(WORKLOADS)}")
     policy = "reef" if args.policy == "all" else args.policy
-    be_clients = args.be_clients if "--be-clients" in sys.argv else 0
+    be_clients = args.be_clients or 0  # 0: one per BE model of the workload
     cfg = TorchPeerConfig.for_workload(
         args.workload, args.rate_scale, be_clients=be_clients, precision=args.precision,
         policy=policy, c=args.c, duration=args.duration, warmup=args.warmup,
