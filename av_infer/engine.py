@@ -33,7 +33,7 @@ from av_infer.qos.policy import PolicyNet, load_policy
 from av_infer.sched.driver import Driver
 from av_infer.sched.model_services import ModelServices, batch_name, compile_batch_plans
 from av_infer.sched.policies import Policy, device_refuses, get_policy
-from av_infer.sched.scheduler import ModelEntry, Scheduler, check_capacity
+from av_infer.sched.scheduler import ModelEntry, Scheduler
 
 __all__ = ["Engine", "check_be_streams", "check_c", "check_depth", "check_max_batch",
            "check_policy", "check_quantum", "check_share"]
@@ -50,9 +50,14 @@ def check_policy(name: str, device: Device) -> Policy:
 
 
 def check_c(c: Any, device: Device, guards: Iterable[int] = ()) -> int:
-    """``c`` in the device's range (``sched.scheduler.check_capacity``) and below every
-    loaded plan's reuse guard (restore needs ``c + 1 <= reuse_guard``)."""
-    c = check_capacity(c, device)
+    """``c`` as a device queue capacity: an int in ``1..device.max_capacity`` (the one range
+    every layer reads, ``Runtime.c_range``) and below every loaded plan's reuse guard
+    (restore needs ``c + 1 <= reuse_guard``); else InvalidParameterError."""
+    hi = int(device.max_capacity)
+    if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 1 <= int(c) <= hi:
+        raise InvalidParameterError(
+            f"c must be an int in 1..{hi} (device {device.name!r}), got {c!r}")
+    c = int(c)
     guards = list(guards)
     if guards and c + 1 > min(guards):
         raise InvalidParameterError(
@@ -149,7 +154,7 @@ class Engine:
         try:  # everything the device decides is checked before anything else is built
             c = check_c(c, self.device)
             pol = check_policy(policy, self.device)
-            self.sched = Scheduler(self.device, pol.name, c, max_be_streams, edf_preempt,
+            self.sched = Scheduler(self.device, pol, c, max_be_streams, edf_preempt,
                                    preempt_drain)
             self.sched.max_queue_depth = max_queue_depth
             self.sched.be_min_share = be_min_share
@@ -187,7 +192,7 @@ class Engine:
     # -- settings: validated here, held by the scheduler, read back from it ----------------------
     def set_policy(self, name: str) -> None:
         pol = check_policy(name, self.device)
-        self.control(lambda: self.sched.set_policy(pol.name))
+        self.control(lambda: self.sched.set_policy(pol))
 
     def policy_unavailable(self, name: str) -> str | None:
         """Why ``name`` cannot be used on this device (None if it can)."""

@@ -537,10 +537,7 @@ cdef class SimCore:
         s.pads.clear()
         if r is None:
             return None
-        return ResetInfo(*r, restore_c=s.vhq.restore_c, dropped_parts=dropped)
-
-    def in_flight(self, int stream):
-        return (<_Stream>self._streams[stream]).vhq.in_flight
+        return ResetInfo(*r, dropped_parts=dropped)
 
     def set_preempt(self, int stream, flag):
         """The flag write lands ``flag_us`` from now (a stream memory operation)."""

@@ -1,7 +1,7 @@
 # cython: language_level=3
 """cdef API of the virtual host queue (av_infer._cy.vhq) for other Cython modules.
 
-    from vhq cimport VHQ, ResetInfo, restore_point_c
+    from vhq cimport VHQ, ResetInfo
 
 The ``*_c`` methods take the VHQ's own lock and never need the GIL, so a dispatcher thread
 can call ``transmit_c`` / ``complete_c`` inside ``with nogil:`` while the scheduler thread
@@ -31,16 +31,7 @@ cdef struct ResetInfo:
     int64_t task            # task being transmitted (or the head task if none was sent)
     int32_t last_sent       # k_l: last kernel of `task` transmitted (-1: none in this epoch)
     int32_t done            # kernels < done of `task` have completed (exact, in order)
-    int32_t c_peak          # largest c in effect while the in-flight launches were sent
     int64_t dropped         # queued launches dropped by the reset (all tasks)
-
-
-cdef inline int64_t restore_point_c(int64_t last_sent, int64_t done, int64_t c) noexcept nogil:
-    """REEF restore point: max(done, k_l - c), clamped at 0 (at most c+1 kernels re-run)."""
-    cdef int64_t r = last_sent - c
-    if done > r:
-        r = done
-    return r if r > 0 else 0
 
 
 @cython.final
@@ -56,8 +47,6 @@ cdef class VHQ:
     cdef int32_t _in_flight     # all in-flight launches (count against c)
     cdef int32_t _in_flight_cur  # those transmitted in the current epoch
     cdef int32_t _c
-    cdef int32_t _c_peak
-    cdef int32_t _reset_c_peak  # _c_peak captured by the last reset (restore_c)
     cdef uint32_t _epoch
     cdef bint _cur_valid        # a launch was transmitted in the current epoch
     cdef int64_t _cur_task

@@ -10,8 +10,10 @@ reports each in-order completion with ``complete``. State is guarded by a
 Restore protocol (REEF §4.3): ``reset()`` snapshots, for the task being transmitted, k_l
 (``last_sent``) and ``done`` (kernels < done have completed). Call it *before* raising the
 preemption flag, so every completion counted in ``done`` really executed. The task resumes
-from ``restore_point(last_sent, done, vhq.restore_c)``. Launches still in flight stay in
-flight (they finish or self-evict); their completions after the reset belong to an old epoch
+from ``done``: with at most c launches in flight, in order, that is REEF's
+``max(done, k_l - c)``, observed rather than inferred (the vHQ's property test checks the
+two agree, c being the largest in effect while the launches were sent). Launches still in
+flight stay in flight (they finish or self-evict); their completions after the reset belong to an old epoch
 and no longer move ``done``. A reset reports one task: a preemptible stream should carry one
 task at a time (launches of an earlier task still in flight at the reset are visible through
 ``inflight()`` before the reset).
@@ -33,11 +35,6 @@ cdef enum:
 
 #: Largest device-queue capacity c a vHQ accepts (size of its in-flight ring).
 MAX_C = VHQ_MAX_C
-
-
-def restore_point(last_sent, done, c):
-    """Kernel index a preempted task restarts from: ``max(done, last_sent - c)``, ≥ 0."""
-    return restore_point_c(last_sent, done, c)
 
 
 cdef inline void _lock_gil(PyThread_type_lock lock):
@@ -70,8 +67,6 @@ cdef class VHQ:
         self._in_flight = 0
         self._in_flight_cur = 0
         self._c = c
-        self._c_peak = c
-        self._reset_c_peak = c
         self._epoch = 0
         self._cur_valid = False
         self._cur_task = -1
@@ -146,8 +141,6 @@ cdef class VHQ:
         else:
             r.next = k + 1
         self._queued -= 1
-        if self._in_flight == 0 or self._c > self._c_peak:
-            self._c_peak = self._c
         f = &self._fl[(self._fl_head + <uint32_t>self._in_flight) & (VHQ_MAX_C - 1)]
         f.task = t
         f.kernel = k
@@ -178,8 +171,6 @@ cdef class VHQ:
             self._in_flight_cur -= 1
             if self._cur_valid and f.task == self._cur_task and f.kernel >= self._cur_done:
                 self._cur_done = f.kernel + 1
-        if self._in_flight == 0:
-            self._c_peak = self._c
         self._n_completed += 1
         task[0] = f.task
         kernel[0] = f.kernel
@@ -204,9 +195,7 @@ cdef class VHQ:
                 info.done = r.next
             found = 1
         if found:
-            info.c_peak = self._c_peak
             info.dropped = self._queued
-            self._reset_c_peak = self._c_peak
         # O(1): forget every queued range; in-flight launches move to an old epoch.
         self._head = self._tail
         self._queued = 0
@@ -351,19 +340,7 @@ cdef class VHQ:
             raise ValueError(f"c must be in 1..{VHQ_MAX_C}, got {value}")
         _lock_gil(self._lock)
         self._c = value
-        if self._in_flight == 0 or value > self._c_peak:
-            self._c_peak = value
         PyThread_release_lock(self._lock)
-
-    @property
-    def c_peak(self):
-        """Largest c in effect since nothing was last in flight (bounds the in-flight set)."""
-        return self._c_peak
-
-    @property
-    def restore_c(self):
-        """The c to pass to ``restore_point`` after the last reset (c_peak at that reset)."""
-        return self._reset_c_peak
 
     @property
     def in_flight(self):

@@ -75,12 +75,9 @@ class ResetInfo:
 
     ``last_sent`` is k_l, the last kernel transmitted to the stream (-1 if none);
     ``done`` is the number of leading kernels whose completion was observed; ``dropped``
-    how many queued launches the reset discarded (reclaimed in the background);
-    ``restore_c`` the largest capacity in effect while the in-flight launches were sent
-    (REEF's ``restore_point(last_sent, done, restore_c)``; the current c after a lowering
-    of c could skip kernels that never ran). The scheduler restores from ``done`` itself
-    (or its own later count of executed completions): with at most ``restore_c`` launches
-    in flight, in order, that is the same kernel, and it is observed, not inferred.
+    how many queued launches the reset discarded (reclaimed in the background). The scheduler restores from ``done`` (or its own later count of executed completions):
+    with at most c launches in flight, in order, that is REEF's ``max(done, k_l - c)``,
+    observed rather than inferred.
 
     Protocol: reset a stream *before* raising its preemption flag, so every completion
     counted in ``done`` really executed.
@@ -90,7 +87,6 @@ class ResetInfo:
     last_sent: int
     done: int
     dropped: int
-    restore_c: int = 0
     #: a launch of the stream is executing now (None: the device cannot tell): preemption
     #: latency is measured only where BE was running (docs/design.md, Metrics)
     running: bool | None = None
@@ -203,10 +199,6 @@ class Device(ABC):
         Launches already transmitted (at most c) stay on the stream: they complete or
         evict themselves if the stream's flag is set.
         """
-
-    @abstractmethod
-    def in_flight(self, stream: int) -> int:
-        """Launches transmitted to the stream and not yet completed."""
 
     @abstractmethod
     def set_preempt(self, stream: int, flag: bool) -> None:

@@ -441,11 +441,7 @@ class CpuDevice(Device):
         lane = self._lanes[stream]
         with lane.lock:
             r = lane.vhq.reset()
-            return None if r is None else ResetInfo(*r, restore_c=lane.vhq.restore_c,
-                                                    running=lane.busy)
-
-    def in_flight(self, stream: int) -> int:
-        return self._lanes[stream].vhq.in_flight
+            return None if r is None else ResetInfo(*r, running=lane.busy)
 
     def set_preempt(self, stream: int, flag: bool) -> None:
         lane = self._lanes[stream]

@@ -130,7 +130,7 @@ class SimDevice(SimCore, Device):
 
     The device model is inherited from ``SimCore`` (``av_infer/_cy/sim_core.pyx``):
     ``now``, ``call_at``, ``run``, ``idle``, ``open_stream``, ``enqueue``, ``reset``,
-    ``in_flight``, ``set_preempt``, ``set_quiet``, ``set_capacity``,
+    ``set_preempt``, ``set_quiet``, ``set_capacity``,
     ``set_stream_capacity``, ``start``, ``close``, ``residency``, ``timeline`` and the
     ``stats`` counters are its.
     """

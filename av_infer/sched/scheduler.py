@@ -16,7 +16,7 @@ RT arrival does to running BE work is the policy's ``preempt`` kind (see policie
   kernels that really executed), then ``set_preempt(s, True)``; the RT task starts at once
   on the RT stream. When no RT work is left and a preempted stream has drained, its flag
   is cleared and the task restored from the first kernel not known to have run (REEF's
-  ``restore_point(k_l, done, c)``, see ``_restore``).
+  ``max(done, k_l - c)``, observed: see ``_restore``).
 * ``wait``: reset the BE vHQs without a flag (launched kernels run on), start RT once every
   BE stream drained, resume BE tasks from where they stopped.
 * ``none``: BE keeps running beside RT (or, ``exclusive``, nothing runs beside anything).
@@ -34,22 +34,19 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from av_infer._cy.dkp_select import Selector
 from av_infer.devices.base import Completion, Device, ResetInfo
 from av_infer.errors import (
     AvInferError,
     DeadlineMissedError,
     DeviceFaultError,
-    InvalidParameterError,
     RejectedError,
     RuntimeClosedError,
     UnknownModelError,
 )
 from av_infer.model.plan import Plan
 from av_infer.profiles import round_times_us
-from av_infer.sched.policies import Policy, device_refuses, get_policy
+from av_infer.sched.policies import Policy
 from av_infer.sched.queues import BeQueues, RtQueue
 from av_infer.sched.request import Priority, Request, Result
 from av_infer.sched.stats import Stats
@@ -172,18 +169,17 @@ class Scheduler:
     def __init__(
         self,
         device: Device,
-        policy: str = "reef",
-        c: int = 4,
+        policy: Policy,
+        c: int,
         max_be_streams: int = 2,
         edf_preempt: bool = False,
         preempt_drain: bool = False,
     ) -> None:
+        """``policy`` and ``c`` arrive validated (``engine.check_policy``/``check_c``, the
+        one validator of each); the scheduler holds the live values."""
         self.device = device
-        self.policy: Policy = get_policy(policy)
-        why = device_refuses(self.policy, device)
-        if why:
-            raise InvalidParameterError(why)
-        self.c = check_capacity(c, device)
+        self.policy: Policy = policy
+        self.c = c
         self.edf_preempt = bool(edf_preempt)
         self.preempt_drain = bool(preempt_drain)
         self.stats = Stats()
@@ -583,12 +579,9 @@ class Scheduler:
         self._schedule()
 
     # -- control (called through post(("control", fn, fut))) ----------------------------------
-    def set_policy(self, name: str) -> None:
-        """Validate, apply to the device, then publish: a refusal changes nothing."""
-        pol = get_policy(name)
-        why = device_refuses(pol, self.device)
-        if why:
-            raise InvalidParameterError(why)
+    def set_policy(self, pol: Policy) -> None:
+        """Apply ``pol`` (validated by ``engine.check_policy``) to the device, then publish:
+        a device refusal changes nothing."""
         if self.policy.be_unbounded != pol.be_unbounded:
             self._apply_capacity(self.c, pol)
         self.policy = pol
@@ -601,9 +594,10 @@ class Scheduler:
                     self._abort(s.owner, err)
 
     def set_c(self, c: int) -> None:
-        """Validate, apply to the device, then publish: a refusal changes nothing."""
-        self._apply_capacity(check_capacity(c, self.device), self.policy)
-        self.c = int(c)
+        """Apply ``c`` (validated by ``engine.check_c``) to the device, then publish: a
+        device refusal changes nothing."""
+        self._apply_capacity(c, self.policy)
+        self.c = c
 
     def set_edf_preempt(self, flag: bool) -> None:
         self.edf_preempt = bool(flag)
@@ -787,8 +781,7 @@ class Scheduler:
     def _account_dropped(self, task: Task, s: StreamState, info: ResetInfo) -> None:
         """What a reset dropped: the launches, and the BE parts of padded ones (the one
         place a reset's padding is handled)."""
-        task.outstanding -= info.dropped
-        s.outstanding -= info.dropped
+        self._count(task, s, -info.dropped)
         if info.dropped_parts:
             self._dkp_forget(info.dropped_parts)
 
@@ -815,8 +808,7 @@ class Scheduler:
                 continue  # nothing queued or in flight: its completions are on the way
             self._account_dropped(t, s, info)
             mine = info.task == t.tid
-            self.device.set_preempt(s.id, True)
-            s.flagged = True
+            self._flag(s, True)
             if s.outstanding > 0 and s.stop_from is None and info.running is not False:
                 s.stop_from, s.stop_from_received = arrival, received
             t.state = PREEMPTED
@@ -846,8 +838,7 @@ class Scheduler:
         # Idle flagged streams (aborted or finished tasks) get their flag back down.
         for s in self.be_streams:
             if s.flagged and s.owner is None and s.outstanding <= 0:
-                self.device.set_preempt(s.id, False)
-                s.flagged = False
+                self._flag(s, False)
         if not pol.accepts_be:
             return
         # BE streams allowed to run now (None: no bound). While RT runs, only the room RT
@@ -918,8 +909,7 @@ class Scheduler:
         if t.pad_k >= 0:  # padded meanwhile: completions of padded launches are certain
             t.pad_k, t.pad_b = -1, 0
             t.pad_blocks.clear()
-        self.device.set_preempt(s.id, False)
-        s.flagged = False
+        self._flag(s, False)
         with self.stats.lock:
             self.stats.restores += 1
         self._enqueue(t, s, rp)
@@ -1027,15 +1017,29 @@ class Scheduler:
         else:
             self._launch(t, s, first, t.n - 1, wake)
 
+    def _count(self, t: Task, s: StreamState, n: int) -> None:
+        """``n`` launches of ``t`` enqueued on ``s`` (negative: dropped by a reset). The one
+        writer of both counts besides a completion (``on_complete``): ``s.outstanding`` is
+        the stream's total over every task with launches on it, ``t.outstanding`` the
+        task's share (the device's own in-flight window, at most ``c``, is the vHQ's)."""
+        t.outstanding += n
+        s.outstanding += n
+
+    def _flag(self, s: StreamState, flag: bool) -> None:
+        """Raise or lower ``s``'s preemption flag: held here (``s.flagged``, what the
+        decisions read) and published to the device (``set_preempt``: the word its
+        launches check, a lane's flag on the CPU, device memory on a GPU); the only
+        writer of either."""
+        self.device.set_preempt(s.id, flag)
+        s.flagged = flag
+
     def _launch(self, t: Task, s: StreamState, first: int, last: int,
                 wake: bool = True) -> None:
         """Enqueue kernels ``first..last`` of ``t``; counted as outstanding only once the
         device took them (a refusal leaves the counts matching what is on the device; the
         completions of what it took are handled after this handler, never during it)."""
         self.device.enqueue(s.id, t.tid, first, last, wake)
-        n = last - first + 1
-        t.outstanding += n
-        s.outstanding += n
+        self._count(t, s, last - first + 1)
 
     # -- dynamic kernel padding (REEF §5) -----------------------------------------------------
     def _enqueue_padded(self, t: Task, s: StreamState, first: int) -> None:
@@ -1067,8 +1071,7 @@ class Scheduler:
                     self._dkp_off.add(cands[p[0]][0].entry.name)
                 self._launch(t, s, k, k)
                 continue
-            t.outstanding += 1
-            s.outstanding += 1
+            self._count(t, s, 1)
             if not padded:
                 continue  # queued unpadded (e.g. the padded module still compiles)
             with self.stats.lock:
@@ -1213,8 +1216,7 @@ class Scheduler:
             if info is not None:
                 self._account_dropped(t, s, info)
             if t.outstanding > 0 and s.kind == "be":
-                self.device.set_preempt(s.id, True)
-                s.flagged = True
+                self._flag(s, True)
         if t.outstanding > 0:
             t.state = ABORTING
         else:
@@ -1321,13 +1323,3 @@ def _device_sms(device: Device) -> int:
     """SM count of the device (0 if it is not a GPU): DKP counts slots per SM."""
     sms = device.sms
     return int(sms) if isinstance(sms, int) and sms > 0 else 0
-
-
-def check_capacity(c: object, device: Device) -> int:
-    """``c`` as a device queue capacity: an int in ``1..device.max_capacity`` (the one range
-    every layer checks), else InvalidParameterError."""
-    hi = int(device.max_capacity)
-    if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 1 <= int(c) <= hi:
-        raise InvalidParameterError(
-            f"c must be an int in 1..{hi} (device {device.name!r}), got {c!r}")
-    return int(c)
