@@ -85,7 +85,7 @@ bench: setup
 # requests through the ROS request topic (AV_INFER_FUZZ_N).
 soak: setup
 	$(VPY) -m av_infer.bench.soak --json out/soak.json $(SOAK_ARGS)
-	AV_INFER_FUZZ_N=$${AV_INFER_FUZZ_N:-10000} $(NETNS) $(VPY) -m pytest -q -p no:cacheprovider -s tests/test_ros_fuzz.py
+	AV_INFER_FUZZ_N=$${AV_INFER_FUZZ_N:-10000} $(NETNS) $(VPY) -m pytest -q -p no:cacheprovider -s tests/nodes/test_ros_fuzz.py
 
 lint: setup
 	$(VENV)/bin/ruff check av_infer nodes tests scripts launch

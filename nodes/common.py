@@ -692,7 +692,7 @@ def _exit_after_cleanup() -> None:
     """End a node process once its nodes are destroyed and rclpy is shut down, without
     interpreter finalization. Finalization races the DDS library's own threads: on a busy
     machine about one Ctrl-C in twenty ended a node process with SIGSEGV there, after our
-    cleanup, in a thread that is not Python's (tests/test_ros_multiprocess.py, the
+    cleanup, in a thread that is not Python's (tests/nodes/test_ros_multiprocess.py, the
     perception node beside two busy loops; the workaround rmw_fastrtps issue 761 names).
     What our code writes is flushed first; nothing it holds needs a finalizer."""
     import logging

@@ -1,7 +1,7 @@
 """Parameter schemas in Autoware's style (``param/<node>.schema.json``), generated from the
 nodes' own declarations: the code (``common.declare``: default, type, description,
 range, read-only, constraints) is the one source; the committed schema files are its
-snapshot, and ``tests/test_ros_param_schema.py`` checks that the snapshot is current, that
+snapshot, and ``tests/nodes/test_ros_param_schema.py`` checks that the snapshot is current, that
 ``param/av_infer.param.yaml`` validates against it (JSON Schema draft-07, ``jsonschema``)
 and that docs/ros.md's parameter tables name every parameter.
 

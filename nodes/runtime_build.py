@@ -3,7 +3,7 @@
 parameters, and where a ``models`` entry comes from (zoo name or ONNX path).
 
 ROS-free apart from the package it lives in: nothing here creates a node, so the
-construction rules are tested without a graph (tests/test_nodes_runtime_api.py).
+construction rules are tested without a graph (tests/nodes/test_nodes_runtime_api.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ node runs, validated first). Declaration (``declare_parameters``), the live vali
 (``validate``) and the Autoware-style schema (``param_schema``, which reads the declared
 descriptors) all read this table, so a default or a range is written once in code;
 ``param/av_infer.param.yaml`` and ``param/av_infer_runtime.schema.json`` are checked
-against it by tests/test_ros_param_schema.py.
+against it by tests/nodes/test_ros_param_schema.py.
 
 Also here: the parsers of the structured string-array parameters (``client_models``,
 ``client_rates``) and the groups of parameters the node applies together.

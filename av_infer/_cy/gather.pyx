@@ -5,7 +5,7 @@ bilinear: 4), channel order and count, scaling, normalisation and the NCHW trans
 camera frame, all precomputed into ``index``/``weight``/``offset`` once per camera -> model
 pair (``nodes/preprocess.py``), applied per frame straight into the task's input buffer.
 numpy needs a gather, an einsum and a subtraction over temporaries for the same (about 3x
-slower at 3x107x107, tests/test_bench_cython.py); this runs without the GIL, so the ROS
+slower at 3x107x107, tests/cy/test_bench_cython.py); this runs without the GIL, so the ROS
 executor's other callbacks and the runtime's threads keep running beside it.
 """
 

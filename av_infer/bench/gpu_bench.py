@@ -628,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
         "selection_cost": {
             "what": "DKP selection per RT kernel (REEF Fig. 19a: 0.2-0.4 us); CPU Cython "
                     "micro-benchmark, no GPU needed; docs/dkp.md 'Selection cost'",
-            "command": ".venv/bin/python -m pytest tests/test_bench_dkp.py --benchmark-enable"},
+            "command": ".venv/bin/python -m pytest tests/cy/test_bench_dkp.py --benchmark-enable"},
         "section_s": {}, "failures": [],
     }
     fails: list[str] = res["failures"]

@@ -30,7 +30,7 @@ one file, rewritten after each model, which ``--profiles FILE.json`` reads as we
     python -m av_infer.bench.gpu_profiles --device cuda --bundle sim_profiles.json
 
 ``--device cuda-emu`` runs the same code on the CPU emulator (tested in
-tests/test_sim_fidelity.py with a small model).
+tests/bench/test_sim_fidelity.py with a small model).
 """
 
 from __future__ import annotations

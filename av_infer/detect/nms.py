@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 #: ``numpy`` (this module) or ``onnxruntime`` (ONNX Runtime's NonMaxSuppression operator,
-#: one cached session): the same boxes (tests/test_detect.py), measured in docs/ros.md.
+#: one cached session): the same boxes (tests/detect/test_detect.py), measured in docs/ros.md.
 BACKENDS = ("numpy", "onnxruntime")
 
 #: Up to this many candidates one IoU matrix is cheaper than a step per kept box

@@ -20,7 +20,7 @@ take:
   YOLOv8 export's layout.
 
 N = 10105 candidates. The weights are untouched: the appended ops only rearrange its
-outputs, and ONNX Runtime runs both variants (tests/test_detect.py compares them with a
+outputs, and ONNX Runtime runs both variants (tests/detect/test_detect.py compares them with a
 numpy reference of the same decoding).
 """
 

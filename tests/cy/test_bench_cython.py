@@ -1,0 +1,155 @@
+"""Micro-benchmarks of the Cython hot paths (pytest-benchmark).
+
+pyproject disables benchmarking by default, so these run once as tests. Real numbers:
+    .venv/bin/python -m pytest tests/cy/test_bench_cython.py --benchmark-enable
+Each benchmarked call does N operations; docs/perf_cython.md divides the medians by N.
+"""
+
+import heapq
+import itertools
+import random
+from collections import deque
+
+import pytest
+from av_infer._cy.edf_heap import EdfHeap
+from av_infer._cy.vhq import VHQ
+
+HEAP_SIZE = 1000
+N_OPS = 1000
+pytestmark = pytest.mark.benchmark(group="cython-hot-paths")
+
+
+def _deadlines(n, seed=1):
+    rng = random.Random(seed)
+    return [rng.uniform(0.0, 1.0) for _ in range(n)]
+
+
+def test_bench_edf_push_pop(benchmark):
+    """EdfHeap: push one + pop one on a heap holding HEAP_SIZE items (N_OPS pairs)."""
+    h = EdfHeap()
+    for i, d in enumerate(_deadlines(HEAP_SIZE)):
+        h.push(d, i)
+    ds = _deadlines(N_OPS, seed=2)
+    push, pop = h.push, h.pop
+
+    def run():
+        for d in ds:
+            push(d, None)
+            pop()
+
+    benchmark(run)
+    assert len(h) == HEAP_SIZE
+
+
+def test_bench_heapq_push_pop_baseline(benchmark):
+    """Pure-Python baseline: heapq on (deadline, seq, item) tuples, same workload."""
+    seq = itertools.count()
+    h = [(d, next(seq), i) for i, d in enumerate(_deadlines(HEAP_SIZE))]
+    heapq.heapify(h)
+    ds = _deadlines(N_OPS, seed=2)
+    push, pop = heapq.heappush, heapq.heappop
+
+    def run():
+        for d in ds:
+            push(h, (d, next(seq), None))
+            pop(h)
+
+    benchmark(run)
+    assert len(h) == HEAP_SIZE
+
+
+def test_bench_vhq_push_transmit_complete(benchmark):
+    """VHQ: push(task, k, k) + transmit + complete, N_OPS launches (c = 4)."""
+    q = VHQ(c=4)
+    push, transmit, complete = q.push, q.transmit, q.complete
+
+    def run():
+        for k in range(N_OPS):
+            push(1, k, k)
+            transmit()
+            complete()
+
+    benchmark(run)
+    assert q.empty
+
+
+def test_bench_vhq_transmit_complete_range(benchmark):
+    """VHQ: one push of an N_OPS-kernel task, then N_OPS x (transmit + complete)."""
+    q = VHQ(c=4)
+    push, transmit, complete = q.push, q.transmit, q.complete
+
+    def run():
+        push(1, 0, N_OPS - 1)
+        for _ in range(N_OPS):
+            transmit()
+            complete()
+
+    benchmark(run)
+    assert q.empty
+
+
+def test_bench_vhq_drain_nogil(benchmark):
+    """VHQ: GIL-free transmit_c + complete_c loop (the dispatcher's C path), N_OPS launches."""
+    q = VHQ(c=4)
+
+    def run():
+        q.push(1, 0, N_OPS - 1)
+        q._drain_nogil(N_OPS)
+
+    benchmark(run)
+    assert q.empty
+
+
+def test_bench_deque_push_transmit_complete_baseline(benchmark):
+    """Pure-Python baseline: deque of (task, kernel) launches + an in-flight deque."""
+    queue, inflight = deque(), deque()
+    c = 4
+
+    def run():
+        for k in range(N_OPS):
+            queue.append((1, k))
+            if len(inflight) < c and queue:
+                inflight.append(queue.popleft())
+            inflight.popleft()
+
+    benchmark(run)
+    assert not queue and not inflight
+
+
+def _vhq_with_queued(n_ranges):
+    q = VHQ(c=4)
+    q.push(0, 0, 1)
+    q.transmit()
+    for i in range(n_ranges):
+        q.push(1 + (i % 2), i, i)       # alternating tasks: n separate range records
+    return (q,), {}
+
+
+def test_bench_vhq_reset_1000_queued(benchmark):
+    """VHQ.reset() with 1000 queued launches in 1000 range records (O(1))."""
+    result = benchmark.pedantic(
+        lambda q: q.reset(), setup=lambda: _vhq_with_queued(1000), rounds=2000, iterations=1
+    )
+    assert result == (0, 0, 0, 1001)
+
+
+def test_bench_deque_clear_1000_baseline(benchmark):
+    """Pure-Python baseline: deque.clear() of 1000 queued launch tuples (O(n))."""
+
+    def setup():
+        return (deque((1, k) for k in range(1000)),), {}
+
+    benchmark.pedantic(lambda d: d.clear(), setup=setup, rounds=2000, iterations=1)
+
+
+def test_bench_image_gather(benchmark):
+    """GatherPlan.apply: a 320x240 rgb8 frame -> 1x3x107x107 bilinear, normalised (one
+    frame per call; the numpy gather + einsum it replaced: ~3x slower, docs/perf_cython.md)."""
+    import numpy as np
+    from av_infer_nodes import preprocess as pre
+
+    raw = np.random.default_rng(0).integers(0, 256, 240 * 320 * 3, dtype=np.uint8)
+    plan = pre._compiled_plan("rgb8", 240, 320, 960, 3, 107, 107, "bilinear",
+                              (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    out = np.empty(3 * 107 * 107, np.float32)
+    benchmark(plan.apply, raw, out)
