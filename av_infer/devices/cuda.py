@@ -22,6 +22,9 @@ DKP (``enqueue_padded``): the padded dispatcher kernel of ``kernels/cuda/padding
 compiled per set of resident plans (RT plan + the BE plans of the parts) on a background
 thread the first time that set is asked for (or up front: :meth:`CudaDevice.prepare_padding`);
 until it is ready the kernel runs unpadded and ``enqueue_padded`` says so (returns False).
+Which proxy variant of the dispatcher kernel a padded launch uses is ``pad_select``
+(``kernels.cuda.padding.PAD_SELECTS``: ``parts``, the first design, or ``regs``, REEF's
+register rule with the RT kernel's own registers counted; docs/cuda.md).
 
 Threads and ownership: the scheduler thread calls the Device methods; the dispatcher thread
 (nogil) owns the streams; the drain thread turns the dispatcher's completions into
@@ -88,6 +91,7 @@ from av_infer.errors import (
     DeviceUnavailableError,
     InvalidInputError,
 )
+from av_infer.kernels.cuda.padding import PAD_SELECTS
 from av_infer.kernels.cuda.sources import PlanSource, build_plan_source, slot_address
 from av_infer.kernels.cuda_compile import CompileCache, Compiler, default_compiler
 from av_infer.model.plan import Plan
@@ -153,6 +157,9 @@ class _Model:
     zero_bias: list[Any] = field(default_factory=list)
     #: per kernel 0 or the address of its gated graph (docs/cuda_graphs.md); [] = none
     graphs: list[int] = field(default_factory=list)
+    #: per kernel the plain function's registers per thread (cuFuncGetAttribute), read
+    #: the first time a padded launch under ``pad_select="regs"`` needs them; [] = not yet
+    regs: list[int] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -186,7 +193,8 @@ class CudaDevice(Device):
     def __init__(self, device_id: int = 0, c: int = 4, tf32: bool = False,
                  cache_dir: str | None = None, compiler: Compiler | None = None,
                  emulate: bool = False, sms: int = 16, vendor: str | None = None,
-                 workspace_mb: int | None = None, graphs: str | None = None) -> None:
+                 workspace_mb: int | None = None, graphs: str | None = None,
+                 pad_select: str | None = None) -> None:
         """``emulate``: run on the CPU emulator (docs/cuda_emu.md); ``sms`` is then the
         SM count padding selection assumes (a real GPU reports its own).
 
@@ -201,8 +209,16 @@ class CudaDevice(Device):
         ``be`` launches the kernels of ours on BE streams as gated CUDA graphs (a gate
         kernel reads the flag, an IF node runs the op or skips it, a record says which;
         docs/cuda_graphs.md). Where the driver refuses graphs or conditional nodes the
-        plain vHQ path runs and ``telemetry()["graphs"]`` says why."""
+        plain vHQ path runs and ``telemetry()["graphs"]`` says why.
+        ``pad_select``: ``parts`` | ``regs`` (default ``$AV_INFER_CUDA_PAD_SELECT``, else
+        ``parts``): how a padded launch picks the dispatcher kernel's proxy variant
+        (``kernels.cuda.padding.PAD_SELECTS``; ``regs`` is not measured on a GPU yet,
+        docs/cuda.md); settable later through the ``pad_select`` property."""
         import os
+
+        psel = pad_select if pad_select is not None else os.environ.get(
+            "AV_INFER_CUDA_PAD_SELECT", "")
+        psel = self._check_pad_select(psel.strip().lower() or "parts")
 
         gmode = graphs if graphs is not None else os.environ.get("AV_INFER_CUDA_GRAPHS", "")
         gmode = gmode.strip().lower() or "off"
@@ -242,6 +258,9 @@ class CudaDevice(Device):
         self.arch = self._mem.arch
         #: SMs (DKP selection counts block slots per SM)
         self.sms = int(sms) if emulate else self._mem.sms
+        self._pad_select = psel
+        #: padded launches set up per proxy variant (telemetry: which selection ran what)
+        self._pad_variants: dict[str, int] = {}
         self._profiles: dict[str, Any] = {}
         self._flags = self._mem.alloc(MAX_STREAMS * _FLAG_STRIDE, zero=True)
         self._flags_ptr = self._mem.ptr(self._flags)
@@ -645,10 +664,7 @@ class CudaDevice(Device):
             return None
         # dropped launches take their padding with them (and report it)
         dropped = self._drop_padding(r[0], r[1] + 1) if self._padded else ()
-        return ResetInfo(*r, restore_c=vhq.restore_c, dropped_parts=dropped)
-
-    def in_flight(self, stream: int) -> int:
-        return self._vhqs[stream].in_flight
+        return ResetInfo(*r, dropped_parts=dropped)
 
     def set_preempt(self, stream: int, flag: bool) -> None:
         self._disp.write_flag(stream, 1 if flag else 0)
@@ -670,6 +686,32 @@ class CudaDevice(Device):
         self._disp.wake()
 
     # -- dynamic kernel padding (REEF §5; kernels/cuda/padding.py) -------------------------
+    @staticmethod
+    def _check_pad_select(mode: str) -> str:
+        if mode not in PAD_SELECTS:
+            raise ValueError(f"pad_select must be one of {PAD_SELECTS}, got {mode!r}")
+        return mode
+
+    @property
+    def pad_select(self) -> str:
+        """How padded launches pick their proxy variant (``PAD_SELECTS``); takes effect for
+        the padded launches set up after the change (queued ones keep theirs)."""
+        return self._pad_select
+
+    @pad_select.setter
+    def pad_select(self, mode: str) -> None:
+        self._pad_select = self._check_pad_select(mode)
+
+    def _kernel_regs(self, m: _Model, k: int) -> int:
+        """Registers per thread of plan kernel ``k``'s plain function (read once per plan)."""
+        if not m.regs:
+            per_func: dict[int, int] = {}
+            for f in m.funcs:
+                if f not in per_func:
+                    per_func[f] = int(self._disp.func_attribute(f, 4))
+            m.regs = [per_func[f] for f in m.funcs]
+        return m.regs[k]
+
     def prepare_padding(self, handles: list[Any]) -> None:
         """Compile (or load from the disk cache) the padded dispatcher module for this set
         of resident plans now, instead of on the first padded launch that needs it."""
@@ -723,9 +765,15 @@ class CudaDevice(Device):
         flag = self._flag_addr(stream)  # parts belong to this launch: its stream's flag
         rows = [(bspec, flag, self._device_args(bt) + bt.offs[int(p[1])], int(p[2]), int(p[3]),
                  int(p[4])) for bt, bspec, p in bes]
-        launch = pm.padded.launch(spec, flag, self._device_args(t) + t.offs[kernel], rows)
+        regs = None
+        if self._pad_select == "regs":  # REEF's rule: every part's plain kernel, RT included
+            regs = max([self._kernel_regs(t.model, kernel)]
+                       + [self._kernel_regs(bt.model, int(p[1])) for bt, _, p in bes])
+        launch = pm.padded.launch(spec, flag, self._device_args(t) + t.offs[kernel], rows,
+                                  regs)
         geom = struct.pack("<7I", *launch.grid, *launch.block, launch.smem)
         self._disp.set_padded(task, kernel, pm.funcs[launch.func], geom, launch.args)
+        self._pad_variants[launch.func] = self._pad_variants.get(launch.func, 0) + 1
         if parts:
             with self._books:
                 self._padded[(task, kernel)] = tuple(parts)  # type: ignore[arg-type]
@@ -890,7 +938,8 @@ class CudaDevice(Device):
         out["cuda_priority_range"] = self._disp.priority_range
         out["compile_cache"] = {"dir": str(self._cache.dir), "hits": self._cache.hits,
                                 "misses": self._cache.misses}
-        out["padding"] = self._pads.stats()
+        out["padding"] = {"select": self._pad_select, "launches_by_variant":
+                          dict(self._pad_variants), **self._pads.stats()}
         out["graphs"] = {**self._graphs, "plans": dict(self._graphs["plans"])}
         out["vendor"] = {"mode": self.vendor_mode}
         if self._vendor is not None:

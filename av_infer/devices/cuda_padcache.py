@@ -35,6 +35,8 @@ class PadModule:
     padded: PaddedModule | None = None
     funcs: dict[str, int] = field(default_factory=dict)
     error: str | None = None
+    #: variant name -> local memory bytes per thread (register spills), as compiled
+    local_bytes: dict[str, int] = field(default_factory=dict)
 
 
 class PadModuleCache:
@@ -100,6 +102,12 @@ class PadModuleCache:
             pm.module = self._disp.load_module(image)
             pm.funcs = {name: self._disp.get_function(pm.module, name)
                         for name in padded.variants.values()}
+            # registers / local (spill) bytes per variant as compiled: what the ``regs``
+            # selection compares with the plain kernels' (cuFuncGetAttribute 4 and 3)
+            padded.variant_regs = {occ: int(self._disp.func_attribute(pm.funcs[name], 4))
+                                   for occ, name in padded.variants.items()}
+            pm.local_bytes = {name: int(self._disp.func_attribute(pm.funcs[name], 3))
+                              for name in padded.variants.values()}
             pm.padded = padded
         except Exception as e:  # noqa: BLE001 - reported by prepare_padding / telemetry
             pm.error = f"{type(e).__name__}: {e}"
@@ -129,9 +137,14 @@ class PadModuleCache:
                 self._disp.unload_module(pm.module)
 
     def stats(self) -> dict[str, Any]:
-        """Telemetry: ready modules, modules compiling, build errors."""
+        """Telemetry: ready modules, modules compiling, build errors, and per ready module
+        its variants' registers and local (spill) bytes per thread as compiled."""
         with self._lock:
             mods = list(self._modules.values())
         return {"modules": sum(1 for m in mods if m.padded is not None),
                 "compiling": sum(1 for m in mods if not m.ready.is_set()),
-                "errors": [m.error for m in mods if m.error]}
+                "errors": [m.error for m in mods if m.error],
+                "variants": [{name: {"regs": m.padded.variant_regs.get(occ),
+                                     "local_bytes": m.local_bytes.get(name)}
+                              for occ, name in m.padded.variants.items()}
+                             for m in mods if m.padded is not None]}

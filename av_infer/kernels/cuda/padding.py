@@ -48,7 +48,7 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from av_infer.kernels.cuda.sources import (
     FAMILY_FILES,
@@ -63,10 +63,12 @@ from av_infer.kernels.cuda.sources import (
 __all__ = [
     "MAX_PAD_PARTS",
     "OCC_LEVELS",
+    "PAD_SELECTS",
     "PAD_ARGS",
     "PaddedLaunch",
     "PaddedModule",
     "block_part",
+    "bound_regs",
     "build_padded_module",
     "pad_table",
     "variant_name",
@@ -79,6 +81,15 @@ MAX_PAD_PARTS = 8
 #: Threads per SM on sm_80+ (caps which occupancy variants a thread count allows).
 MAX_THREADS_PER_SM = 2048
 PAD_ARGS = "AviPadArgs"
+#: Registers per SM on sm_80+ (what ``__launch_bounds__(threads, occ)`` divides).
+REGS_PER_SM = 65536
+#: How a padded launch picks its proxy variant (``PaddedModule.launch``; docs/cuda.md
+#: "Register and shared-memory use, padded vs plain"):
+#: ``parts``: the largest plain occupancy of the BE parts, level 1 without parts (the
+#: first design; a padded launch with no BE part then runs with the registers of the
+#: module's largest body); ``regs``: REEF §5.1's rule, the variant with the fewest
+#: registers that still holds every part's plain kernel, the RT kernel's included.
+PAD_SELECTS = ("parts", "regs")
 _PART_FIELDS = ("flag", "args", "body", "threads", "start", "first")
 
 _BODY_RE = re.compile(r"avi_grid_blocks\(\)\) (.+)\(a, b\);")
@@ -86,6 +97,15 @@ _BODY_RE = re.compile(r"avi_grid_blocks\(\)\) (.+)\(a, b\);")
 
 def variant_name(threads: int, occ: int) -> str:
     return f"avi_pad_T{threads}_O{occ}"
+
+
+def bound_regs(threads: int, occ: int) -> int:
+    """The registers per thread ``__launch_bounds__(threads, occ)`` leaves a kernel on
+    sm_80+ (65536 per SM over ``occ`` blocks of whole warps, a multiple of 8, at most 255):
+    the estimate :meth:`PaddedModule.variant_for_regs` uses for a variant whose measured
+    count (``cuFuncGetAttribute``) is not known."""
+    warps = -(-int(threads) // 32)
+    return min(255, REGS_PER_SM // (int(occ) * warps * 32)) // 8 * 8
 
 
 def pad_table(rt_blocks: int, parts: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
@@ -167,6 +187,10 @@ class PaddedModule:
     body_structs: dict[str, str]
     threads: int
     variants: dict[int, str]  # occupancy level -> kernel name
+    #: occupancy level -> registers per thread of that variant as compiled (set where the
+    #: module is loaded: ``cuFuncGetAttribute``); a missing level is estimated from its
+    #: launch bound (:func:`bound_regs`)
+    variant_regs: dict[int, int] = field(default_factory=dict)
 
     def variant_for(self, occupancy: int) -> str:
         """The proxy variant for ``occupancy`` blocks per SM: the smallest level >= it
@@ -177,8 +201,26 @@ class PaddedModule:
                 return self.variants[lv]
         return self.variants[levels[-1]]
 
+    def variant_for_regs(self, need: int) -> str:
+        """The ``regs`` selection (:data:`PAD_SELECTS`, REEF §5.1): among the variants with
+        at least ``need`` registers per thread (the most any part's plain kernel uses), the
+        one with the fewest, ties to the higher occupancy level; when none has ``need``, the
+        one with the most. So no part runs with fewer registers than its plain kernel has
+        (bodies other than the parts' may spill in that variant; a block only runs its own
+        body), and no part loses occupancy to a larger body it never runs (what the
+        ``parts`` selection does without BE parts: every RT kernel at level 1)."""
+        regs = {lv: self.variant_regs.get(lv) or bound_regs(self.threads, lv)
+                for lv in self.variants}
+        fit = [lv for lv in regs if regs[lv] >= need]
+        if fit:
+            best = min(fit, key=lambda lv: (regs[lv], -lv))
+        else:
+            best = max(regs, key=lambda lv: (regs[lv], lv))
+        return self.variants[best]
+
     def launch(self, rt: LaunchSpec, rt_flag: int, rt_args: int,
-               parts: Sequence[tuple[LaunchSpec, int, int, int, int, int]]) -> PaddedLaunch:
+               parts: Sequence[tuple[LaunchSpec, int, int, int, int, int]],
+               regs: int | None = None) -> PaddedLaunch:
         """Geometry and argument bytes of a padded launch (on the RT launch path: one pass,
         a precompiled struct; ``scripts/padded_enqueue_cost.py`` measures it).
 
@@ -186,6 +228,10 @@ class PaddedModule:
         kernel's packed struct. ``parts``: ``(spec, flag, args, first_block, n_blocks,
         occupancy)`` per BE part (device addresses again). The grid is
         :func:`pad_table`'s: RT blocks first, then each part's range in order.
+        ``regs``: None = the ``parts`` selection (the largest of the parts' ``occupancy``,
+        1 without parts: :meth:`variant_for`); else the ``regs`` selection for that many
+        registers per thread (the most of the RT kernel's and the parts' plain kernels:
+        :meth:`variant_for_regs`).
         """
         if rt.nblk != rt.grid[0]:
             raise ValueError("padded RT kernels need one grid block per logical block")
@@ -208,8 +254,8 @@ class PaddedModule:
         if threads > self.threads:
             raise ValueError(f"{threads} threads; this module's variants allow {self.threads}")
         vals += _PAD_ZEROS[:_PAD_WORDS - len(vals)]
-        return PaddedLaunch(self.variant_for(occ), (pos, 1, 1), (threads, 1, 1), smem,
-                            _PAD_STRUCT.pack(*vals))
+        func = self.variant_for(occ) if regs is None else self.variant_for_regs(regs)
+        return PaddedLaunch(func, (pos, 1, 1), (threads, 1, 1), smem, _PAD_STRUCT.pack(*vals))
 
 
 _PAD_WORDS = 1 + len(_PART_FIELDS) * MAX_PAD_PARTS
