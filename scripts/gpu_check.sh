@@ -13,6 +13,11 @@
 #   peer_torch issue 30: av-infer bench --peer torch, DISB A at fp32 then fp16, then C at
 #              fp32 (GPU_CHECK_PEER_S s per system, rates x GPU_CHECK_PEER_RATE_SCALE,
 #              default 1 = REEF's)                                      -> peer_torch.json
+#   pad_select issue 30 item 3: scripts/gpu_pad_select_check.py, REEF Fig. 18a's no-BE
+#              padded overhead of the five full-size DISB models, pad_select parts (old)
+#              vs regs (new) vs plain, alternating, bit identity (docs/cuda.md); its padded
+#              module is the bench step's (compiled once through the disk cache); printed
+#              whole into gpu_check.log (no file of its own in $OUT)
 #   pytest     pytest -m gpu on the cuda device, compile and vendor tests -> gpu_pytest.xml
 #   bench      python -m av_infer.bench.gpu_bench: dispatch us/kernel, conv/gemm and zoo
 #              latency vs torch / ORT-CUDA, zoo vs ORT (1e-3), padded-no-BE overhead
@@ -62,7 +67,7 @@ if [ -z "${PY:-}" ]; then
 fi
 export PY PYTHONUNBUFFERED=1 GPU_CHECK_NO_INSTALL="${GPU_CHECK_NO_INSTALL:-}"
 BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
-STEPS=${GPU_CHECK_STEPS:-build,vendor,peer_torch,pytest,bench,disb_A,disb_C,sweep_A,sweep_C,sweep_A_wait,sweep_C_wait,sim_profiles,sim_disb,graphs}
+STEPS=${GPU_CHECK_STEPS:-build,vendor,peer_torch,pad_select,pytest,bench,disb_A,disb_C,sweep_A,sweep_C,sweep_A_wait,sweep_C_wait,sim_profiles,sim_disb,graphs}
 DISB_S=${GPU_CHECK_DISB_S:-4}
 SWEEP_S=${GPU_CHECK_SWEEP_S:-3}
 RATE_SCALE=${GPU_CHECK_RATE_SCALE:-0.5}
@@ -182,6 +187,7 @@ if [ "$rc" -ne 0 ]; then
 fi
 step vendor 150 "$PY" -m av_infer.bench.gpu_vendor --out "$OUTDIR"
 step peer_torch 170 bash -c 'peer A fp32 && peer A fp16 && peer C fp32'
+step pad_select 150 "$PY" scripts/gpu_pad_select_check.py --reps 10
 step pytest 150 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/devices/test_cuda_device.py \
     tests/kernels/test_cuda_compile.py tests/devices/test_cuda_vendor.py --junitxml="$OUTDIR/gpu_pytest.xml"
 step bench 240 "$PY" -m av_infer.bench.gpu_bench --out "$OUTDIR" --pair-seconds "$PAIR_S"

@@ -338,11 +338,12 @@ def test_restore_uses_the_device_s_done_when_completions_arrive_after_the_flag()
 
 
 # -- DKP: padded launches (kernels/cuda/padding.py through the dispatcher) -----------------
-def test_padded_launches_leave_outputs_bit_identical(emulate):
+@pytest.mark.parametrize("pad_select", ["parts", "regs"])
+def test_padded_launches_leave_outputs_bit_identical(emulate, pad_select):
     """A BE conv kernel's blocks run as padding of three RT kernels (uneven ranges); the BE
     task then continues normally. RT and BE outputs equal unpadded runs bit for bit, and
-    each padded completion reports its parts."""
-    dev = make_dev(emulate, c=4)
+    each padded completion reports its parts; under either proxy-variant selection."""
+    dev = make_dev(emulate, c=4, pad_select=pad_select)
     try:
         drv = Driver(dev)
         rt_plan, x_rt = chain_plan(seed=1)
@@ -382,7 +383,45 @@ def test_padded_launches_leave_outputs_bit_identical(emulate):
         for got, ref in ((dev.read_outputs(rt_t), ref_rt), (dev.read_outputs(be_t), ref_be)):
             for k in ref:
                 assert np.array_equal(got[k], ref[k]), k
-        assert dev.telemetry()["padding"]["modules"] >= 1
+        pad = dev.telemetry()["padding"]
+        assert pad["modules"] >= 1 and pad["select"] == pad_select
+        assert sum(pad["launches_by_variant"].values()) == len(padded)
+        if emulate:  # the emulator reports 32 registers for every function
+            want = "avi_pad_T256_O1" if pad_select == "parts" else "avi_pad_T256_O8"
+            assert pad["launches_by_variant"] == {want: len(padded)}
+    finally:
+        dev.close()
+
+
+def test_padded_without_be_parts_is_bit_identical_under_both_selections(emulate):
+    """REEF Fig. 18a's case: every kernel of a plan launched as the padded dispatcher
+    kernel with no BE part, alternately under ``pad_select`` parts and regs on one device:
+    outputs equal the plain run's bit for bit, and each selection used its own variant."""
+    dev = make_dev(emulate, c=4)
+    try:
+        drv = Driver(dev)
+        plan, x = chain_plan(seed=3)
+        h = dev.load_plan(plan)
+        ref = drv.run(h, plan, x)
+        dev.prepare_padding([h])
+        nk = len(plan.kernels)
+        for rnd, sel in enumerate(["parts", "regs", "parts", "regs"]):
+            dev.pad_select = sel
+            t = 950 + rnd
+            dev.new_task(h, t)
+            dev.write_inputs(t, x)
+            padded = sum(bool(dev.pad_kernel(drv.stream, t, k)) for k in range(nk))
+            assert padded == nk
+            dev.enqueue(drv.stream, t, 0, nk - 1)
+            drv.wait(t, nk - 1)
+            got = dev.read_outputs(t)
+            dev.release_task(t)
+            for k in ref:
+                assert np.array_equal(got[k], ref[k]), (sel, k)
+        used = dev.telemetry()["padding"]["launches_by_variant"]
+        assert sum(used.values()) == 4 * nk
+        if emulate:
+            assert used == {"avi_pad_T256_O1": 2 * nk, "avi_pad_T256_O8": 2 * nk}
     finally:
         dev.close()
 

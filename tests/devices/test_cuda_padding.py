@@ -8,6 +8,7 @@ to the unpadded kernels.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import struct
 
 import numpy as np
@@ -18,13 +19,17 @@ from av_infer.kernels.cuda.padding import (
     MAX_PAD_PARTS,
     OCC_LEVELS,
     block_part,
+    bound_regs,
     build_padded_module,
     pad_table,
 )
 from av_infer.kernels.cuda.samples import samples
 from av_infer.kernels.cuda.sources import build_plan_source
 from av_infer.kernels.cuda_compile import CompileCache, NvccCompiler
+from tests.checks import require
 from tests.kernels.test_cuda_compile import ARCHS, ROOT
+
+EMU_OK, EMU_WHY = availability(emulate=True)
 
 # (RT sample, BE samples): conv/gemm (256 threads, tiles) with row and elementwise kinds
 PAIRS = [
@@ -106,6 +111,72 @@ def test_occupancy_variant_choice(module):
     assert module.variant_for(1) == module.variants[1]
     assert module.variant_for(3) == module.variants[4]
     assert module.variant_for(16) == module.variants[8]
+
+
+def test_bound_regs_follows_the_launch_bounds():
+    assert [bound_regs(256, o) for o in OCC_LEVELS] == [248, 128, 64, 32]
+    assert bound_regs(128, 8) == 64 and bound_regs(96, 1) == 248  # 96 threads = 3 warps
+
+
+# registers per thread of the five DISB models' padded module as nvcc 13.0 compiles it for
+# sm_90 (docs/cuda.md, "Register and shared-memory use"), and plain kernels' needs
+MEASURED = {1: 141, 2: 128, 4: 64, 8: 32}
+
+
+@pytest.mark.parametrize("need, level", [
+    (128, 2),  # plain conv tile: 128 registers, 2 blocks/SM; O1 (141) would halve it
+    (80, 2),   # plain gemm
+    (54, 4),   # the largest row kernels
+    (30, 8),   # elementwise
+    (32, 8),
+    (141, 1),
+    (200, 1),  # more than any variant has: the one with the most
+])
+def test_regs_selection_gives_each_kernel_the_fewest_registers_that_hold_it(module, need,
+                                                                            level):
+    m = dataclasses.replace(module, variant_regs=dict(MEASURED))
+    assert m.variant_for_regs(need) == m.variants[level]
+
+
+def test_regs_selection_prefers_the_higher_level_among_equal_register_counts(module):
+    """A module without tile bodies compiles to the same count at several levels: the
+    highest of those is the same code with more blocks per SM allowed."""
+    m = dataclasses.replace(module, variant_regs={1: 54, 2: 54, 4: 54, 8: 32})
+    assert m.variant_for_regs(40) == m.variants[4]
+    # not measured (no driver): the launch bounds' estimate
+    assert dataclasses.replace(module, variant_regs={}).variant_for_regs(100) == \
+        module.variants[2]
+
+
+def test_launch_selection_parts_vs_regs(pair_sources, module):
+    """``regs=None`` keeps the first design (the parts' occupancy, level 1 without parts);
+    ``regs`` picks by registers whatever the parts' occupancy says."""
+    m = dataclasses.replace(module, variant_regs=dict(MEASURED))
+    rt = pair_sources["binary_add_bcast"].specs[0]
+    be = pair_sources["softmax_axis1"].specs[0]
+    assert m.launch(rt, 0, 0, []).func == m.variants[1]
+    assert m.launch(rt, 0, 0, [], regs=30).func == m.variants[8]
+    part = [(be, 0, 0, 0, 1, 8)]
+    assert m.launch(rt, 0, 0, part).func == m.variants[8]
+    assert m.launch(rt, 0, 0, part, regs=128).func == m.variants[2]
+    a, b = m.launch(rt, 1, 2, part), m.launch(rt, 1, 2, part, regs=128)
+    assert (a.grid, a.block, a.smem, a.args) == (b.grid, b.block, b.smem, b.args)
+
+
+def test_pad_select_setting_validates_first():
+    require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    with pytest.raises(ValueError, match="pad_select"):
+        CudaDevice(emulate=True, pad_select="fastest")
+    dev = CudaDevice(emulate=True, pad_select="REGS")
+    try:
+        assert dev.pad_select == "regs"
+        with pytest.raises(ValueError, match="pad_select"):
+            dev.pad_select = "fastest"
+        assert dev.pad_select == "regs"
+        dev.pad_select = "parts"
+        assert dev.telemetry()["padding"]["select"] == "parts"
+    finally:
+        dev.close()
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -199,3 +270,29 @@ def test_padded_bit_identical_on_gpu():
         got = output(h, a, res)
         assert got.tobytes() == want.tobytes()
     dev.close()
+
+
+def test_gpu_pad_select_check_script_on_the_emulator(tmp_path):
+    """The GPU step's script (scripts/gpu_pad_select_check.py) runs end to end on the
+    emulator: plain, parts and regs rows for the model, every output bit-identical, every
+    kernel padded under each selection, each selection launching its own variant."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_pad_select_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_pad_select_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "pad_select.json"
+    rc = mod.main(["--emulate", "--models", "distilbert", "--reps", "1", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert rc == 0 and doc["emulated"] and len(doc["rows"]) == 1
+    row = doc["rows"][0]
+    assert row["ok"] and row["bit_identical"], row
+    assert {"plain_ms", "parts_ms", "regs_ms", "parts_overhead_pct",
+            "regs_overhead_pct"} <= set(row)
+    assert row["padded_kernels"]["parts"] == row["padded_kernels"]["regs"] > 0
+    assert set(row["variants_used"]["parts"]) == {"avi_pad_T256_O1"}
+    assert set(row["variants_used"]["regs"]) == {"avi_pad_T256_O8"}  # 32 registers emulated
