@@ -287,6 +287,54 @@ def test_each_engine_setting_has_one_validator_the_runtime_delegates_to() -> Non
         dev.close()
 
 
+def test_the_scheduler_holds_settings_it_does_not_validate_them() -> None:
+    """``c`` and the policy have one validator (engine.check_c / check_policy): the
+    scheduler module holds and applies them but checks neither again."""
+    src = (ROOT / "av_infer/sched/scheduler.py").read_text()
+    for check in ("check_capacity", "device_refuses", "get_policy", "InvalidParameterError"):
+        assert check not in src, check
+
+
+def test_the_flag_and_the_outstanding_counts_have_one_writer_each() -> None:
+    """The preemption flag is held in ``StreamState.flagged`` and published by
+    ``set_preempt``, both written in ``Scheduler._flag`` only; launches are counted in
+    ``Scheduler._count`` (and taken off by a completion, ``on_complete``) only."""
+    tree = ast.parse((ROOT / "av_infer/sched/scheduler.py").read_text())
+    writers: dict[str, set[str]] = {"flagged": set(), "set_preempt": set(),
+                                    "outstanding": set()}
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, (ast.Assign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    if isinstance(t, ast.Attribute) and t.attr in ("flagged", "outstanding"):
+                        writers[t.attr].add(fn.name)
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "set_preempt"):
+                writers["set_preempt"].add(fn.name)
+    assert writers == {"flagged": {"_flag"}, "set_preempt": {"_flag"},
+                       "outstanding": {"_count", "on_complete"}}, writers
+
+
+def test_the_device_interface_has_no_fields_only_tests_read() -> None:
+    """Removed as dead (issue 31): ``Device.in_flight`` (diagnostics read it from
+    ``telemetry()["streams"]``), ``ResetInfo.restore_c`` and the vHQ's ``restore_c`` /
+    ``restore_point`` (the scheduler restores from the observed ``done``)."""
+    from av_infer._cy import vhq
+    from av_infer.devices.base import Device, ResetInfo
+    assert not hasattr(Device, "in_flight")
+    assert "restore_c" not in ResetInfo.__dataclass_fields__
+    assert not hasattr(vhq, "restore_point") and not hasattr(vhq.VHQ, "restore_c")
+    dev = SimDevice("mi50")
+    try:
+        s = dev.open_stream(0)
+        assert dev.telemetry()["streams"][s]["in_flight"] == 0
+    finally:
+        dev.close()
+
+
 def test_a_bad_max_batch_is_refused_before_a_device_is_made(monkeypatch) -> None:
     """Was: ``max_batch`` was checked after the device was built, outside the guard that
     closes it again, so a refused value left the device open."""

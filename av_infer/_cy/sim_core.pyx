@@ -465,6 +465,14 @@ cdef class SimCore:
                 "busy_s": self.busy_s, "padded_launches": self.n_padded,
                 "padded_blocks": self.n_padded_blocks, "pad_tail_s": self.pad_tail_s}
 
+    def stream_states(self):
+        """Per stream (in id order) what diagnostics show of it, as the CPU and CUDA devices
+        do in ``telemetry()["streams"]``: queued and in-flight launches, capacity, flag."""
+        cdef _Stream s
+        return [{"id": s.id, "priority": s.priority, "queued": s.vhq.queued,
+                 "in_flight": s.vhq.in_flight, "capacity": s.vhq.c, "flag": bool(s.flag)}
+                for s in self._streams]
+
     # -- clock and event loop ------------------------------------------------------------
     def now(self):
         return self._t

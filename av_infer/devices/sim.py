@@ -267,6 +267,7 @@ class SimDevice(SimCore, Device):
             "device": self.name, "gpu": self.gpu.name, "sms": self.gpu.sms,
             "virtual_time_s": self._t, "contention": self.contention,
             "dkp_placement": self.dkp_placement, **self.stats,
+            "streams": self.stream_states(),
         }
 
 

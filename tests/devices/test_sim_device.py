@@ -158,20 +158,25 @@ def test_low_priority_fills_leftover_slots() -> None:
     assert h.of(t_hi)[0].t_start == h.of(t_lo)[0].t_start
 
 
+def in_flight(dev: SimDevice, stream: int) -> int:
+    """Launches of ``stream`` transmitted and not yet completed (the device's telemetry)."""
+    return dev.telemetry()["streams"][stream]["in_flight"]
+
+
 def test_capacity_bounds_in_flight() -> None:
     h = Harness({"m": (20, 10.0, 60, 1)}, c=3)
     s = h.dev.open_stream(0)
     h.dev.enqueue(s, h.task("m"), 0, 19)
-    assert h.dev.in_flight(s) == 3
+    assert in_flight(h.dev, s) == 3
     seen: list[int] = []
-    h.dev.start(lambda c: (h.done.append(c), seen.append(h.dev.in_flight(s))))
+    h.dev.start(lambda c: (h.done.append(c), seen.append(in_flight(h.dev, s))))
     h.dev.run()
     assert max(seen) <= 3 and len(h.done) == 20
     h.dev.set_capacity(8)
     h.dev.enqueue(s, h.task("m"), 0, 19)
-    assert h.dev.in_flight(s) == 8
+    assert in_flight(h.dev, s) == 8
     h.dev.set_stream_capacity(s, 16)
-    assert h.dev.in_flight(s) == 16
+    assert in_flight(h.dev, s) == 16
 
 
 def test_reset_drops_queued_launches() -> None:
@@ -182,8 +187,8 @@ def test_reset_drops_queued_launches() -> None:
     h.dev.run(until=25 * US)
     info = h.dev.reset(s)
     assert info is not None and info.task == t
-    assert info.done + info.dropped + h.dev.in_flight(s) == 50
-    assert info.last_sent == info.done + h.dev.in_flight(s) - 1
+    assert info.done + info.dropped + in_flight(h.dev, s) == 50
+    assert info.last_sent == info.done + in_flight(h.dev, s) - 1
     h.dev.run()
     assert len(h.done) == info.last_sent + 1
     assert all(c.executed for c in h.done)  # no flag: in-flight launches run
@@ -294,7 +299,7 @@ def test_stats_and_device_state_are_readable_between_runs() -> None:
     s = h.dev.open_stream(0)
     h.dev.enqueue(s, h.task("m"), 0, 1)
     h.dev.run(until=1e-6)
-    assert h.dev.in_flight(s) == 2 and h.dev.now() == pytest.approx(1e-6)
+    assert in_flight(h.dev, s) == 2 and h.dev.now() == pytest.approx(1e-6)
     h.dev.run()
     st = h.dev.stats
     assert st["kernels"] == 2 and st["batches"] == 2 and st["evicted"] == 0
