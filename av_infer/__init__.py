@@ -37,6 +37,8 @@ _LAZY: dict[str, str | tuple[str, str]] = {
     "Plan": "av_infer.model.plan",
     "DEVICE_NAMES": "av_infer.devices",
     "device_class": "av_infer.devices",
+    # Plan.precision's values (Runtime.load_model(precision=); Runtime.precisions: a device's)
+    "PRECISIONS": ("av_infer.devices.cuda_vendor", "PRECISIONS"),
     "POLICIES": "av_infer.sched.policies",
     "get_policy": "av_infer.sched.policies",
     "zoo_names": ("av_infer.model.zoo", "names"),

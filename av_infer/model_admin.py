@@ -77,6 +77,8 @@ class LoadedModel:
     file_bytes: int | None = None
     #: how the load got its plan: "hit" (on-disk plan cache), "miss", "bypass", None
     plan_cache: str | None = None
+    #: the precision it runs at (``Plan.precision``: fp32, tf32 or fp16)
+    precision: str = "fp32"
 
 
 @dataclass(frozen=True)
@@ -121,22 +123,28 @@ class ModelAdmin:
 
     # -- the services --------------------------------------------------------------------
     def load(self, name: str, path: str, input_shapes: Mapping[str, Sequence[int]] | None
-             = None, pin: bool = False, whole: bool | None = None) -> LoadedModel:
+             = None, pin: bool = False, whole: bool | None = None,
+             precision: str | None = None) -> LoadedModel:
         """Load the model file ``path`` (see ``resolve``) under ``name``.
 
         ``input_shapes`` binds dynamic dims (name -> dims); ``pin``: an RT model, resident
-        for good and never preempted; ``whole``: see ``Runtime.load_model``. Raises one of
-        the typed errors of the module docstring; the runtime is unchanged then."""
+        for good and never preempted; ``whole``, ``precision``: see
+        ``Runtime.load_model`` (a precision the device does not run is refused before the
+        file is read). Raises one of the typed errors of the module docstring; the runtime
+        is unchanged then."""
         check_name(name)
         shapes = _check_shapes(input_shapes)
         if not isinstance(pin, bool) or not (whole is None or isinstance(whole, bool)):
             raise InvalidParameterError("pin must be a bool and whole a bool or None")
+        if precision is not None and (why := self.runtime.precision_unavailable(precision)):
+            raise InvalidParameterError(f"model {name!r}: {why}")
         with self._load_lock:
             self._check_room(name)
             real = self.resolve(path)
             data = self._read(real)
             digest = hashlib.sha256(data).hexdigest()
-            info = self.runtime.load_model(name, data, shapes, pin=pin, whole=whole)
+            info = self.runtime.load_model(name, data, shapes, pin=pin, whole=whole,
+                                           precision=precision)
             origin = _Origin(info.plan, str(real), digest, len(data), info.plan_cache)
             with self._lock:
                 self._origins[name] = origin
@@ -272,4 +280,5 @@ def _record(info: Any, origin: _Origin | None) -> LoadedModel:
         info.name, dict(info.input_spec), dict(info.output_spec), bool(info.pinned),
         int(info.kernels), int(info.weight_bytes), int(info.resident_bytes),
         origin.path if origin else None, origin.sha256 if origin else None,
-        origin.file_bytes if origin else None, origin.plan_cache if origin else None)
+        origin.file_bytes if origin else None, origin.plan_cache if origin else None,
+        str(getattr(info.plan, "precision", "fp32")))

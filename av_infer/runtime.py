@@ -195,11 +195,8 @@ class Runtime:
         prof = _load_profile(name, profile)
         if not isinstance(name, str) or not name:
             raise InvalidParameterError(f"model name must be a non-empty string, got {name!r}")
-        runs = tuple(self._device.precisions)
-        if precision is not None and precision not in runs:
-            raise InvalidParameterError(
-                f"model {name!r}: precision {precision!r}; device {self._device.name} runs "
-                f"{', '.join(runs)}")
+        if precision is not None and (why := self.precision_unavailable(precision)):
+            raise InvalidParameterError(f"model {name!r}: {why}")
         self._reg.check_free(name)
         whole = bool(pin) if whole is None else bool(whole)
         how = None
@@ -598,6 +595,20 @@ class Runtime:
     def policy_unavailable(self, name: str) -> str | None:
         """Why ``name`` cannot be used on this runtime's device (None if it can)."""
         return self._engine.policy_unavailable(name)
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """The precisions ``load_model(precision=...)`` accepts here: the device's
+        ``Device.precisions`` (cpu and sim: fp32 only; cuda and cuda-emu: fp32, tf32, fp16)."""
+        return tuple(self._device.precisions)
+
+    def precision_unavailable(self, precision: Any) -> str | None:
+        """Why ``load_model`` would refuse ``precision`` on this device (None if it runs
+        it), so a caller can check every model's before loading any."""
+        runs = self.precisions
+        if isinstance(precision, str) and precision in runs:
+            return None
+        return f"precision {precision!r}; device {self._device.name} runs {', '.join(runs)}"
 
     @property
     def c(self) -> int:

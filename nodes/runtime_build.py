@@ -107,3 +107,14 @@ def model_source(entry: str, variant: str) -> tuple[str, Any]:
         raise ValueError(f"{entry!r} is neither an ONNX file nor a zoo model "
                          f"({', '.join(zoo_names())})")
     return entry, zoo_path(entry, variant)
+
+
+def check_precisions(runtime: Any, wanted: dict[str, str]) -> None:
+    """InvalidParameterError naming every ``models`` entry whose precision ``runtime``'s
+    device does not run (``Runtime.precision_unavailable``); called before any model is
+    loaded, so a refusal leaves nothing loaded."""
+    bad = [f"{entry}: {why}" for entry, prec in wanted.items()
+           if (why := runtime.precision_unavailable(prec))]
+    if bad:
+        raise InvalidParameterError("; ".join(bad) + " (parameters precision, "
+                                    "model_precisions)")

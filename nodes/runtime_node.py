@@ -75,6 +75,7 @@ from av_infer_nodes.runtime_build import (  # noqa: F401 - re-exported (tests, n
     DEVICES,
     check_live_device,
     check_policy,
+    check_precisions,
     cpu_options,
     make_runtime,
     model_source,
@@ -94,6 +95,7 @@ from av_infer_nodes.runtime_params import (  # noqa: F401 - re-exported
     LIVE,
     declare_parameters,
     defaults,
+    model_precisions,
     parse_client_models,
     parse_client_rates,
     validate,
@@ -222,9 +224,12 @@ class RuntimeNode(RequestEndpoint, ModelServices, LifecycleNode):
         try:
             if self._param_errors:
                 raise InvalidParameterError("; ".join(self._param_errors))
+            precisions = model_precisions(p)
             self._create_runtime(p)
+            check_precisions(self.runtime, precisions)  # before any model loads
             for entry in p["models"]:
-                self.load_model(entry, p["model_variant"], pin=entry in p["pinned_models"])
+                self.load_model(entry, p["model_variant"], pin=entry in p["pinned_models"],
+                                precision=precisions[entry])
             self._define_groups(p)
             default = defaults()
             if self._given_runtime is None or any(  # a shared one: only if set
@@ -520,13 +525,17 @@ class RuntimeNode(RequestEndpoint, ModelServices, LifecycleNode):
                                                                changed.items()))
 
     # -- models --------------------------------------------------------------------------
-    def load_model(self, entry: str, variant: str = "scaled", pin: bool = False) -> str:
-        """Loads a zoo name or ONNX path unless already loaded; returns the model name."""
+    def load_model(self, entry: str, variant: str = "scaled", pin: bool = False,
+                   precision: str | None = None) -> str:
+        """Loads a zoo name or ONNX path unless already loaded; returns the model name.
+        ``precision``: ``Runtime.load_model``'s (None: the plan's own, fp32)."""
         name, source = model_source(entry, variant)
         with self._lock:
             if name not in self.runtime.models():
-                self.get_logger().info(f"loading model {name} from {source}")
-                self.model_info[name] = self.runtime.load_model(name, source, pin=pin)
+                self.get_logger().info(f"loading model {name} from {source}"
+                                       + (f" at {precision}" if precision else ""))
+                self.model_info[name] = self.runtime.load_model(name, source, pin=pin,
+                                                                precision=precision)
                 self._loaded_here.append(name)
         return name
 

@@ -16,12 +16,19 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 from av_infer_nodes.common import declare
 from av_infer_nodes.runtime_build import DEVICES, check_policy, policy_names
 
-from av_infer import BATCH_MODES, InvalidParameterError, check_batch_mode, load_qos_policy
+from av_infer import (
+    BATCH_MODES,
+    PRECISIONS,
+    InvalidParameterError,
+    check_batch_mode,
+    load_qos_policy,
+)
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,16 @@ def param_table() -> tuple[Param, ...]:
           read_only=True, constraints="scaled or full"),
     Param("pinned_models", (),
           "Models (entries of `models`) pinned in the model cache.",
+          read_only=True, array_of=str),
+    Param("precision", "fp32",
+          "Numeric precision of every `models` entry without its own in "
+          "model_precisions, and of load_model calls that name none. The "
+          "device must run it (cpu: fp32 only; cuda: all three), else "
+          "configure fails with the reason before any model loads.",
+          read_only=True, constraints="one of " + ", ".join(PRECISIONS)),
+    Param("model_precisions", (),
+          "Per-model precision: entries MODEL=PRECISION, MODEL a `models` "
+          "entry as written or its model name (zoo name or file stem).",
           read_only=True, array_of=str),
     Param("max_be_streams", 2,
           "BE tasks running concurrently (one stream each).",
@@ -119,13 +136,13 @@ def param_table() -> tuple[Param, ...]:
           "eq. 2's alpha: weight of D_B*R_t against the queue length.",
           float_range=(0.0, 1.0)),
     Param("eq2_beta", 1.0, "eq. 2's beta (> 0): scales B.",
-          float_range=(0.0, 1000.0), constraints="> 0"),
+          float_range=(0.001, 1000.0)),
     Param("eq2_b_thrd", 8,
           "eq2: batches of at least this many compare variants (below, "
           "the most accurate runs).", int_range=(1, 1024)),
     Param("rate_window_ms", 50.0,
           "eq2: window of the arrival rate R_t in ms.",
-          float_range=(0.0, 60000.0), constraints="> 0"),
+          float_range=(0.1, 60000.0)),
     Param("fixed_max", 32,
           "fixed: the largest batch (the paper's baseline: 32).",
           int_range=(1, 1024)),
@@ -240,10 +257,28 @@ def defaults() -> dict[str, Any]:
 
 
 def ranges() -> dict[str, tuple[float, float]]:
-    """Name -> (low, high) of every parameter with a declared range (the validator's
-    bounds where they are the declared ones)."""
+    """Name -> (low, high) of every parameter with a declared range: the validator's
+    bounds, inclusive at both ends (as ROS's IntegerRange/FloatingPointRange)."""
     return {p.name: (p.int_range or p.float_range) for p in param_table()
             if p.int_range or p.float_range}
+
+
+def check_range(prm: Param, value: Any) -> str | None:
+    """None if ``value`` has ``prm``'s type and lies in its declared range (both ends
+    inclusive), else the reason. The one bounds check of the table: ``validate`` runs it
+    for every ranged parameter, and ROS refuses the same values from the descriptor
+    ``declare_parameters`` publishes, so the two cannot disagree. Unranged: None."""
+    if prm.int_range is not None:
+        lo, hi = prm.int_range
+        if _is_int(value) and lo <= value <= hi:
+            return None
+        return f"{prm.name} must be an integer in {lo}..{hi}, got {value!r}"
+    if prm.float_range is not None:
+        lo, hi = prm.float_range
+        if isinstance(value, float) and math.isfinite(value) and lo <= value <= hi:
+            return None
+        return f"{prm.name} must be a number in [{lo:g}, {hi:g}], got {value!r}"
+    return None
 
 
 def declare_parameters(node: Any) -> tuple[dict[str, Any], list[str]]:
@@ -297,6 +332,40 @@ def parse_client_models(entries: list[str]) -> dict[str, frozenset[str]]:
     return out
 
 
+def model_precisions(p: dict[str, Any]) -> dict[str, str]:
+    """Each ``models`` entry -> its precision: its ``model_precisions`` entry, else
+    ``precision``. InvalidParameterError for a precision outside ``PRECISIONS``, a
+    malformed entry, one naming no ``models`` entry or one named twice; whether the
+    device runs them is ``runtime_build.check_precisions``'s question (it needs the
+    runtime)."""
+    models = [str(m) for m in p["models"]]
+    names = {PurePath(m).stem: m for m in models}  # model_source's name (a zoo name's is itself)
+
+    def known(prec: str, where: str) -> str:
+        if prec not in PRECISIONS:
+            raise InvalidParameterError(
+                f"{where}: precision {prec!r} is not one of {', '.join(PRECISIONS)}")
+        return prec
+
+    default = known(str(p["precision"]), "precision")
+    own: dict[str, str] = {}
+    for e in p["model_precisions"]:
+        model, sep, prec = str(e).partition("=")
+        model, prec = model.strip(), prec.strip()
+        if not sep or not model or not prec:
+            raise InvalidParameterError(
+                f"model_precisions entries are MODEL=PRECISION; got {e!r}")
+        entry = model if model in models else names.get(model)
+        if entry is None:
+            raise InvalidParameterError(
+                f"model_precisions: {model!r} is not an entry of models ({models}) nor the "
+                "name of one")
+        if entry in own:
+            raise InvalidParameterError(f"model_precisions names {entry!r} twice")
+        own[entry] = known(prec, f"model_precisions {e!r}")
+    return {m: own.get(m, default) for m in models}
+
+
 def parse_client_rates(entries: list[str]) -> dict[str, float]:
     """``client_rates``: ``["front=30", "rear=10"]`` -> client -> expected Hz (0: only
     staleness); InvalidParameterError for a malformed entry or a client named twice."""
@@ -326,8 +395,14 @@ def validate(name: str, value: Any, merged: dict[str, Any], runtime: Any,
     """None if ``name=value`` may be applied (with the rest of its batch, ``merged``: the
     current live values with the batch's), else the reason it may not. ``runtime``: the
     node's Runtime or None (unconfigured: checks that need one are left to configure);
-    ``read_only(name)``: whether a declared parameter is read-only."""
-    rng = ranges()
+    ``read_only(name)``: whether a declared parameter is read-only.
+
+    A ranged parameter's type and bounds come only from the table (``check_range``); the
+    checks below add what a range cannot say (the runtime's ``c_range``, choices that
+    depend on the device, one parameter against another)."""
+    prm = {p.name: p for p in param_table()}.get(name)
+    if prm is not None and (reason := check_range(prm, value)) is not None:
+        return reason
     if name == "policy":
         if not isinstance(value, str):
             return "policy must be a string"
@@ -346,16 +421,6 @@ def validate(name: str, value: Any, merged: dict[str, Any], runtime: Any,
         return None if ok else f"c must be an integer in {lo}..{hi}, got {value!r}"
     if name == "edf_preempt":
         return None if isinstance(value, bool) else "edf_preempt must be a bool"
-    if name == "max_queue_depth":
-        ok = _is_int(value) and value >= 0
-        return None if ok else f"max_queue_depth must be an integer >= 0, got {value!r}"
-    if name == "be_min_share":
-        ok = isinstance(value, float) and 0.0 <= value < 1.0
-        return None if ok else f"be_min_share must be in [0, 1), got {value!r}"
-    if name == "diagnostics_period_s":
-        lo, hi = rng[name]
-        ok = isinstance(value, float) and lo <= value <= hi
-        return None if ok else f"diagnostics_period_s must be in [{lo:g}, {hi:g}] s"
     if name == "batch_mode":
         try:
             check_batch_mode(value)
@@ -380,27 +445,11 @@ def validate(name: str, value: Any, merged: dict[str, Any], runtime: Any,
         except TypeError:
             return f"{name} must be a string array"
         return None
-    if name in ("rate_tolerance", "stale_timeout_s"):
-        lo, hi = rng[name]
-        ok = isinstance(value, float) and lo <= value <= hi
-        return None if ok else f"{name} must be in [{lo:g}, {hi:g}]"
     if name in ("deadline_miss_warn", "deadline_miss_error"):
-        lo, hi = rng[name]
-        ok = _is_int(value) and lo <= value <= hi
-        if not ok:
-            return f"{name} must be in {lo}..{hi}"
         if merged["deadline_miss_warn"] > merged["deadline_miss_error"]:
             return (f"deadline_miss_warn ({merged['deadline_miss_warn']}) must not be "
                     f"above deadline_miss_error ({merged['deadline_miss_error']})")
         return None
-    if name in ("eq2_b_thrd", "fixed_max"):
-        ok = _is_int(value) and value >= 1
-        return None if ok else f"{name} must be an integer >= 1, got {value!r}"
-    if name in ("eq2_alpha", "eq2_beta", "rate_window_ms"):
-        ok = isinstance(value, float) and math.isfinite(value) and (
-            0.0 <= value <= 1.0 if name == "eq2_alpha" else value > 0.0)
-        return None if ok else (f"{name} must be in [0, 1]" if name == "eq2_alpha"
-                                else f"{name} must be > 0, got {value!r}")
     if read_only(name):
         return f"{name} is read-only (a restart is needed)"
     return None

@@ -77,7 +77,9 @@ class ModelServices:
             try:
                 shapes = parse_input_shapes(list(req.input_shapes))
                 name = req.name or Path(req.path).stem
-                outcome: Any = admin.load(name, req.path, shapes, pin=bool(req.pin))
+                precision = req.precision or str(self.p["precision"])
+                outcome: Any = admin.load(name, req.path, shapes, pin=bool(req.pin),
+                                          precision=precision)
             except Exception as exc:  # noqa: BLE001 - answered by _serve below
                 outcome = exc
             if not self._handoff.post(lambda: done.set_result(outcome)):
@@ -99,7 +101,8 @@ class ModelServices:
         def answer(resp: LoadModel.Response) -> None:
             if isinstance(outcome, BaseException):
                 raise outcome
-            resp.success, resp.code, resp.message = True, "ok", f"loaded {outcome.name}"
+            resp.success, resp.code = True, "ok"
+            resp.message = f"loaded {outcome.name} ({outcome.precision})"
             resp.model = model_info_msg(outcome)
             self._publish_models()
         return self._serve(resp, answer)
