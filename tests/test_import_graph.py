@@ -125,3 +125,18 @@ def test_no_import_circles() -> None:
 
 def test_the_circle_finder_finds_a_circle() -> None:
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_runs_up_a_floor() -> None:
+    """The floors, bottom up: the compiled hot paths (``_cy``), the devices, the scheduler,
+    the runtime. A device never imports the scheduler (``devices/cpu.py`` once reached into
+    ``sched/stats.py``), nor the scheduler the runtime's modules."""
+    edges = _edges(_modules())
+    above = {"av_infer.devices": ("av_infer.sched", "av_infer.runtime", "av_infer.engine",
+                                  "av_infer.registry"),
+             "av_infer.sched": ("av_infer.runtime", "av_infer.engine", "av_infer.registry",
+                                "av_infer.request_options", "av_infer.inputs")}
+    bad = [(m, t) for m, ts in edges.items() for floor, ups in above.items()
+           if m == floor or m.startswith(floor + ".")
+           for t in ts if any(t == u or t.startswith(u + ".") for u in ups)]
+    assert not bad, bad
