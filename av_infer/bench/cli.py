@@ -103,8 +103,10 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="run the side-by-side comparison (torch: on a GPU, av_infer cuda vs "
                    "torch streams with priorities, eager and CUDA graphs, and the RT model "
                    "alone; --workload A|C, --rate-scale, --precision, --vendor apply)")
-    g.add_argument("--precision", choices=["fp32", "tf32", "fp16"], default="fp32",
-                   help="--peer torch: every model at this precision (%(default)s)")
+    p.add_argument("--precision", choices=["fp32", "tf32", "fp16"], default="fp32",
+                   help="every model at this precision (Runtime.load_model(precision=)), "
+                   "also under --peer ort|torch; the device must run it: cpu and sim "
+                   "fp32 only, cuda and cuda-emu all three (%(default)s)")
     g.add_argument("--vendor", choices=["off", "auto", "force"], default="auto",
                    help="--peer torch: av_infer's cuda vendor ops (cuDNN/cuBLASLt; "
                    "%(default)s)")
@@ -209,6 +211,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
 
     if args.device != "cpu" and "--device" in sys.argv:
         raise SystemExit("bench --peer: the comparison runs on the cpu device")
+    check_precision("cpu", args.precision)
     policy = "reef" if args.policy == "all" else args.policy
     if policy not in available_policies("cpu"):
         raise SystemExit(f"bench --peer: policy {policy!r} is not available on cpu")
@@ -320,6 +323,23 @@ def cmd_compare_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_precision(device: str, precision: str) -> None:
+    """InvalidParameterError (exit 2 with its reason) before anything runs when
+    ``device`` does not run ``precision`` (``Device.precisions``, the list
+    ``Runtime.load_model`` checks); a device that cannot load here is left to the
+    Runtime, which says why."""
+    from av_infer.devices import device_class
+    from av_infer.errors import AvInferError, InvalidParameterError
+
+    try:
+        runs = tuple(device_class(device).precisions)
+    except AvInferError:
+        return
+    if precision not in runs:
+        raise InvalidParameterError(
+            f"bench: --precision {precision}: device {device} runs {', '.join(runs)}")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Entry point of ``av-infer bench``."""
     if args.peer == "torch":
@@ -335,7 +355,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       standalone_n=args.standalone_n, progress=not args.no_progress,
                       contention=args.contention, dkp_placement=args.dkp_placement,
                       be_min_share=args.be_min_share, rt_forecast=args.rt_forecast,
-                      profiles=args.profiles, sim_models=args.sim_models)
+                      profiles=args.profiles, sim_models=args.sim_models,
+                      precision=args.precision)
+    check_precision(args.device, args.precision)
     if args.profiles and args.device != "sim":
         raise SystemExit("bench: --profiles applies to --device sim only")
     if args.c < 1:

@@ -91,6 +91,9 @@ class BenchConfig:
     #: sim: per model, a factor on its derived profile's durations (compare_sim's
     #: standalone calibration); models with measured profiles or REEF traces ignore it
     profile_scale: dict[str, float] | None = None
+    #: every model's ``Runtime.load_model(precision=)``: fp32 | tf32 | fp16; the device
+    #: must run it (``Runtime.precisions``: cpu and sim fp32 only), else InvalidParameterError
+    precision: str = "fp32"
 
     @property
     def variant(self) -> str:
@@ -318,7 +321,8 @@ class Bench:
                          preempt_drain=self.cfg.preempt_drain,
                          be_min_share=self.cfg.be_min_share)
         for m, s in self.sources.items():
-            info = rt.load_model(m, s.plan if s.plan is not None else s.path)
+            info = rt.load_model(m, s.plan if s.plan is not None else s.path,
+                                 precision=self.cfg.precision)
             plan = getattr(info, "plan", None)
             if plan is not None:
                 s.kernels = len(plan.kernels)

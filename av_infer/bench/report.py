@@ -52,6 +52,7 @@ def build_report(bench: Bench, runs: list[PolicyRun]) -> dict[str, Any]:
         "duration_s": cfg.duration,
         "seed": cfg.seed,
         "c": cfg.c,
+        "precision": cfg.precision,
         "preempt_drain": cfg.preempt_drain,
         "contention": cfg.contention if cfg.device == "sim" else None,
         "dkp_placement": cfg.dkp_placement if cfg.device == "sim" else None,

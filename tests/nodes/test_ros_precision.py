@@ -23,8 +23,17 @@ from av_infer_nodes.testing import RosHarness, wait_future  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 
 from av_infer import InvalidParameterError, zoo_path  # noqa: E402
+from tests.checks import require  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.timeout(600)]  # a hang guard
+
+
+@pytest.fixture
+def emulator():
+    from av_infer.devices.cuda import availability
+
+    ok, why = availability(emulate=True)
+    require("ok" if ok else None, f"the CUDA emulator cannot run: {why}")
 
 
 def _host(h: RosHarness, name: str, **params) -> RuntimeNode:
@@ -42,7 +51,7 @@ def _precision(node: RuntimeNode, model: str) -> str:
     return node.runtime.model_info(model).plan.precision
 
 
-def test_parameters_set_each_models_precision():
+def test_parameters_set_each_models_precision(emulator):
     with RosHarness() as h:
         node = _host(h, "prec_host", device="cuda-emu", models=["tiny_cnn", "tiny_mlp"],
                      precision="tf32", model_precisions=["tiny_mlp=fp16"])
@@ -84,7 +93,7 @@ def test_configure_refusal_leaves_the_host_unconfigured():
         assert node.runtime is None
 
 
-def test_load_model_service_precision(tmp_path):
+def test_load_model_service_precision(tmp_path, emulator):
     models = tmp_path / "models"
     models.mkdir()
     shutil.copy(zoo_path("tiny_cnn", "scaled"), models / "tiny.onnx")
