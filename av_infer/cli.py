@@ -135,11 +135,14 @@ def cmd_models_show(args: argparse.Namespace) -> int:
 
 def cmd_models_profile(args: argparse.Namespace) -> int:
     """Profile a plan's kernels on a device and save the profile (DKP reads it)."""
+    from av_infer.bench.cli import check_precision
     from av_infer.model.compiler import compile_model
     from av_infer.profiler import profile_plan
 
+    check_precision(args.device, args.precision, "models profile")  # before compiling
     name, path = resolve_model(args.model, args.variant)
     plan = compile_model(path, input_shapes=parse_input_shapes(args.input_shape), name=name)
+    plan.precision = args.precision  # what the device loads (Plan.precision)
     try:
         prof = profile_plan(plan, args.device, repeats=args.repeats, gpu=args.gpu)
     except NotImplementedError as e:
@@ -147,8 +150,8 @@ def cmd_models_profile(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out or f"{name}.{args.device}.profile.json")  # prof.device: GPU name
     prof.save(out)
-    print(f"{name} on {args.device} ({prof.device}): {len(prof.kernels)} kernels, "
-          f"{prof.total_us:.1f} us in all -> {out}")
+    print(f"{name} on {args.device} ({prof.device}, {args.precision}): "
+          f"{len(prof.kernels)} kernels, {prof.total_us:.1f} us in all -> {out}")
     return 0
 
 
@@ -205,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="cuda-emu: the cuda device on the CPU emulator (docs/cuda_emu.md)")
     m_prof.add_argument("--gpu", default="mi50", help="simulated GPU (--device sim)")
     m_prof.add_argument("--repeats", type=int, default=5, help="runs per kernel (median)")
+    m_prof.add_argument("--precision", choices=["fp32", "tf32", "fp16"], default="fp32",
+                        help="the plan's precision (cuda, cuda-emu; cpu and sim: fp32 only; "
+                        "%(default)s)")
     m_prof.add_argument("--out", metavar="FILE",
                         help="profile JSON (default NAME.DEVICE.profile.json)")
     m_prof.set_defaults(func=cmd_models_profile)

@@ -323,7 +323,7 @@ def cmd_compare_sim(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_precision(device: str, precision: str) -> None:
+def check_precision(device: str, precision: str, what: str = "bench") -> None:
     """InvalidParameterError (exit 2 with its reason) before anything runs when
     ``device`` does not run ``precision`` (``Device.precisions``, the list
     ``Runtime.load_model`` checks); a device that cannot load here is left to the
@@ -337,7 +337,7 @@ def check_precision(device: str, precision: str) -> None:
         return
     if precision not in runs:
         raise InvalidParameterError(
-            f"bench: --precision {precision}: device {device} runs {', '.join(runs)}")
+            f"{what}: --precision {precision}: device {device} runs {', '.join(runs)}")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

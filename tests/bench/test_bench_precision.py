@@ -65,3 +65,30 @@ def test_cli_flag_reaches_the_report(tmp_path, emulator):
     assert doc["precision"] == "fp16" and doc["device"] == "cuda-emu"
     assert doc["policies"]["rt_only"]["rt"]["count"] > 0
     assert doc["policies"]["rt_only"]["rt"]["failed"] == 0
+
+
+# -- av-infer models profile --precision ---------------------------------------------------
+def test_models_profile_refuses_before_compiling(tmp_path, capsys):
+    out = tmp_path / "never.json"
+    rc = main(["models", "profile", "tiny_cnn", "--device", "cpu", "--precision", "fp16",
+               "--out", str(out)])
+    assert rc == 2 and not out.exists()
+    assert "models profile: --precision fp16: device cpu runs fp32" in capsys.readouterr().err
+
+
+def test_models_profile_profiles_the_plan_at_the_precision(tmp_path, monkeypatch, emulator):
+    import av_infer.profiler as profiler
+
+    seen = []
+    real = profiler.profile_plan
+
+    def spy(plan, *a, **kw):  # the real profiler, noting the plan's precision
+        seen.append(plan.precision)
+        return real(plan, *a, **kw)
+
+    monkeypatch.setattr(profiler, "profile_plan", spy)
+    out = tmp_path / "tiny.fp16.json"
+    rc = main(["models", "profile", "tiny_cnn", "--device", "cuda-emu", "--precision", "fp16",
+               "--repeats", "1", "--out", str(out)])
+    assert rc == 0 and seen == ["fp16"]
+    assert json.loads(out.read_text())["kernels"]
