@@ -619,7 +619,10 @@ def as_float_list(value: Any) -> list[float]:
 #: ``events`` (rclpy 7.1.6) cannot run these nodes: its spin raises "Guard conditions not
 #: supported" (the nodes' ``Handoff`` is a guard condition) and adding a node or creating a
 #: subscription blocks while it spins. It stays selectable so that can be re-measured.
-EXECUTORS = ("single", "multi", "events")
+#: ``lean`` (``lean_executor.LeanExecutor``): rclpy's single-threaded executor with a
+#: cheaper iteration (one gathering pass, a reused wait set, no self-wake after each
+#: callback); opt-in until it measures better on the demo (docs/ros.md, "ROS overhead").
+EXECUTORS = ("single", "multi", "events", "lean")
 DEFAULT_EXECUTOR = "single"
 
 
@@ -639,6 +642,10 @@ def make_executor(kind: str | None = None, num_threads: int | None = None,
         from rclpy.experimental import EventsExecutor
 
         return EventsExecutor(context=context)
+    if kind == "lean":
+        from av_infer_nodes.lean_executor import LeanExecutor
+
+        return LeanExecutor(context=context)
     raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")
 
 

@@ -11,6 +11,7 @@ endpoints rclpy's default QoS-event handlers again (``PUB_EVENTS``/``SUB_EVENTS`
 A/B for docs/ros.md ("Executor iteration"). Wall clock: run under the quiet lock.
 
     scripts/netns_run.sh .venv/bin/python scripts/executor_iteration_cost.py [--default-events]
+        [--executor lean]
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ def main() -> None:
     ap.add_argument("--default-events", action="store_true",
                     help="rclpy's default QoS-event handlers on av_infer's endpoints")
     ap.add_argument("-n", type=int, default=3000, help="timed iterations (3000)")
+    ap.add_argument("--executor", default="single",
+                    help="single (rclpy's SingleThreadedExecutor) or lean (LeanExecutor)")
     args = ap.parse_args()
     from av_infer_nodes import common
 
@@ -46,7 +49,7 @@ def main() -> None:
     from av_infer import Runtime
 
     rt = Runtime("cpu", policy="reef")
-    h = RosHarness(num_threads=1, executor="single", start=False)
+    h = RosHarness(num_threads=1, executor=args.executor, start=False)
     h.add(RuntimeNode(context=h.context, runtime=rt, parameter_overrides=[
         Parameter("device", value="cpu"), Parameter("models", value=["tiny_cnn"])]))
     for cam in ("front", "rear"):
@@ -66,7 +69,8 @@ def main() -> None:
         t0 = time.perf_counter()
         ex.spin_once(timeout_sec=0)
         d.append((time.perf_counter() - t0) * 1e6)
-    print(f"nodes {len(ex.get_nodes())}, wait-set entities {entities}, default_events "
+    print(f"executor {args.executor}, nodes {len(ex.get_nodes())}, wait-set entities "
+          f"{entities}, default_events "
           f"{args.default_events}: idle spin_once p50 {np.percentile(d, 50):.1f} / p90 "
           f"{np.percentile(d, 90):.1f} us (load average {os.getloadavg()[0]:.2f})")
     os._exit(0)  # a probe: no orderly teardown needed

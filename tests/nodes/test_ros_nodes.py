@@ -58,7 +58,7 @@ pytestmark = [pytest.mark.ros, pytest.mark.timeout(600)]  # a hang guard
 
 
 
-@pytest.fixture(scope="module", params=["single", "multi"])
+@pytest.fixture(scope="module", params=["single", "multi", "lean"])
 def graph(request):
     """Runtime host + RT perception (local) + BE monitoring (local) + a tester node, all in
     one process on each executor the container offers."""

@@ -1,0 +1,155 @@
+"""LeanExecutor (nodes/lean_executor.py) keeps rclpy's executor contract.
+
+The node suites run on it too (tests/nodes/test_ros_nodes.py's ``lean`` graph); these check
+the parts of the contract the nodes use only rarely: coroutine callbacks awaiting a future
+set from another thread (the host's LoadModel service), ``create_task``, timers, guard
+conditions, ``spin_once`` timeouts, endpoints and nodes added and destroyed while it spins,
+and callbacks in one process never overlapping. No timed assertions: waits are hang guards.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+rclpy = pytest.importorskip("rclpy")
+
+from av_infer_nodes.common import make_executor  # noqa: E402
+from av_infer_nodes.lean_executor import LeanExecutor  # noqa: E402
+from av_infer_nodes.testing import TesterNode, wait_for  # noqa: E402
+from rclpy.context import Context  # noqa: E402
+from rclpy.task import Future  # noqa: E402
+from std_msgs.msg import String  # noqa: E402
+
+pytestmark = [pytest.mark.ros, pytest.mark.timeout(300)]
+
+
+@pytest.fixture()
+def spun():
+    """A context, a LeanExecutor spinning in a thread, and a tester node on it."""
+    ctx = Context()
+    rclpy.init(context=ctx)
+    ex = make_executor("lean", context=ctx)
+    assert isinstance(ex, LeanExecutor)
+    node = TesterNode("lean_probe", context=ctx)
+    ex.add_node(node)
+    errors: list[BaseException] = []
+
+    def spin() -> None:
+        try:
+            ex.spin()
+        except Exception as exc:  # noqa: BLE001 - reported below unless a shutdown race
+            if ctx.ok():
+                errors.append(exc)
+
+    t = threading.Thread(target=spin, daemon=True)
+    t.start()
+    yield ctx, ex, node
+    ex.shutdown(timeout_sec=2.0)
+    node.destroy_node()
+    rclpy.shutdown(context=ctx)
+    t.join(10)
+    assert not errors, errors
+
+
+def test_pub_sub_timer_guard_and_task(spun):
+    ctx, ex, node = spun
+    got: list[str] = []
+    node.create_subscription(String, "/lean/chatter", lambda m: got.append(m.data), 10)
+    pub = node.create_publisher(String, "/lean/chatter", 10)
+    ticks = []
+    node.create_timer(0.01, lambda: ticks.append(1))
+    fired = threading.Event()
+    gc = node.create_guard_condition(fired.set)
+    wait_for(lambda: pub.get_subscription_count() > 0, 30, what="the subscription")
+    for i in range(20):  # one at a time: a keep-last history may replace unread samples
+        pub.publish(String(data=str(i)))
+        wait_for(lambda i=i: len(got) == i + 1, 60, what=f"message {i}")
+    assert got == [str(i) for i in range(20)]  # each once, in order
+    wait_for(lambda: len(ticks) >= 3, 60, what="timer ticks")
+    gc.trigger()
+    assert fired.wait(60)
+    task = ex.create_task(lambda: 42)
+    wait_for(task.done, 60, what="a created task")
+    assert task.result() == 42
+
+
+def test_coroutine_awaiting_a_future_set_elsewhere(spun):
+    """The host's LoadModel pattern: a coroutine service awaits a future that a guard
+    condition's callback completes, posted from another thread."""
+    ctx, ex, node = spun
+    done = Future()
+    result: list[int] = []
+    gc = node.create_guard_condition(lambda: done.set_result(7))
+
+    async def waiter() -> None:
+        result.append(await done)
+
+    ex.create_task(waiter)
+    threading.Timer(0.05, gc.trigger).start()
+    wait_for(lambda: result == [7], 60, what="the coroutine's result")
+
+
+def test_endpoints_and_nodes_come_and_go_while_spinning(spun):
+    ctx, ex, node = spun
+    other = TesterNode("lean_other", context=ctx)
+    ex.add_node(other)
+    got: list[str] = []
+    sub = other.create_subscription(String, "/lean/late", lambda m: got.append(m.data), 10)
+    pub = node.create_publisher(String, "/lean/late", 10)
+    wait_for(lambda: pub.get_subscription_count() > 0, 30, what="the late subscription")
+    pub.publish(String(data="a"))
+    wait_for(lambda: got == ["a"], 60, what="the message to the added node")
+    for _ in range(20):  # destroyed and recreated while the executor waits on them
+        other.destroy_subscription(sub)
+        sub = other.create_subscription(String, "/lean/late", lambda m: got.append(m.data), 10)
+    ex.remove_node(other)
+    other.destroy_node()
+    ticks = []
+    node.create_timer(0.01, lambda: ticks.append(1))
+    wait_for(lambda: len(ticks) >= 2, 60, what="spinning after the removals")
+
+
+def test_callbacks_never_overlap(spun):
+    ctx, ex, node = spun
+    inside, overlaps, count = [0], [0], [0]
+
+    def cb(*_a) -> None:
+        inside[0] += 1
+        if inside[0] > 1:
+            overlaps[0] += 1
+        time.sleep(0.001)
+        count[0] += 1
+        inside[0] -= 1
+
+    node.create_subscription(String, "/lean/busy", cb, 50)
+    for _ in range(3):
+        node.create_timer(0.002, cb)
+    pub = node.create_publisher(String, "/lean/busy", 50)
+    wait_for(lambda: pub.get_subscription_count() > 0, 30, what="the subscription")
+    for i in range(50):
+        pub.publish(String(data=str(i)))
+        time.sleep(0.001)
+    wait_for(lambda: count[0] >= 100, 120, what="100 callbacks")
+    assert overlaps[0] == 0
+
+
+def test_spin_once_timeout_and_until_future():
+    ctx = Context()
+    rclpy.init(context=ctx)
+    try:
+        ex = LeanExecutor(context=ctx)
+        node = TesterNode("lean_once", context=ctx)
+        ex.add_node(node)
+        ex.spin_once(timeout_sec=0)  # nothing ready: returns
+        ex.spin_once(timeout_sec=0.01)
+        fut = Future()
+        node.create_timer(0.01, lambda: fut.done() or fut.set_result("ok"))
+        ex.spin_until_future_complete(fut, timeout_sec=60)
+        assert fut.result() == "ok"
+        ex.shutdown(timeout_sec=2.0)
+        node.destroy_node()
+    finally:
+        rclpy.shutdown(context=ctx)
