@@ -33,7 +33,8 @@
 #              -> disb_sim.json. Lowest priority: alone with
 #              GPU_CHECK_STEPS=build,sim_profiles,sim_disb (~4-5 min)
 #   graphs     issue 30 item 2: scripts/gpu_graphs_check.py, full-size resnet152 on a BE
-#              stream, plain vs gated CUDA graphs (docs/cuda_graphs.md): vs ORT, e2e
+#              stream, plain vs gated CUDA graphs of 1 and of 4 ops per launch
+#              (docs/cuda_graphs.md): vs ORT, e2e
 #              latency, host us/launch, flag-to-stop us, ran/skipped; last, low priority;
 #              printed whole into gpu_check.log (no file of its own in $OUT)
 # Always: gpu_check.log (everything printed), gpu_check_steps.json (status, rc and
@@ -209,7 +210,8 @@ for pol in reef wait; do
 done
 step sim_profiles 120 bash scripts/gpu_sim_steps.sh profiles "$OUTDIR"
 step sim_disb 270 bash scripts/gpu_sim_steps.sh disb "$OUTDIR"
-step graphs 150 "$PY" scripts/gpu_graphs_check.py --out "$PARTS/graphs" --repeats 10 --trials 20
+step graphs 150 "$PY" scripts/gpu_graphs_check.py --out "$PARTS/graphs" --repeats 10 --trials 20 \
+    --graph-ops 1,4
 COMMIT=${GPU_CHECK_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 "$PY" -m av_infer.bench.gpu_summary "$OUTDIR" --commit "$COMMIT" \
     --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" \

@@ -8,7 +8,8 @@ at a random kernel the stream is reset and its flag raised (the scheduler's prot
 ``stop_us`` = flag raised -> last in-flight launch completed; the launches the flag caught
 are counted as ran / skipped / unknown (plain launches cannot tell), then the task is
 restored (gated: from the gate record's progress; plain: from the vHQ's done) and must
-equal the unpreempted outputs bit for bit.
+equal the unpreempted outputs bit for bit. ``--graph-ops 1,4``: the gated mode once per
+k, graphs of k ops per launch (``CudaDevice(graph_ops=k)``; one vHQ entry each).
 
     python scripts/gpu_graphs_check.py --out DIR                 # GPU, full-size resnet152
     python scripts/gpu_graphs_check.py --emulate --variant scaled --model tiny_cnn --out DIR
@@ -42,17 +43,17 @@ def _ort(path: Path, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def run_mode(mode: str, args: argparse.Namespace, plan: Any, x: dict[str, np.ndarray],
-             want: dict[str, np.ndarray]) -> dict[str, Any]:
+             want: dict[str, np.ndarray], graph_ops: int = 1) -> dict[str, Any]:
     from av_infer.devices.cuda import CudaDevice
     from av_infer.devices.cuda_vendor import TOLERANCE, max_error
 
-    dev = CudaDevice(emulate=args.emulate, graphs=mode, c=args.c)
+    dev = CudaDevice(emulate=args.emulate, graphs=mode, c=args.c, graph_ops=graph_ops)
     q: queue.Queue = queue.Queue()
     s = dev.open_stream(0)
     dev.start(q.put)
     last: dict[int, int] = {}
     comps: dict[tuple[int, int], Any] = {}
-    out: dict[str, Any] = {"mode": mode}
+    out: dict[str, Any] = {"mode": mode, "graph_ops": graph_ops}
     try:
         h = dev.load_plan(plan)
         n = len(plan.kernels)
@@ -135,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--trials", type=int, default=30)
     ap.add_argument("-c", dest="c", type=int, default=4)
+    ap.add_argument("--graph-ops", default="1",
+                    help="comma list: run the gated mode with graphs of k ops for each k")
     args = ap.parse_args(argv)
     from av_infer.devices.cuda import availability
     from av_infer.model import zoo
@@ -150,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     want = _ort(path, x)
     res: dict[str, Any] = {"model": args.model, "variant": args.variant, "c": args.c,
                            "emulated": args.emulate, "modes": []}
-    for mode in ("off", "be"):
-        res["modes"].append(run_mode(mode, args, plan, x, want))
+    runs = [("off", 1)] + [("be", int(k)) for k in args.graph_ops.split(",") if k.strip()]
+    for mode, k in runs:
+        res["modes"].append(run_mode(mode, args, plan, x, want, k))
         print(json.dumps(res["modes"][-1], default=str)[:600], flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "gpu_graphs.json").write_text(json.dumps(res, indent=1, default=str))

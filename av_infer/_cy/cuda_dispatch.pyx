@@ -72,6 +72,7 @@ cdef enum:
     NODE_PARAMS_BYTES = 256     # sizeof(CUgraphNodeParams): type, 3 ints, 232-byte union, 8
     NODE_PARAMS_UNION = 16      # offset of its union
     ZERO_PARAM_BYTES = 32768    # the largest kernel parameter CUDA 12.1+ accepts
+    MAX_GRAPH_OPS = 16          # gated ops per graph (CudaDevice(graph_ops=...))
 
 #: CUDA_KERNEL_NODE_PARAMS_v2 (= _v3, the kernel member of CUgraphNodeParams' union)
 cdef struct KernelNodeParams:
@@ -96,16 +97,23 @@ cdef struct CondNodeParams:
     CUgraph* phGraph_out
     CUcontext ctx
 
-#: one gated op (docs/cuda_graphs.md): gate kernel -> IF node { op kernel }, instantiated once
-cdef struct GatedGraph:
-    CUgraph graph
-    CUgraphExec exec
+#: one gated op of a graph: gate kernel -> IF node { op kernel }
+cdef struct GatedOp:
     CUgraphNode gate
     CUgraphNode op
     CUgraphConditionalHandle cond
-    CUfunction gate_func
     CUfunction op_func
     uint32_t geom[7]
+
+#: a gated graph (docs/cuda_graphs.md): ``n`` gated ops of plan kernels ``first..first+n-1``
+#: chained in kernel order (gate_0 -> IF_0 -> gate_1 -> IF_1 ...), instantiated once
+cdef struct GatedGraph:
+    CUgraph graph
+    CUgraphExec exec
+    CUfunction gate_func
+    int32_t first
+    int32_t n
+    GatedOp ops[MAX_GRAPH_OPS]
 
 ctypedef CUresult (*p_cuInit)(unsigned int) noexcept nogil
 ctypedef CUresult (*p_cuGetErrorString)(CUresult, const char**) noexcept nogil
@@ -332,7 +340,16 @@ cdef struct Stream:
     int graphs                  # gated graph launches on this stream (docs/cuda_graphs.md)
     uint8_t gated[RING]         # launch in slot went through a gated graph
     uint64_t glaunched          # gated graph launches
-    uint64_t gskipped           # ... whose gate stayed shut (flag up): the op did not run
+    uint64_t gops               # ops those launches held (one vHQ index each)
+    uint64_t gskipped           # gated ops whose gate stayed shut (flag up): did not run
+    # launch units: a graph of several ops is ONE entry against c (docs/request_path.md
+    # section 2); plain launches are one unit each. cunits = c (RING: no limit of its own)
+    uint8_t unit_end[RING]      # the slot holds the last index of its launch unit
+    int32_t units               # launch units in flight
+    int32_t cunits              # at most this many units in flight
+    int has_pend                # an index taken from the vHQ that did not fit the graph
+    int64_t pend_t              # ... (launched next, through the ordinary branches)
+    int32_t pend_k
 
 cdef struct TaskRec:
     int64_t id                  # -1: empty slot (there are no tombstones; see _remove)
@@ -504,6 +521,7 @@ cdef class Dispatcher:
             _check(self._drv, self._drv.cuEventCreate(&st.ev[j], CU_EVENT_DISABLE_TIMING), "cuEventCreate")
         _check(self._drv, self._drv.cuEventCreate(&st.fev, CU_EVENT_DISABLE_TIMING), "cuEventCreate")
         st.flag = <CUdeviceptr>flag_ptr
+        st.cunits = RING
         self._vhq_refs.append(vhq)
         self._vhq[self._nst] = <void*>vhq
         self._nst += 1  # published last: the loop reads _nst
@@ -555,7 +573,8 @@ cdef class Dispatcher:
         return {"launched": st.launched, "completed": st.completed, "in_flight": st.count,
                 "vendor_launched": st.vlaunched, "vendor_skipped": st.vskipped,
                 "graphs": bool(st.graphs), "graph_launched": st.glaunched,
-                "graph_skipped": st.gskipped,
+                "graph_ops": st.gops, "graph_skipped": st.gskipped,
+                "unit_capacity": st.cunits if st.cunits < RING else None,
                 "host_us_per_launch": st.host_s / st.launched * 1e6 if st.launched else None,
                 "vendor_host_us_per_launch":
                     st.vhost_s / st.vlaunched * 1e6 if st.vlaunched else None}
@@ -593,23 +612,46 @@ cdef class Dispatcher:
             raise RuntimeError("set_zero_word first")
         self._st[s].graphs = 1 if on else 0
 
-    def gated_graph(self, uintptr_t gate_func, uintptr_t op_func, bytes geom):
-        """Build and instantiate one gated op: gate kernel -> IF node { op kernel }.
+    def set_stream_units(self, int s, int n):
+        """At most ``n`` launch units in flight on stream ``s`` (a gated graph of several
+        ops is one unit; ``n >= RING``: no limit beyond the vHQ's own capacity). The vHQ's
+        capacity must then allow the ops of those units (``CudaDevice``: c x graph_ops)."""
+        if not 0 <= s < self._nst:
+            raise IndexError(f"no stream {s}")
+        if n < 1:
+            raise ValueError(f"units must be >= 1, got {n}")
+        self._st[s].cunits = n if n < RING else RING
 
-        Returns its address (for ``register_task``'s ``graphs``); raises RuntimeError
-        naming the refusing call and its CUresult (the caller falls back to plain
-        launches and says so)."""
-        if len(geom) != GEOM_WORDS * 4:
-            raise ValueError("geometry: 7 uint32 words")
+    def gated_graph(self, uintptr_t gate_func, op_funcs, bytes geom, int first=0):
+        """Build and instantiate one gated graph: per op ``i`` (plan kernel ``first + i``)
+        gate kernel -> IF node { op kernel }, the pairs chained in kernel order. ``op_funcs``:
+        one CUfunction or a list of 1..MAX_GRAPH_OPS; ``geom``: 7 uint32 words per op.
+
+        Returns its address (for ``register_task``'s ``graphs``, at each of its kernels);
+        raises RuntimeError naming the refusing call and its CUresult (the caller falls back
+        to plain launches and says so)."""
+        funcs = list(op_funcs) if isinstance(op_funcs, (list, tuple)) else [op_funcs]
+        cdef int n = len(funcs)
+        if not 1 <= n <= MAX_GRAPH_OPS:
+            raise ValueError(f"a gated graph holds 1..{MAX_GRAPH_OPS} ops, got {n}")
+        if len(geom) != n * GEOM_WORDS * 4:
+            raise ValueError("geometry: 7 uint32 words per op")
+        if first < 0:
+            raise ValueError(f"first kernel index must be >= 0, got {first}")
         missing = self.graphs_missing()
         if missing:
             raise RuntimeError(f"the driver lacks {', '.join(missing)}")
         cdef GatedGraph* gg = <GatedGraph*>calloc(1, sizeof(GatedGraph))
         if gg == NULL:
             raise MemoryError()
-        memcpy(gg.geom, <const char*>geom, GEOM_WORDS * 4)
+        cdef int i
+        cdef GatedOp* o
         gg.gate_func = <CUfunction>gate_func
-        gg.op_func = <CUfunction>op_func
+        gg.first = first
+        gg.n = n
+        for i in range(n):
+            memcpy(gg.ops[i].geom, (<const char*>geom) + i * GEOM_WORDS * 4, GEOM_WORDS * 4)
+            gg.ops[i].op_func = <CUfunction><uintptr_t>funcs[i]
         cdef char np_[NODE_PARAMS_BYTES]
         cdef KernelNodeParams* kp = <KernelNodeParams*>(np_ + NODE_PARAMS_UNION)
         cdef CondNodeParams* cp = <CondNodeParams*>(np_ + NODE_PARAMS_UNION)
@@ -617,67 +659,83 @@ cdef class Dispatcher:
         cdef void* oparams[2]
         cdef CUgraph body = NULL
         cdef CUgraphNode cond_node = NULL
+        cdef CUgraphNode prev = NULL
         cdef Driver* d = self._drv
         cdef CUresult r
         what = "cuGraphCreate"
         self._cur()
         r = d.cuGraphCreate(&gg.graph, 0)
-        if r == CUDA_SUCCESS:
-            what = "cuGraphConditionalHandleCreate"
-            r = d.cuGraphConditionalHandleCreate(&gg.cond, gg.graph, self._ctx, 0,
-                                                 CU_GRAPH_COND_ASSIGN_DEFAULT)
-        if r == CUDA_SUCCESS:  # the gate: (flag, handle, record, k); values set per launch
-            what = "cuGraphAddNode(gate kernel)"
-            memset(np_, 0, NODE_PARAMS_BYTES)
-            (<int*>np_)[0] = CU_GRAPH_NODE_TYPE_KERNEL
-            kp.func = gg.gate_func
-            kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
-            kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1
-            gparams[0] = self._zbuf
-            gparams[1] = &gg.cond
-            gparams[2] = self._zbuf
-            gparams[3] = self._zbuf
-            kp.kernelParams = gparams
-            r = d.cuGraphAddNode(&gg.gate, gg.graph, NULL, 0, np_)
-        if r == CUDA_SUCCESS:
-            what = "cuGraphAddNode(IF conditional)"
-            memset(np_, 0, NODE_PARAMS_BYTES)
-            (<int*>np_)[0] = CU_GRAPH_NODE_TYPE_CONDITIONAL
-            cp.handle = gg.cond
-            cp.type = CU_GRAPH_COND_TYPE_IF
-            cp.size = 1
-            cp.ctx = self._ctx
-            r = d.cuGraphAddNode(&cond_node, gg.graph, &gg.gate, 1, np_)
+        for i in range(n):
+            o = &gg.ops[i]
             if r == CUDA_SUCCESS:
-                body = cp.phGraph_out[0]
-        if r == CUDA_SUCCESS:  # the op, in the IF node's body
-            what = "cuGraphAddNode(op kernel in the IF body)"
-            memset(np_, 0, NODE_PARAMS_BYTES)
-            (<int*>np_)[0] = CU_GRAPH_NODE_TYPE_KERNEL
-            kp.func = gg.op_func
-            kp.gridDimX, kp.gridDimY, kp.gridDimZ = gg.geom[0], gg.geom[1], gg.geom[2]
-            kp.blockDimX, kp.blockDimY, kp.blockDimZ = gg.geom[3], gg.geom[4], gg.geom[5]
-            kp.sharedMemBytes = gg.geom[6]
-            oparams[0] = self._zbuf
-            oparams[1] = self._zbuf
-            kp.kernelParams = oparams
-            r = d.cuGraphAddNode(&gg.op, body, NULL, 0, np_)
+                what = "cuGraphConditionalHandleCreate"
+                r = d.cuGraphConditionalHandleCreate(&o.cond, gg.graph, self._ctx, 0,
+                                                     CU_GRAPH_COND_ASSIGN_DEFAULT)
+            if r == CUDA_SUCCESS:  # the gate: (flag, handle, record, k); values set per launch
+                what = "cuGraphAddNode(gate kernel)"
+                memset(np_, 0, NODE_PARAMS_BYTES)
+                (<int*>np_)[0] = CU_GRAPH_NODE_TYPE_KERNEL
+                kp.func = gg.gate_func
+                kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
+                kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1
+                gparams[0] = self._zbuf
+                gparams[1] = &o.cond
+                gparams[2] = self._zbuf
+                gparams[3] = self._zbuf
+                kp.kernelParams = gparams
+                # after the previous op's IF node: gates run in kernel order
+                r = d.cuGraphAddNode(&o.gate, gg.graph, &prev if prev != NULL else NULL,
+                                     1 if prev != NULL else 0, np_)
+            if r == CUDA_SUCCESS:
+                what = "cuGraphAddNode(IF conditional)"
+                memset(np_, 0, NODE_PARAMS_BYTES)
+                (<int*>np_)[0] = CU_GRAPH_NODE_TYPE_CONDITIONAL
+                cp.handle = o.cond
+                cp.type = CU_GRAPH_COND_TYPE_IF
+                cp.size = 1
+                cp.ctx = self._ctx
+                r = d.cuGraphAddNode(&cond_node, gg.graph, &o.gate, 1, np_)
+                if r == CUDA_SUCCESS:
+                    body = cp.phGraph_out[0]
+                    prev = cond_node
+            if r == CUDA_SUCCESS:  # the op, in the IF node's body
+                what = "cuGraphAddNode(op kernel in the IF body)"
+                memset(np_, 0, NODE_PARAMS_BYTES)
+                (<int*>np_)[0] = CU_GRAPH_NODE_TYPE_KERNEL
+                kp.func = o.op_func
+                kp.gridDimX, kp.gridDimY, kp.gridDimZ = o.geom[0], o.geom[1], o.geom[2]
+                kp.blockDimX, kp.blockDimY, kp.blockDimZ = o.geom[3], o.geom[4], o.geom[5]
+                kp.sharedMemBytes = o.geom[6]
+                oparams[0] = self._zbuf
+                oparams[1] = self._zbuf
+                kp.kernelParams = oparams
+                r = d.cuGraphAddNode(&o.op, body, NULL, 0, np_)
         if r == CUDA_SUCCESS:
             what = "cuGraphInstantiateWithFlags"
             r = d.cuGraphInstantiateWithFlags(&gg.exec, gg.graph, 0)
-        if r == CUDA_SUCCESS:
-            # every launch updates the op node inside the IF body of the executable graph:
-            # probe it now, so a driver that refuses it falls back here, not per launch
-            what = "cuGraphExecKernelNodeSetParams(op node in the IF body)"
-            r = d.cuGraphExecKernelNodeSetParams(gg.exec, gg.op, kp)
-        if r == CUDA_SUCCESS:
-            what = "cuGraphExecKernelNodeSetParams(gate node)"
-            kp.func = gg.gate_func
-            kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
-            kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1
-            kp.sharedMemBytes = 0
-            kp.kernelParams = gparams
-            r = d.cuGraphExecKernelNodeSetParams(gg.exec, gg.gate, kp)
+        for i in range(n):
+            o = &gg.ops[i]
+            if r == CUDA_SUCCESS:
+                # every launch updates the op nodes inside the IF bodies of the executable
+                # graph: probe it now, so a driver that refuses it falls back here, not per
+                # launch
+                what = "cuGraphExecKernelNodeSetParams(op node in the IF body)"
+                memset(kp, 0, sizeof(KernelNodeParams))
+                kp.func = o.op_func
+                kp.gridDimX, kp.gridDimY, kp.gridDimZ = o.geom[0], o.geom[1], o.geom[2]
+                kp.blockDimX, kp.blockDimY, kp.blockDimZ = o.geom[3], o.geom[4], o.geom[5]
+                kp.sharedMemBytes = o.geom[6]
+                kp.kernelParams = oparams
+                r = d.cuGraphExecKernelNodeSetParams(gg.exec, o.op, kp)
+            if r == CUDA_SUCCESS:
+                what = "cuGraphExecKernelNodeSetParams(gate node)"
+                kp.func = gg.gate_func
+                kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
+                kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1
+                kp.sharedMemBytes = 0
+                gparams[1] = &o.cond
+                kp.kernelParams = gparams
+                r = d.cuGraphExecKernelNodeSetParams(gg.exec, o.gate, kp)
         if r != CUDA_SUCCESS:
             if gg.exec != NULL:
                 d.cuGraphExecDestroy(gg.exec)
@@ -1020,14 +1078,19 @@ cdef class Dispatcher:
         cdef TaskRec* rec
         cdef uint32_t* g
         cdef void* params[2]
-        cdef double tl
+        cdef double tl, tl2
         cdef int is_vendor
         cdef int32_t executed
         cdef uint32_t word
         cdef KernelNodeParams kp
         cdef void* gparams[4]
-        cdef uint32_t k32
+        cdef uint32_t k32[MAX_GRAPH_OPS]
         cdef GatedGraph* gg
+        cdef GatedOp* o
+        cdef int32_t klast, i, nops
+        cdef bint held
+        cdef int64_t t2
+        cdef int32_t k2
         cdef int nst = self._nst
         for s in range(nst):
             st = &self._st[s]
@@ -1058,15 +1121,25 @@ cdef class Dispatcher:
                 PyThread_release_lock(self._tlock)
                 self._push_comp(s, st.task[slot], st.kernel[slot], r, st.t0[slot], _now(),
                                 executed)
+                if st.unit_end[slot]:
+                    st.units -= 1
                 st.head = (slot + 1) % RING
                 st.count -= 1
                 st.completed += 1
                 busy = 1
-            # 2. transmissions while the vHQ allows (< c in flight)
-            while st.count < RING and _vhq_transmit(self._vhq[s], &t, &k):
+            # 2. transmissions while the vHQ allows (< c in flight) and, where gated graphs
+            #    of several ops run, fewer than c launch units are in flight
+            while st.count < RING and st.units < st.cunits:
+                if st.has_pend:  # taken from the vHQ while filling a graph; it did not fit
+                    t = st.pend_t
+                    k = st.pend_k
+                    st.has_pend = 0
+                elif not _vhq_transmit(self._vhq[s], &t, &k):
+                    break
                 slot = (st.head + st.count) % RING
                 r = -1  # unknown task / kernel index
                 is_vendor = 0
+                nops = 1
                 st.gated[slot] = 0
                 tl = _now()
                 PyThread_acquire_lock(self._tlock, WAIT_LOCK)
@@ -1084,38 +1157,69 @@ cdef class Dispatcher:
                     rec.inflight += 1
                 elif (st.graphs and rec != NULL and 0 <= k < rec.nk and rec.gg != NULL
                       and rec.gg[k] != NULL):
-                    # a gated graph (docs/cuda_graphs.md): this launch's values go into the
-                    # executable graph's two kernel nodes (later launches only), then one
-                    # graph launch; the gate reads the flag on the GPU and records the outcome
+                    # a gated graph (docs/cuda_graphs.md) holding kernels first..first+n-1:
+                    # this launch holds k and the following indices the vHQ hands out next
+                    # for the same task (transmitted now, so a reset never drops an index
+                    # whose gate may still open); an index that does not follow becomes the
+                    # next launch. Its values go into the executable graph's kernel nodes
+                    # (later launches only), gates of ops it does not hold stay shut, then
+                    # one graph launch; each gate reads the flag and records its op's outcome
                     gg = rec.gg[k]
-                    k32 = <uint32_t>k
+                    klast = k
+                    while (klast + 1 < gg.first + gg.n and st.count + (klast - k) + 1 < RING
+                           and (rec.pfuncs == NULL or rec.pfuncs[klast + 1] == NULL)
+                           and _vhq_transmit(self._vhq[s], &t2, &k2)):
+                        if t2 == t and k2 == klast + 1:
+                            klast = k2
+                        else:
+                            st.has_pend = 1
+                            st.pend_t = t2
+                            st.pend_k = k2
+                            break
+                    nops = klast - k + 1
+                    r = CUDA_SUCCESS
                     memset(&kp, 0, sizeof(KernelNodeParams))
-                    kp.func = gg.gate_func
-                    kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
-                    kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1
-                    gparams[0] = &st.flag
-                    gparams[1] = &gg.cond
-                    gparams[2] = &rec.grec
-                    gparams[3] = &k32
-                    kp.kernelParams = gparams
-                    r = self._drv.cuGraphExecKernelNodeSetParams(gg.exec, gg.gate, &kp)
-                    if r == CUDA_SUCCESS:
-                        kp.func = gg.op_func
-                        g = gg.geom
-                        kp.gridDimX, kp.gridDimY, kp.gridDimZ = g[0], g[1], g[2]
-                        kp.blockDimX, kp.blockDimY, kp.blockDimZ = g[3], g[4], g[5]
-                        kp.sharedMemBytes = g[6]
-                        params[0] = &self._zero
-                        params[1] = rec.args + rec.offs[k]
-                        kp.kernelParams = params
-                        r = self._drv.cuGraphExecKernelNodeSetParams(gg.exec, gg.op, &kp)
+                    for i in range(gg.n):
+                        if r != CUDA_SUCCESS:
+                            break
+                        o = &gg.ops[i]
+                        held = k <= gg.first + i <= klast
+                        # NOT_THIS_LAUNCH (gate.py): an op this launch does not hold
+                        k32[i] = <uint32_t>(gg.first + i) if held else <uint32_t>0xFFFFFFFF
+                        kp.func = gg.gate_func
+                        kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
+                        kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1
+                        kp.sharedMemBytes = 0
+                        gparams[0] = &st.flag
+                        gparams[1] = &o.cond
+                        gparams[2] = &rec.grec
+                        gparams[3] = &k32[i]
+                        kp.kernelParams = gparams
+                        r = self._drv.cuGraphExecKernelNodeSetParams(gg.exec, o.gate, &kp)
+                        if r == CUDA_SUCCESS and held:
+                            kp.func = o.op_func
+                            g = o.geom
+                            kp.gridDimX, kp.gridDimY, kp.gridDimZ = g[0], g[1], g[2]
+                            kp.blockDimX, kp.blockDimY, kp.blockDimZ = g[3], g[4], g[5]
+                            kp.sharedMemBytes = g[6]
+                            params[0] = &self._zero
+                            params[1] = rec.args + rec.offs[gg.first + i]
+                            kp.kernelParams = params
+                            r = self._drv.cuGraphExecKernelNodeSetParams(gg.exec, o.op, &kp)
                     if r == CUDA_SUCCESS:
                         r = self._drv.cuGraphLaunch(gg.exec, st.s)
-                    if r == CUDA_SUCCESS:
-                        r = self._drv.cuEventRecord(st.ev[slot], st.s)
-                    st.gated[slot] = 1
                     st.glaunched += 1
-                    rec.inflight += 1
+                    st.gops += nops
+                    for i in range(nops):  # one ring slot per index: one completion each
+                        slot = (st.head + st.count + i) % RING
+                        st.gated[slot] = 1
+                        st.err[slot] = r
+                        if r == CUDA_SUCCESS:
+                            st.err[slot] = self._drv.cuEventRecord(st.ev[slot], st.s)
+                        st.task[slot] = t
+                        st.kernel[slot] = k + i
+                        st.unit_end[slot] = 0
+                    rec.inflight += nops
                 elif rec != NULL and 0 <= k < rec.nk and rec.vfn != NULL and rec.vfn[k] != NULL:
                     # a vendor op: a closed kernel cannot read the flag, so it is checked
                     # here; while it is up the op is not issued and completes like a kernel
@@ -1139,6 +1243,20 @@ cdef class Dispatcher:
                         r = self._drv.cuEventRecord(st.ev[slot], st.s)
                     rec.inflight += 1
                 PyThread_release_lock(self._tlock)
+                if nops > 1:  # a graph of several indices: slots filled above
+                    tl2 = _now()
+                    for i in range(nops):
+                        st.t0[(st.head + st.count + i) % RING] = tl2
+                    st.host_s += tl2 - tl
+                    slot = (st.head + st.count + nops - 1) % RING
+                    st.unit_end[slot] = 1
+                    st.count += nops
+                    st.launched += nops
+                    st.units += 1
+                    busy = 1
+                    continue
+                if st.gated[slot]:
+                    r = st.err[slot]  # the graph branch recorded its one slot
                 st.task[slot] = t
                 st.kernel[slot] = k
                 st.t0[slot] = _now()
@@ -1147,7 +1265,9 @@ cdef class Dispatcher:
                     st.vlaunched += 1
                     st.vhost_s += st.t0[slot] - tl
                 st.err[slot] = r
+                st.unit_end[slot] = 1
                 st.count += 1
+                st.units += 1
                 st.launched += 1
                 busy = 1
             if st.count > 0:

@@ -104,6 +104,8 @@ MAX_STREAMS = 64
 _FLAG_STRIDE = 32  # bytes between flag words (one per stream, own sector)
 #: ``CudaDevice(graphs=...)``: off = plain vHQ launches; be = gated CUDA graphs on BE streams
 GRAPH_MODES = ("off", "be")
+#: ``CudaDevice(graph_ops=...)``: gated ops per BE graph launch (the dispatcher's MAX_GRAPH_OPS)
+MAX_GRAPH_OPS = 16
 
 
 def availability(device_id: int = 0, emulate: bool = False) -> tuple[bool, str]:
@@ -194,7 +196,7 @@ class CudaDevice(Device):
                  cache_dir: str | None = None, compiler: Compiler | None = None,
                  emulate: bool = False, sms: int = 16, vendor: str | None = None,
                  workspace_mb: int | None = None, graphs: str | None = None,
-                 pad_select: str | None = None) -> None:
+                 pad_select: str | None = None, graph_ops: int | None = None) -> None:
         """``emulate``: run on the CPU emulator (docs/cuda_emu.md); ``sms`` is then the
         SM count padding selection assumes (a real GPU reports its own).
 
@@ -213,8 +215,22 @@ class CudaDevice(Device):
         ``pad_select``: ``parts`` | ``regs`` (default ``$AV_INFER_CUDA_PAD_SELECT``, else
         ``parts``): how a padded launch picks the dispatcher kernel's proxy variant
         (``kernels.cuda.padding.PAD_SELECTS``; ``regs`` is not measured on a GPU yet,
-        docs/cuda.md); settable later through the ``pad_select`` property."""
+        docs/cuda.md); settable later through the ``pad_select`` property.
+        ``graph_ops``: gated ops per graph launch under ``graphs="be"`` (1..16; default
+        ``$AV_INFER_CUDA_GRAPH_OPS``, else 1 = one op per launch): a graph of several ops
+        is ONE entry against ``c`` (docs/request_path.md section 2; the stream's vHQ then
+        holds up to c x graph_ops indices in flight, at most 64), each op behind its own
+        gate, one completion per op saying whether it ran (docs/cuda_graphs.md)."""
         import os
+
+        gops_s = graph_ops if graph_ops is not None else os.environ.get(
+            "AV_INFER_CUDA_GRAPH_OPS", "").strip() or 1
+        try:
+            gops = int(gops_s)
+        except ValueError:
+            raise ValueError(f"graph_ops must be an integer, got {gops_s!r}") from None
+        if not 1 <= gops <= MAX_GRAPH_OPS:
+            raise ValueError(f"graph_ops must be in 1..{MAX_GRAPH_OPS}, got {gops}")
 
         psel = pad_select if pad_select is not None else os.environ.get(
             "AV_INFER_CUDA_PAD_SELECT", "")
@@ -279,8 +295,10 @@ class CudaDevice(Device):
             self._vendor = self._load_vendor()
         #: gated graphs (docs/cuda_graphs.md): mode, whether in use, why not, per plan
         self.graphs_mode = gmode
+        #: gated ops per graph launch (docs/cuda_graphs.md, "Graphs of several ops")
+        self.graph_ops = gops
         self._graphs: dict[str, Any] = {"mode": gmode, "active": False, "reason": "off",
-                                        "plans": {}}
+                                        "ops_per_graph": gops, "plans": {}}
         self._gate_func = 0
         self._zero_word: Any = None
         self._graph_addrs: set[int] = set()
@@ -340,34 +358,52 @@ class CudaDevice(Device):
         self._graphs["active"] = True
         self._graphs["reason"] = ""
 
+    def _graph_groups(self, m: _Model) -> list[tuple[int, int]]:
+        """(first kernel, ops) of each gated graph of a plan: runs of consecutive kernels
+        of ours (vendor ops keep the host flag check and end a run) cut into pieces of
+        ``graph_ops`` from the run's start."""
+        groups: list[tuple[int, int]] = []
+        k, nk = 0, len(m.funcs)
+        while k < nk:
+            if m.vendor and m.vendor[k] is not None:
+                k += 1
+                continue
+            end = k
+            while end < nk and not (m.vendor and m.vendor[end] is not None):
+                end += 1
+            for first in range(k, end, self.graph_ops):
+                groups.append((first, min(self.graph_ops, end - first)))
+            k = end
+        return groups
+
     def _build_graphs(self, m: _Model) -> None:
-        """One gated graph per kernel of ours (vendor ops keep the host flag check).
+        """Gated graphs over the kernels of ours (``_graph_groups``; vendor ops keep the
+        host flag check): per kernel the address of the graph holding it, 0 for none.
         A refusal drops graphs for the device (plain path) and says so."""
-        made: list[int] = []
+        made = [0] * len(m.funcs)
+        built: list[int] = []
         try:
-            for k, f in enumerate(m.funcs):
-                if m.vendor and m.vendor[k] is not None:
-                    made.append(0)
-                    continue
-                made.append(self._disp.gated_graph(self._gate_func, f,
-                                                   m.geom[k * 28:(k + 1) * 28]))
+            for first, n in self._graph_groups(m):
+                a = self._disp.gated_graph(self._gate_func, m.funcs[first:first + n],
+                                           m.geom[first * 28:(first + n) * 28], first)
+                built.append(a)
+                made[first:first + n] = [a] * n
         except RuntimeError as e:
-            for a in made:
-                if a:
-                    self._disp.destroy_gated_graph(a)
+            for a in built:
+                self._disp.destroy_gated_graph(a)
             self._graphs_refused(f"{m.plan.name}: {e}")
             for sid in range(len(self._vhqs)):
                 self._disp.set_stream_graphs(sid, False)
+                self._apply_capacity(sid, self._stream_cap[sid] or self._c)
             return
         m.graphs = made
-        self._graph_addrs.update(a for a in made if a)
+        self._graph_addrs.update(built)
         self._graphs["plans"][m.plan.name] = sum(1 for a in made if a)
 
     def _free_graphs(self, m: _Model) -> None:
-        for a in m.graphs:
-            if a:
-                self._disp.destroy_gated_graph(a)
-                self._graph_addrs.discard(a)
+        for a in set(m.graphs) - {0}:  # a graph of several ops stands at each of its kernels
+            self._disp.destroy_gated_graph(a)
+            self._graph_addrs.discard(a)
         m.graphs = []
 
     # -- vendor libraries (cuda_vendor.py, cuda_vendor.pyx) -------------------------------
@@ -642,12 +678,22 @@ class CudaDevice(Device):
             assert got == sid
             if self._vendor is not None:
                 self._stream_vendor(sid)
-            if self._graphs["active"] and int(priority) <= 0:  # BE streams only
-                self._disp.set_stream_graphs(sid, True)
             self._vhqs.append(vhq)
             self._prio.append(int(priority))
             self._stream_cap.append(None)
+            if self._graphs["active"] and int(priority) <= 0:  # BE streams only
+                self._disp.set_stream_graphs(sid, True)
+                self._apply_capacity(sid, self._c)
         return sid
+
+    def _apply_capacity(self, sid: int, c: int) -> None:
+        """``c`` launches in flight on stream ``sid``. On a BE stream with gated graphs of
+        several ops a graph launch is one of those c (the dispatcher counts launch units),
+        so its vHQ lets c x graph_ops indices be in flight (at most the ring's 64)."""
+        graphs = self.graph_ops > 1 and self._disp.stream_stats(sid)["graphs"]
+        self._vhqs[sid].c = min(c * self.graph_ops, MAX_CAPACITY) if graphs else c
+        if self.graph_ops > 1:
+            self._disp.set_stream_units(sid, c if graphs else MAX_CAPACITY)
 
     def enqueue(self, stream: int, task: int, first: int, last: int,
                 wake: bool = True) -> None:
@@ -673,16 +719,16 @@ class CudaDevice(Device):
         if not 1 <= c <= MAX_CAPACITY:
             raise ValueError(f"capacity must be in 1..{MAX_CAPACITY}, got {c}")
         self._c = int(c)
-        for i, vhq in enumerate(self._vhqs):
+        for i in range(len(self._vhqs)):
             self._stream_cap[i] = None
-            vhq.c = self._c
+            self._apply_capacity(i, self._c)
         self._disp.wake()
 
     def set_stream_capacity(self, stream: int, c: int) -> None:
         if not 1 <= c <= MAX_CAPACITY:
             raise ValueError(f"capacity must be in 1..{MAX_CAPACITY}, got {c}")
         self._stream_cap[stream] = int(c)
-        self._vhqs[stream].c = int(c)
+        self._apply_capacity(stream, int(c))
         self._disp.wake()
 
     # -- dynamic kernel padding (REEF §5; kernels/cuda/padding.py) -------------------------

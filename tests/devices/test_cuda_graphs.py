@@ -423,13 +423,16 @@ def test_gpu_graphs_check_script_on_the_emulator(tmp_path, capsys):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     rc = mod.main(["--emulate", "--variant", "scaled", "--model", "tiny_cnn", "--repeats", "2",
-                   "--trials", "4", "--out", str(tmp_path)])
+                   "--trials", "4", "--graph-ops", "1,4", "--out", str(tmp_path)])
     res = json.loads((tmp_path / "gpu_graphs.json").read_text())
-    assert rc == 0 and [m["mode"] for m in res["modes"]] == ["off", "be"]
-    off, be = res["modes"]
+    assert rc == 0 and [m["mode"] for m in res["modes"]] == ["off", "be", "be"]
+    assert [m["graph_ops"] for m in res["modes"]] == [1, 1, 4]
+    off, be, be4 = res["modes"]
     assert off["ok"] and be["ok"] and be["graphs"]["active"]
     assert off["preempt"]["caught"]["ran"] == off["preempt"]["caught"]["skipped"] == 0
     assert be["preempt"]["caught"]["unknown"] == 0
+    assert be4["ok"] and be4["preempt"]["caught"]["unknown"] == 0
+    assert be4["stream"]["graph_launched"] < be4["stream"]["graph_ops"]
     assert capsys.readouterr().out.splitlines()[-1].startswith("gpu_graphs: {")
 
 
@@ -690,3 +693,168 @@ def test_emulated_graph_executor_gates_records_and_snapshots():
         assert L.cuGraphExecDestroy(e2) == 0 and L.cuGraphDestroy(g2) == 0
     finally:
         d.close()
+
+
+# -- graphs of several ops (CudaDevice(graph_ops=k); docs/cuda_graphs.md) -------------------
+GOPS = 4
+
+
+@pytest.fixture(scope="module")
+def dev_k():
+    d = _device(graphs="be", graph_ops=GOPS)
+    yield d
+    d.close()
+
+
+@pytest.fixture(scope="module")
+def runner_k(dev_k):
+    return Runner(dev_k)
+
+
+def test_graph_ops_is_validated_first_and_read_from_the_environment(monkeypatch):
+    from av_infer.devices.cuda import CudaDevice
+
+    for bad in (0, 17, "many"):
+        with pytest.raises(ValueError, match="graph_ops"):
+            CudaDevice(emulate=True, graphs="be", graph_ops=bad)
+    monkeypatch.setenv("AV_INFER_CUDA_GRAPH_OPS", "3")
+    d = _device(graphs="be")
+    try:
+        assert d.graph_ops == 3 and d.telemetry()["graphs"]["ops_per_graph"] == 3
+    finally:
+        d.close()
+
+
+def test_a_graph_of_k_ops_is_one_entry_against_c(dev_k, runner_k):
+    """c = 2, k = 4: the BE stream's vHQ admits c x k indices, the dispatcher c launch
+    units; an RT stream stays plain (vHQ capacity c, no unit limit of its own)."""
+    be = runner_k.stream
+    dev_k.set_stream_capacity(be, 2)
+    try:
+        st = dev_k._disp.stream_stats(be)
+        assert st["unit_capacity"] == 2 and dev_k._vhqs[be].c == 2 * GOPS
+        rt = dev_k.open_stream(1)
+        assert dev_k._disp.stream_stats(rt)["unit_capacity"] is None
+        assert dev_k._vhqs[rt].c == dev_k._c
+    finally:
+        dev_k.set_stream_capacity(be, 4)
+    assert dev_k._disp.stream_stats(be)["unit_capacity"] == 4
+
+
+def test_k_op_graphs_equal_plain_launches_with_fewer_graph_launches(dev_k, runner_k):
+    plan, x = chain_plan(seed=4)
+    h = dev_k.load_plan(plan)
+    n = len(plan.kernels)
+    groups = dev_k._graph_groups(h)
+    assert [f for f, _ in groups] == list(range(0, n, GOPS))
+    assert len(set(h.graphs)) == len(groups)  # one graph per group, at each of its kernels
+    st0 = dev_k._disp.stream_stats(runner_k.stream)
+    t = runner_k.next + 1
+    got = runner_k.run(h, x)
+    st = dev_k._disp.stream_stats(runner_k.stream)
+    assert st["graph_ops"] - st0["graph_ops"] == n
+    assert st["graph_launched"] - st0["graph_launched"] == len(groups)
+    assert all(runner_k.comps[(t, k)][-1].executed is True for k in range(n))
+    plain = _device()
+    try:
+        ref = Runner(plain).run(plain.load_plan(plan), x)
+    finally:
+        plain.close()
+    for k in ref:
+        assert np.array_equal(got[k], ref[k])
+    dev_k.unload_plan(h)
+
+
+def test_a_raised_flag_skips_every_op_of_k_op_graphs(dev_k, runner_k):
+    plan, x = chain_plan(seed=2)
+    h = dev_k.load_plan(plan)
+    n = len(plan.kernels)
+    s = runner_k.stream
+    ref = runner_k.run(h, x)
+    t = runner_k.start_task(h, x)
+    raise_flag(dev_k, s)
+    try:
+        dev_k.enqueue(s, t, 0, n - 1)
+        runner_k.wait(t, n - 1)
+    finally:
+        dev_k.set_preempt(s, False)
+    assert [runner_k.comps[(t, k)][-1].executed for k in range(n)] == [False] * n
+    rec = dev_k._tasks[t].grec
+    assert int(rec[0]) == 0 and all(int(w) == SKIPPED for w in rec[1:])
+    runner_k.last[t] = -1
+    dev_k.enqueue(s, t, 0, n - 1)
+    runner_k.wait(t, n - 1)
+    assert all(runner_k.comps[(t, k)][-1].executed is True for k in range(n))
+    out = dev_k.read_outputs(t)
+    dev_k.release_task(t)
+    for k in ref:
+        assert np.array_equal(out[k], ref[k])
+    dev_k.unload_plan(h)
+
+
+def test_preemption_inside_k_op_graphs_restores_from_the_first_skipped_op(dev_k, runner_k):
+    """Reset + flag at random points of resnet152 run as graphs of 4 ops: the ops that ran
+    are a prefix ending at the record's progress, every index sent after it completes
+    ``executed=False`` (also those sharing a graph launch with ops that ran: the flag
+    caught a graph in the middle), the restore from that progress re-runs no op (the
+    executor's count: the gates of the graphs it launches plus exactly the missing ops)
+    and outputs are bit-identical."""
+    _, plan, x = _zoo("resnet152")
+    h = dev_k.load_plan(plan)
+    n = len(plan.kernels)
+    s = runner_k.stream
+    groups = dev_k._graph_groups(h)
+    ref = runner_k.run(h, x)
+    rng = random.Random(1)
+    restored = split = 0
+    for _trial in range(16):
+        t = runner_k.start_task(h, x)
+        dev_k.enqueue(s, t, 0, n - 1)
+        runner_k.wait(t, rng.randrange(0, n - 1))
+        info = dev_k.reset(s)
+        dev_k.set_preempt(s, True)
+        if info is not None:
+            runner_k.wait(info.task, info.last_sent)
+        dev_k.set_preempt(s, False)
+        ran = [k for k in range(n) if (t, k) in runner_k.comps
+               and runner_k.comps[(t, k)][-1].executed]
+        rec = dev_k._tasks[t].grec
+        progress = int(rec[0])
+        assert ran == list(range(progress))
+        sent = info.last_sent if info is not None and info.task == t else n - 1
+        assert all(runner_k.comps[(t, k)][-1].executed is False
+                   for k in range(progress, sent + 1))
+        # the graph holding the first skipped op also held ops that ran
+        split += any(f < progress <= sent and progress < f + m for f, m in groups)
+        if progress < n:
+            restored += 1
+            g0 = graph_runs(dev_k)[1]
+            runner_k.last[t] = progress - 1
+            dev_k.enqueue(s, t, progress, n - 1)
+            runner_k.wait(t, n - 1)
+            gates = sum(m for f, m in groups if f + m > progress)
+            assert graph_runs(dev_k)[1] - g0 == gates + (n - progress)
+        assert int(rec[0]) == n
+        out = dev_k.read_outputs(t)
+        for k in ref:
+            assert np.array_equal(out[k], ref[k]), (_trial, info, progress)
+        dev_k.release_task(t)
+    assert restored > 0 and split > 0
+    dev_k.unload_plan(h)
+
+
+def test_scheduler_reef_over_k_op_graphs_is_bit_identical():
+    from av_infer import Runtime
+
+    _, be, x = _zoo("resnet152")
+    _, rt_plan, x_rt = _zoo("tiny_mlp")
+    d = _device(graphs="be", graph_ops=GOPS)
+    with Runtime(d, policy="reef", c=4) as rt:
+        rt.load_model("be", be)
+        rt.load_model("rt", rt_plan)
+        be_bit_identical_under_rt(rt, x, x_rt, n_be=6, n_rt=30)
+        assert rt.stats()["preemptions"] > 0
+        tel = d.telemetry()
+    launched = sum(s["graph_launched"] for s in tel["streams"])
+    ops = sum(s["graph_ops"] for s in tel["streams"])
+    assert 0 < launched < ops

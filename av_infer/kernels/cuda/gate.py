@@ -11,6 +11,10 @@ last op whose gate opened (0: none yet); word ``1 + k`` = 1 if op ``k``'s gate o
 (it runs), 2 if it stayed shut (skipped: the flag was up), 0 if not reached.
 Guaranteed: the gate's decision and the op's execution agree, because the op inside the
 body runs with a flag word that is always 0 (it never evicts itself half-way).
+
+Graphs of several ops (``CudaDevice(graph_ops=G)``) chain G gate -> IF pairs; a launch that
+covers only some of them passes ``k = NOT_THIS_LAUNCH`` to the others' gates, which shut
+their IF node and record nothing (the record's words belong to the ops this launch holds).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 GATE_KERNEL = "avi_gate"
 #: record words written by the gate
 RAN, SKIPPED = 1, 2
+#: the gate's ``k`` for an op of the graph that this launch does not hold: shut, no record
+NOT_THIS_LAUNCH = 0xFFFFFFFF
 
 GATE_SOURCE = r"""
 #ifndef AVI_HOST_EMU
@@ -31,6 +37,10 @@ extern "C" __device__ __cudart_builtin__ void cudaGraphSetConditional(
 extern "C" __global__ void avi_gate(const unsigned int* flag, cudaGraphConditionalHandle h,
                                     unsigned int* rec, unsigned int k) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    if (k == 0xFFFFFFFFu) {  // NOT_THIS_LAUNCH: an op of the graph this launch does not hold
+        cudaGraphSetConditional(h, 0u);
+        return;
+    }
     unsigned int up = *(const volatile unsigned int*)flag;
     if (up) {
         cudaGraphSetConditional(h, 0u);
