@@ -1164,6 +1164,8 @@ cdef class Dispatcher:
                     # next launch. Its values go into the executable graph's kernel nodes
                     # (later launches only), gates of ops it does not hold stay shut, then
                     # one graph launch; each gate reads the flag and records its op's outcome
+                    # (the vHQ's lock is taken under _tlock here; nothing takes them the
+                    # other way round: vHQ calls never call into the dispatcher)
                     gg = rec.gg[k]
                     klast = k
                     while (klast + 1 < gg.first + gg.n and st.count + (klast - k) + 1 < RING
