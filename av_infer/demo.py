@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         for cam in ("front", "rear"):
             clients[cam] = h.add(PerceptionNode(
                 f"perception_{cam}", context=h.context, runtime=rt,
-                cli_args=["--ros-args", "-r", f"image:=/{cam}/image_raw"],
+                cli_args=["--ros-args", "-r", f"~/input/image:=/{cam}/image_raw"],
                 parameter_overrides=[Parameter("model", value=models[cam]),
                                      Parameter("relative_deadline_ms", value=args.deadline_ms),
                                      Parameter("model_variant", value=args.variant),
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                                                value=args.run_in_callback)]))
         clients["cabin"] = h.add(MonitoringNode(
             "monitoring_cabin", context=h.context, runtime=rt,
-            cli_args=["--ros-args", "-r", "image:=/cabin/image_raw"],
+            cli_args=["--ros-args", "-r", "~/input/image:=/cabin/image_raw"],
             parameter_overrides=[Parameter("model", value=models["cabin"]),
                                  Parameter("model_variant", value=args.variant),
                                  Parameter("max_in_flight", value=1)]))

@@ -4,7 +4,7 @@ A managed (lifecycle) node, configured and activated at start unless ``autostart
 false: configure loads the model (in-process runtime), activate accepts images, deactivate
 drops them (counted ``dropped_inactive``), cleanup releases the runtime client.
 
-Subscribes ``sensor_msgs/Image`` on ``image`` (SensorDataQoS, depth 1: a late frame is
+Subscribes ``sensor_msgs/Image`` on ``~/input/image`` (SensorDataQoS, depth 1: a late frame is
 replaced, never queued), preprocesses it straight into the request's input buffer
 (``preprocess.py``; in-process that is the runtime's own task input buffer, the only copy
 of the input), submits it with ``deadline = header.stamp + relative_deadline_ms`` and
@@ -88,6 +88,28 @@ IMAGE_QOS = QoSProfile(depth=1, history=qos_profile_sensor_data.history,
                        durability=qos_profile_sensor_data.durability)
 
 ResultListener = Callable[[Reply, Image, float], None]
+
+#: Input topics, Autoware's ``~/input/*`` convention (remap them: ``-r
+#: ~/input/image:=/camera/image_raw``; the launch file does).
+IMAGE_TOPIC = "~/input/image"
+CAMERA_INFO_TOPIC = "~/input/camera_info"
+#: Their names before that convention. A remap rule naming one (``-r image:=...``, as
+#: deployments wrote them) still decides the topic, so those keep working unchanged.
+LEGACY_INPUTS = {IMAGE_TOPIC: "image", CAMERA_INFO_TOPIC: "camera_info"}
+
+
+def input_topic(node: LifecycleNode, name: str) -> str:
+    """The topic ``node`` subscribes for input ``name`` (``IMAGE_TOPIC`` or
+    ``CAMERA_INFO_TOPIC``): the remapped legacy name where a rule remaps it, else ``name``
+    (which the node's own rules then resolve). Logged, so the old rule is visible."""
+    legacy = LEGACY_INPUTS[name]
+    remapped = node.resolve_topic_name(legacy)
+    if remapped != node.resolve_topic_name(legacy, only_expand=True):
+        node.get_logger().info(f"input {name}: a remap of {legacy!r} (the name before "
+                               f"~/input/*) applies: subscribing {remapped}")
+        return remapped
+    return name
+
 
 #: Detection2DArray publisher QoS: reliable like ``~/output``.
 DETECTIONS_TOPIC = "~/output/detections"
@@ -196,15 +218,18 @@ class ImageInferenceNode(LifecycleNode):
         if self._decoder is not None:
             self._det_pub = self._detections_publisher()
         self._last_decode_log = 0.0
-        # one subscription on `image`: raw Image or, with input:=compressed, CompressedImage
+        # one subscription on ~/input/image: raw Image or, with input:=compressed,
+        # CompressedImage
         in_type = CompressedImage if self.p["input"] == "compressed" else Image
-        self._sub = self.create_subscription(in_type, "image", self._on_image, IMAGE_QOS,
+        self._sub = self.create_subscription(in_type, input_topic(self, IMAGE_TOPIC),
+                                             self._on_image, IMAGE_QOS,
                                              event_callbacks=SUB_EVENTS)
         #: the latest CameraInfo (use_camera_info) and the input-side model it implies
         self._camera_info: CameraInfo | None = None
         self._info_sub = self._info_pub = None
         if self.p["use_camera_info"]:
-            self._info_sub = self.create_subscription(CameraInfo, "camera_info",
+            self._info_sub = self.create_subscription(CameraInfo,
+                                                      input_topic(self, CAMERA_INFO_TOPIC),
                                                       self._on_camera_info, IMAGE_QOS,
                                                       event_callbacks=SUB_EVENTS)
             self._info_pub = self.create_publisher(CameraInfo, "~/output/camera_info", 10,
@@ -365,7 +390,7 @@ class ImageInferenceNode(LifecycleNode):
                                            "(not below deadline_miss_warn).",
                                            int_range=(1, 100000)),
             "input": declare(self, "input", "raw",
-                             "What `image` carries: raw (sensor_msgs/Image: rgb8, bgr8, "
+                             "What ~/input/image carries: raw (sensor_msgs/Image: rgb8, bgr8, "
                              "mono8, yuv422/uyvy, yuyv, bayer_*8) or compressed "
                              "(sensor_msgs/CompressedImage: JPEG, PNG).", read_only=True,
                              constraints="raw or compressed"),
@@ -374,8 +399,8 @@ class ImageInferenceNode(LifecycleNode):
                            "(one scale, centred, padded grey 114).",
                            constraints="stretch or letterbox"),
             "use_camera_info": declare(self, "use_camera_info", False,
-                                       "Subscribe `camera_info`: refuse images of another "
-                                       "size, publish ~/output/camera_info for the model "
+                                       "Subscribe ~/input/camera_info: refuse images of "
+                                       "another size, publish ~/output/camera_info for the model "
                                        "input.", read_only=True),
             "decoder": declare(self, "decoder", "none",
                                "Detector head to decode into vision_msgs/Detection2DArray "

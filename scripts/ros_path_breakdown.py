@@ -60,7 +60,7 @@ def main() -> None:
     ImageInferenceNode._on_image, ImageInferenceNode._publish = timed_on_image, timed_publish
     imn.image_to_tensor = timed_to_tensor
     h.add(PerceptionNode("perception_front", context=h.context, runtime=rt,
-                         cli_args=["--ros-args", "-r", "image:=/front/image_raw"],
+                         cli_args=["--ros-args", "-r", "~/input/image:=/front/image_raw"],
                          parameter_overrides=[Parameter("model", value=MODEL),
                                               Parameter("relative_deadline_ms", value=33.0)]))
     cams = h.node("cams")

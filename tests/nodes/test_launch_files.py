@@ -143,9 +143,11 @@ def test_nodes_start_from_the_launch_command_lines(tmp_path):
         NodeProcess("av_infer_nodes.runtime_node", log_dir=tmp_path, ros_args=[
             "--params-file", params, "-p", "device:=cpu", "-p", "models:=[tiny_cnn]"]),
         NodeProcess("av_infer_nodes.perception_node", log_dir=tmp_path, ros_args=[
-            "--params-file", params, "-p", "runtime:=remote", "-r", "image:=/camera/image_raw"]),
+            "--params-file", params, "-p", "runtime:=remote",
+            "-r", "~/input/image:=/camera/image_raw", "-r", "~/input/camera_info:=/camera_info"]),
         NodeProcess("av_infer_nodes.monitoring_node", log_dir=tmp_path, ros_args=[
-            "--params-file", params, "-p", "runtime:=remote", "-r", "image:=/cabin/image_raw"]),
+            "--params-file", params, "-p", "runtime:=remote",
+            "-r", "~/input/image:=/cabin/image_raw", "-r", "~/input/camera_info:=/camera_info"]),
     ]
     try:
         with RosHarness() as h:
@@ -168,7 +170,7 @@ def test_nodes_start_from_the_launch_command_lines(tmp_path):
 
     container = NodeProcess("av_infer_nodes.container", log_dir=tmp_path, ros_args=[
         "--params-file", params, "-p", "device:=cpu",
-        "-r", "av_infer_perception:image:=/camera/image_raw"])
+        "-r", "av_infer_perception:~/input/image:=/camera/image_raw"])
     try:
         with RosHarness() as h:
             tester = h.node("launch_tester2")
