@@ -2,7 +2,7 @@
 (issue 30 item 3; docs/cuda.md "Register and shared-memory use, padded vs plain").
 
     .venv/bin/python scripts/gpu_pad_select_check.py [--models vgg19,resnet152,...]
-        [--scale full] [--reps 10] [--out FILE] [--emulate]
+        [--scale full] [--reps 10] [--levels 1,2,3,4,5,6,8] [--out FILE] [--emulate]
 
 Per model, on one device, one padded module over all models (compiled once, before
 anything is timed; by default the five DISB models at full size, the same module source as
@@ -17,6 +17,10 @@ to the plain run's; and the variants' registers and spill bytes as the driver re
 Prints one JSON document (into gpu_check.log under scripts/gpu_check.sh: $OUT holds its
 ten files already) and writes it to ``--out`` if given. Exit 1 if an output differed or a
 model failed, 2 without a GPU (or emulator).
+
+``--levels``: the proxy variants' occupancy levels (``CudaDevice(pad_levels=...)``;
+default 1,2,4,8, the module gpu_bench compiles too; more levels let ``regs`` match more
+plain kernels, docs/cuda.md, and cost a compile of their own).
 
 ``--emulate``: the CPU emulator with scaled models: checks that the step runs and outputs
 stay bit-identical; no number is GPU speed (the emulator reports 32 registers for every
@@ -105,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", default=None, help="default full on a GPU, scaled emulated")
     ap.add_argument("--reps", type=int, default=None, help="default 10 (emulated 2)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--levels", default=None, help="proxy occupancy levels, e.g. 1,2,3,4,5,6,8")
     ap.add_argument("--emulate", action="store_true")
     a = ap.parse_args(argv)
     from av_infer.devices.cuda import CudaDevice, availability
@@ -119,10 +124,11 @@ def main(argv: list[str] | None = None) -> int:
         "distilbert" if a.emulate else ",".join(DISB_ZOO))).split(",") if m.strip()]
     scale = a.scale or ("scaled" if a.emulate else "full")
     reps = a.reps if a.reps is not None else (2 if a.emulate else 10)
-    dev = CudaDevice(c=4, emulate=a.emulate)
+    dev = CudaDevice(c=4, emulate=a.emulate, pad_levels=a.levels)
     try:
         doc = {"what": "REEF Fig. 18a no-BE padded overhead, pad_select parts vs regs "
                        "(issue 30 item 3)", "emulated": a.emulate,
+               "levels": dev.telemetry()["padding"]["levels"],
                "gpu": dev.telemetry()["gpu"].get("name"), **measure(dev, models, scale, reps)}
     finally:
         dev.close()

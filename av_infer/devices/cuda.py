@@ -91,7 +91,7 @@ from av_infer.errors import (
     DeviceUnavailableError,
     InvalidInputError,
 )
-from av_infer.kernels.cuda.padding import PAD_SELECTS
+from av_infer.kernels.cuda.padding import OCC_LEVELS, PAD_SELECTS
 from av_infer.kernels.cuda.sources import PlanSource, build_plan_source, slot_address
 from av_infer.kernels.cuda_compile import CompileCache, Compiler, default_compiler
 from av_infer.model.plan import Plan
@@ -196,7 +196,8 @@ class CudaDevice(Device):
                  cache_dir: str | None = None, compiler: Compiler | None = None,
                  emulate: bool = False, sms: int = 16, vendor: str | None = None,
                  workspace_mb: int | None = None, graphs: str | None = None,
-                 pad_select: str | None = None, graph_ops: int | None = None) -> None:
+                 pad_select: str | None = None, graph_ops: int | None = None,
+                 pad_levels: str | Sequence[int] | None = None) -> None:
         """``emulate``: run on the CPU emulator (docs/cuda_emu.md); ``sms`` is then the
         SM count padding selection assumes (a real GPU reports its own).
 
@@ -216,6 +217,10 @@ class CudaDevice(Device):
         ``parts``): how a padded launch picks the dispatcher kernel's proxy variant
         (``kernels.cuda.padding.PAD_SELECTS``; ``regs`` is not measured on a GPU yet,
         docs/cuda.md); settable later through the ``pad_select`` property.
+        ``pad_levels``: the occupancy levels of the padded dispatcher's proxy variants
+        (a comma list or ints in 1..32; default ``$AV_INFER_CUDA_PAD_LEVELS``, else
+        ``kernels.cuda.padding.OCC_LEVELS`` = 1,2,4,8): more levels let ``regs`` match more
+        plain kernels' occupancy, each one more variant to compile (docs/cuda.md).
         ``graph_ops``: gated ops per graph launch under ``graphs="be"`` (1..16; default
         ``$AV_INFER_CUDA_GRAPH_OPS``, else 1 = one op per launch): a graph of several ops
         is ONE entry against ``c`` (docs/request_path.md section 2; the stream's vHQ then
@@ -235,6 +240,8 @@ class CudaDevice(Device):
         psel = pad_select if pad_select is not None else os.environ.get(
             "AV_INFER_CUDA_PAD_SELECT", "")
         psel = self._check_pad_select(psel.strip().lower() or "parts")
+        plev = self._check_pad_levels(pad_levels if pad_levels is not None else
+                                      os.environ.get("AV_INFER_CUDA_PAD_LEVELS", ""))
 
         gmode = graphs if graphs is not None else os.environ.get("AV_INFER_CUDA_GRAPHS", "")
         gmode = gmode.strip().lower() or "off"
@@ -283,7 +290,7 @@ class CudaDevice(Device):
         self._disp = Dispatcher(self._driver_path)
         self._errstr = self._disp.error_string
         self._cache = CompileCache(cache_dir)
-        self._pads = PadModuleCache(self._disp, self._cache, self._compiler, self.arch)
+        self._pads = PadModuleCache(self._disp, self._cache, self._compiler, self.arch, plev)
         self._timing = DriverTiming(self._driver_path, self._mem, self._errstr)
         self.vendor_mode = mode
         self._ws_bytes = int(ws_mb) << 20
@@ -738,6 +745,21 @@ class CudaDevice(Device):
             raise ValueError(f"pad_select must be one of {PAD_SELECTS}, got {mode!r}")
         return mode
 
+    @staticmethod
+    def _check_pad_levels(levels: str | Sequence[int]) -> tuple[int, ...]:
+        if isinstance(levels, str):
+            parts = [v.strip() for v in levels.split(",") if v.strip()]
+            if not parts:
+                return OCC_LEVELS
+            try:
+                levels = [int(v) for v in parts]
+            except ValueError:
+                raise ValueError(f"pad_levels must be integers, got {levels!r}") from None
+        out = tuple(sorted({int(v) for v in levels}))
+        if not out or out[0] < 1 or out[-1] > 32:
+            raise ValueError(f"pad_levels must be occupancy levels in 1..32, got {levels!r}")
+        return out
+
     @property
     def pad_select(self) -> str:
         """How padded launches pick their proxy variant (``PAD_SELECTS``); takes effect for
@@ -984,8 +1006,9 @@ class CudaDevice(Device):
         out["cuda_priority_range"] = self._disp.priority_range
         out["compile_cache"] = {"dir": str(self._cache.dir), "hits": self._cache.hits,
                                 "misses": self._cache.misses}
-        out["padding"] = {"select": self._pad_select, "launches_by_variant":
-                          dict(self._pad_variants), **self._pads.stats()}
+        out["padding"] = {"select": self._pad_select, "levels": list(self._pads.levels),
+                          "launches_by_variant": dict(self._pad_variants),
+                          **self._pads.stats()}
         out["graphs"] = {**self._graphs, "plans": dict(self._graphs["plans"])}
         out["vendor"] = {"mode": self.vendor_mode}
         if self._vendor is not None:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from av_infer.kernels.cuda.padding import PaddedModule, build_padded_module
+from av_infer.kernels.cuda.padding import OCC_LEVELS, PaddedModule, build_padded_module
 from av_infer.kernels.cuda_compile import CompileCache, Compiler
 
 __all__ = ["PadModule", "PadModuleCache"]
@@ -41,10 +41,13 @@ class PadModule:
 
 class PadModuleCache:
     """Padded modules by set of loaded plans (``handles``: the device's model records, with
-    ``.src`` and ``.plan``); ``disp`` loads images and resolves functions."""
+    ``.src`` and ``.plan``); ``disp`` loads images and resolves functions; ``levels``: the
+    occupancy levels of the proxy variants each module holds."""
 
-    def __init__(self, disp: Any, cache: CompileCache, compiler: Compiler, arch: str) -> None:
+    def __init__(self, disp: Any, cache: CompileCache, compiler: Compiler, arch: str,
+                 levels: Sequence[int] = OCC_LEVELS) -> None:
         self._disp = disp
+        self.levels = tuple(levels)
         self._cache = cache
         self._compiler = compiler
         self._arch = arch
@@ -97,7 +100,7 @@ class PadModuleCache:
 
     def _build(self, pm: PadModule, handles: list[Any]) -> None:
         try:
-            padded = build_padded_module([h.src for h in handles])
+            padded = build_padded_module([h.src for h in handles], self.levels)
             image = self._cache.get_or_compile(self._compiler, padded.source, self._arch, ())
             pm.module = self._disp.load_module(image)
             pm.funcs = {name: self._disp.get_function(pm.module, name)

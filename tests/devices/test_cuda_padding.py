@@ -148,6 +148,38 @@ def test_regs_selection_prefers_the_higher_level_among_equal_register_counts(mod
         module.variants[2]
 
 
+# the same module with proxy levels 1,2,3,4,5,6,8 (scripts/pad_regs_table.py --levels)
+MEASURED_7 = {1: 141, 2: 128, 3: 80, 4: 64, 5: 48, 6: 40, 8: 32}
+
+
+@pytest.mark.parametrize("need, level", [(128, 2), (80, 3), (54, 4), (48, 5), (40, 6),
+                                         (36, 6), (30, 8)])
+def test_more_levels_let_regs_match_the_plain_occupancy(pair_sources, need, level):
+    m = build_padded_module([pair_sources["conv3x3_bias_relu"]], (1, 2, 3, 4, 5, 6, 8))
+    assert sorted(m.variants) == [1, 2, 3, 4, 5, 6, 8]
+    m.variant_regs = dict(MEASURED_7)
+    assert m.variant_for_regs(need) == m.variants[level]
+
+
+def test_pad_levels_setting_validates_first(monkeypatch):
+    require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    for bad in ("1,x", "0,2", [64]):
+        with pytest.raises(ValueError, match="pad_levels"):
+            CudaDevice(emulate=True, pad_levels=bad)
+    monkeypatch.setenv("AV_INFER_CUDA_PAD_LEVELS", "8, 1,3")
+    dev = CudaDevice(emulate=True)
+    try:
+        assert dev.telemetry()["padding"]["levels"] == [1, 3, 8]
+    finally:
+        dev.close()
+    monkeypatch.delenv("AV_INFER_CUDA_PAD_LEVELS")
+    dev = CudaDevice(emulate=True)
+    try:
+        assert dev.telemetry()["padding"]["levels"] == list(OCC_LEVELS)
+    finally:
+        dev.close()
+
+
 def test_launch_selection_parts_vs_regs(pair_sources, module):
     """``regs=None`` keeps the first design (the parts' occupancy, level 1 without parts);
     ``regs`` picks by registers whatever the parts' occupancy says."""
@@ -286,9 +318,12 @@ def test_gpu_pad_select_check_script_on_the_emulator(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out = tmp_path / "pad_select.json"
-    rc = mod.main(["--emulate", "--models", "distilbert", "--reps", "1", "--out", str(out)])
+    rc = mod.main(["--emulate", "--models", "distilbert", "--reps", "1", "--levels", "1,3,8",
+                   "--out", str(out)])
     doc = json.loads(out.read_text())
-    assert rc == 0 and doc["emulated"] and len(doc["rows"]) == 1
+    assert rc == 0 and doc["emulated"] and len(doc["rows"]) == 1 and doc["levels"] == [1, 3, 8]
+    assert sorted(doc["variants"][0]) == ["avi_pad_T256_O1", "avi_pad_T256_O3",
+                                          "avi_pad_T256_O8"]
     row = doc["rows"][0]
     assert row["ok"] and row["bit_identical"], row
     assert {"plain_ms", "parts_ms", "regs_ms", "parts_overhead_pct",
