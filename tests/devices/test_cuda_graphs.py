@@ -858,3 +858,38 @@ def test_scheduler_reef_over_k_op_graphs_is_bit_identical():
     launched = sum(s["graph_launched"] for s in tel["streams"])
     ops = sum(s["graph_ops"] for s in tel["streams"])
     assert 0 < launched < ops
+
+
+def test_a_range_ending_inside_a_graph_and_the_next_task_both_run_right(dev_k, runner_k):
+    """Task A enqueued for kernels 0..1 of a 4-op graph, task B whole right behind it: the
+    launch of A's graph takes only A's two ops; the index the vHQ hands out next (B's 0,
+    taken while filling A's graph) becomes the next launch. Every op runs exactly once,
+    A then continues from 2, and both equal the reference."""
+    plan, x = chain_plan(seed=6)
+    h = dev_k.load_plan(plan)
+    n = len(plan.kernels)
+    assert n > GOPS
+    s = runner_k.stream
+    ref = runner_k.run(h, x)
+    a = runner_k.start_task(h, x)
+    b = runner_k.start_task(h, x)
+    g0 = graph_runs(dev_k)[1]
+    dev_k._vhqs[s].push(a, 0, 1)  # both queued before the dispatcher wakes (enqueue wakes it)
+    dev_k.enqueue(s, b, 0, n - 1)
+    runner_k.wait(b, n - 1)
+    runner_k.wait(a, 1)
+    dev_k.enqueue(s, a, 2, n - 1)
+    runner_k.wait(a, n - 1)
+    for t in (a, b):
+        assert all(runner_k.comps[(t, k)][-1].executed is True for k in range(n))
+        assert all(len(runner_k.comps[(t, k)]) == 1 for k in range(n))  # each op once
+        out = dev_k.read_outputs(t)
+        dev_k.release_task(t)
+        for k in ref:
+            assert np.array_equal(out[k], ref[k]), (t, k)
+    groups = dev_k._graph_groups(h)
+    ops_run = graph_runs(dev_k)[1] - g0 - sum(m for _, m in groups)  # minus B's gates
+    # A: its first graph's 4 gates + the gates of the graphs from 2 on; ops: 2 n exactly
+    a_gates = GOPS + sum(m for f, m in groups if f + m > 2)
+    assert ops_run - a_gates == 2 * n
+    dev_k.unload_plan(h)
