@@ -64,7 +64,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     "instead of running the launches in the image callback while the lane "
                     "is idle (parameter run_in_callback, default on)")
     ap.add_argument("--executor", default=None,
-                    help="rclpy executor: single, multi or events (default: "
+                    help="executor: lean, single, multi or events (default: "
                     "$AV_INFER_EXECUTOR or av_infer_nodes.common.DEFAULT_EXECUTOR)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--skip-check", action="store_true",

@@ -1,7 +1,7 @@
 """``av_infer_container``: the runtime host and its client nodes in ONE process.
 
 The ROS user's component container, for av_infer: the nodes share the Runtime object
-(perception/monitoring call it directly, no serialisation) and one executor (``single`` by
+(perception/monitoring call it directly, no serialisation) and one executor (``lean`` by
 default, chosen by measurement: ``av_infer_nodes.common.EXECUTORS``).
 ``--ros-args`` (params files, remaps, ``-p``) apply to every node as usual; the non-ROS
 options pick which client nodes to compose.
@@ -39,7 +39,7 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument("--no-monitoring", action="store_true",
                         help="do not compose the monitoring node")
     parser.add_argument("--executor", choices=EXECUTORS, default=None,
-                        help="rclpy executor (default: $AV_INFER_EXECUTOR or single; "
+                        help="executor (default: $AV_INFER_EXECUTOR or lean; "
                         "see av_infer_nodes.common.EXECUTORS for why)")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads of the multi executor")

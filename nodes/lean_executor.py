@@ -1,4 +1,4 @@
-"""LeanExecutor: rclpy's single-threaded executor with a cheaper iteration.
+"""LeanExecutor: rclpy's single-threaded executor with a cheaper iteration, split in two.
 
 Why: on the demo's graph (five nodes, ~78 wait-set entities: mostly the parameter,
 lifecycle and type-description services every node has) rclpy 7.1's
@@ -11,26 +11,41 @@ executor's own guard condition twice, so each callback is followed by one more f
 iteration that finds nothing to do (it exists to wake *other* threads of a multi-threaded
 executor; a single thread needs no wake-up to see its own work).
 
-What this changes, and only this: one pass gathers the entities, enters their handles
-(plain ``__enter__``/``__exit__``, the same guarantee that no handle is destroyed while
-waited on) and remembers which ready pointer belongs to which entity; the ``WaitSet`` is
-kept while the entity counts stay the same (``clear_entities`` and re-add, as rclcpp
-does); after the wait only the ready entities are looked up (ordered as rclpy orders them:
-node by node, timers, subscriptions, guard conditions, clients, services); and the
-handlers do not trigger the executor's guard condition. Everything else is rclpy's:
-``Task``/coroutine callbacks, callback groups, ``spin_once``/``spin_until_future_complete``
-timeouts, waitables, shutdown and ``create_task`` wake-ups (which still trigger the guard).
+What this changes: one pass gathers the entities, enters their handles (plain
+``__enter__``/``__exit__``, the same guarantee that no handle is destroyed while waited on)
+and remembers which ready pointer belongs to which entity; the ``WaitSet`` is kept while
+the entity counts stay the same (``clear_entities`` and re-add, as rclcpp does); after the
+wait only the ready entities are looked up (ordered as rclpy orders them: node by node,
+timers, subscriptions, guard conditions, clients, services); and the handlers do not
+trigger the executor's guard condition. And ``spin()`` splits the wait in two: the data
+path (subscriptions and guard conditions: images, requests, answers, ``Handoff``
+completions; ~12 entities in the demo) is waited on by a thread of its own, the rest
+(the ~58 parameter, lifecycle and model services, timers, clients, waitables, and
+coroutine tasks) by the calling thread. The rmw wait and the Python around it grow with
+the entities in the wait set: the output's hop to a subscriber on the same executor took
+0.8-1.0 ms with all 78 entities in one lean wait set, 0.4-0.5 with ~30, and 0.39-0.44 ms
+split (1.1-1.2 ms on rclpy's executor; docs/ros.md, "ROS overhead").
+Everything else is rclpy's: ``Task``/coroutine callbacks, callback groups,
+``spin_once``/``spin_until_future_complete`` (one thread, every entity), waitables,
+shutdown and ``create_task`` wake-ups.
 
-Guarantees: the same callbacks run, each once per ready event, on the thread that spins,
-never two at once (single-threaded); entity lists are re-read on every iteration, so nodes
-and endpoints may be added or destroyed while it spins (a destroyed endpoint is skipped,
-as rclpy skips it). Written against rclpy 7.1.x's ``Executor`` internals (``_tasks``,
-``_guard``, ``_sigint_gc``, ``_make_handler``); ``tests/nodes/test_ros_lean_executor.py``
-runs the node suites' behaviour on it.
+Guarantees: the same callbacks run, each once per ready event, never two at once (one
+lock around every callback, on either thread: the nodes' single-threaded assumptions
+hold); a callback that leaves another role's entity out of its wait set (a shared
+mutually exclusive callback group) wakes that role's thread when it ends, and a data-path
+callback wakes the other thread while coroutine tasks are pending (the host's LoadModel
+awaits a future a ``Handoff`` completion sets); entity lists are re-read on every
+iteration, so nodes and endpoints may be added or destroyed while it spins (a destroyed
+endpoint is skipped, as rclpy skips it). A callback that blocks waiting for another
+callback deadlocks, as on rclpy's single-threaded executor. Written against rclpy 7.1.x's
+``Executor`` internals (``_tasks``, ``_guard``, ``_sigint_gc``, ``_make_handler``, the
+``_take_*`` methods); ``tests/nodes/test_ros_lean_executor.py`` checks the contract and
+``tests/nodes/test_ros_nodes.py`` runs its graph on it.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -43,6 +58,7 @@ from rclpy.executors import (
     TimeoutException,
     TimeoutObject,
 )
+from rclpy.guard_condition import GuardCondition
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.task import Task
 from rclpy.timer import Timer
@@ -54,17 +70,139 @@ _TIMER, _SUB, _GUARD, _CLIENT, _SERVICE = range(5)
 
 
 class LeanExecutor(SingleThreadedExecutor):
-    """A ``SingleThreadedExecutor`` whose iteration costs less (see the module docstring)."""
+    """A ``SingleThreadedExecutor`` whose iteration costs less (see the module docstring).
 
-    def __init__(self, *, context: Any = None) -> None:
+    ``spin()`` with ``split`` (default) waits on two threads: the data path
+    (subscriptions and guard conditions: images, requests, answers, ``Handoff``
+    completions) on one, everything else (services, timers, clients, waitables, tasks) on
+    the calling thread, each on a wait set of its own; one lock runs one callback at a time,
+    so callbacks still never overlap. ``spin_once``/``spin_until_future_complete`` wait on
+    everything on the calling thread."""
+
+    def __init__(self, *, context: Any = None, split: bool = True) -> None:
         super().__init__(context=context)
-        self._wait_set: Any = None
-        self._wait_set_counts: tuple[int, ...] | None = None
+        self.split = split
+        #: role -> (entity counts, WaitSet): kept while the counts stay the same
+        self._wait_sets: dict[str, tuple[tuple[int, ...], Any]] = {}
+        #: wakes the data-path thread (the base ``_guard`` wakes the calling thread)
+        self._hot_guard = GuardCondition(None, None, self._context)
+        self._callback_lock = threading.Lock()
+        #: a role left an entity out because the other role ran a callback of its group:
+        #: the other role wakes it when its callback is done (``_block_lock`` orders the two)
+        self._blocked = {"hot": False, "cold": False}
+        self._block_lock = threading.Lock()
+        self._role_iters: dict[str, Any] = {}
+        self._stop_hot = False
+
+    # -- wake-ups ------------------------------------------------------------------------
+    def _wake_hot(self) -> None:
+        try:
+            self._hot_guard.trigger()
+        except (InvalidHandle, AttributeError):  # shut down meanwhile
+            pass
+
+    def wake(self) -> None:
+        super().wake()
+        self._wake_hot()
+
+    def add_node(self, node: Any) -> bool:
+        added = super().add_node(node)
+        self._wake_hot()
+        return added
+
+    def remove_node(self, node: Any) -> None:
+        super().remove_node(node)
+        self._wake_hot()
+
+    def shutdown(self, timeout_sec: float | None = None) -> bool:
+        self._stop_hot = True
+        self._wake_hot()
+        done = super().shutdown(timeout_sec)
+        if done and self._hot_guard is not None:
+            self._hot_guard.destroy()
+            self._hot_guard = None
+        return done
+
+    # -- spinning ------------------------------------------------------------------------
+    def spin(self) -> None:
+        """Until shutdown; with ``split``, the data path on a thread of its own."""
+        if not self.split:
+            super().spin()
+            return
+        errors: list[BaseException] = []
+        self._stop_hot = False
+
+        def hot() -> None:
+            try:
+                while (self._context.ok() and not self._is_shutdown and not self._stop_hot):
+                    self._spin_role("hot")
+            except (ShutdownException, ExternalShutdownException):
+                pass
+            except BaseException as exc:  # noqa: BLE001 - re-raised from spin()
+                errors.append(exc)
+            finally:
+                try:
+                    self._guard.trigger()  # the calling thread checks what happened
+                except (InvalidHandle, AttributeError):
+                    pass
+
+        thread = threading.Thread(target=hot, name="lean-executor-data", daemon=True)
+        thread.start()
+        try:
+            while self._context.ok() and not self._is_shutdown and not errors:
+                self._spin_role("cold", lambda: bool(errors))
+        finally:
+            self._stop_hot = True
+            self._wake_hot()
+            thread.join(5.0)
+        if errors:
+            raise errors[0]
+
+    def _spin_role(self, role: str, stop: Callable[[], bool] | None = None) -> None:
+        condition = (lambda: self._stop_hot) if role == "hot" else (stop or (lambda: False))
+        while True:
+            gen = self._role_iters.get(role)
+            if gen is None:
+                gen = self._role_iters[role] = self._wait_for_ready_callbacks(
+                    None, None, condition, role=role)
+            try:
+                handler, _entity, _node = next(gen)
+                break
+            except StopIteration:
+                self._role_iters[role] = None
+            except (TimeoutException, ConditionReachedException, ShutdownException):
+                self._role_iters[role] = None
+                return
+            except BaseException:
+                self._role_iters[role] = None
+                raise
+        with self._callback_lock:
+            handler()
+        if handler.done():  # rclpy leaves it to the next tasks pass; that is the cold role
+            with self._tasks_lock:
+                self._tasks = [t for t in self._tasks if t[0] is not handler]
+        other = "cold" if role == "hot" else "hot"
+        with self._block_lock:
+            wake_other = self._blocked[other]
+            self._blocked[other] = False
+        if role == "hot" and self._tasks:
+            wake_other = True  # a task (coroutine) may wait on what this callback did
+        if wake_other:
+            if other == "hot":
+                self._wake_hot()
+            else:
+                try:
+                    self._guard.trigger()
+                except (InvalidHandle, AttributeError):
+                    pass
+        if handler.exception() is not None:
+            raise handler.exception()
 
     def _make_handler(self, entity: Any, node: Any, take_from_wait_list: Callable) -> Task:
         """rclpy's handler without the two guard-condition triggers: they wake the other
         threads of a multi-threaded executor so the entity is waited on again; here the
-        spinning thread itself builds the next wait set after the handler ran."""
+        thread that ran the handler builds its next wait set after it (and ``_spin_role``
+        wakes the other role's thread where that one waits for this callback)."""
         entity._executor_event = True
 
         async def handler(entity: Any, is_shutdown: bool, work_tracker: Any) -> None:
@@ -85,10 +223,26 @@ class LeanExecutor(SingleThreadedExecutor):
             self._tasks.append((task, entity, node))
         return task
 
+    def _executable(self, ent: Any, role: str) -> bool:
+        if ent._executor_event:
+            return False
+        if ent.callback_group.can_execute(ent):
+            return True
+        if role != "all":
+            with self._block_lock:  # re-checked under the lock: see ``_blocked``
+                if ent.callback_group.can_execute(ent):
+                    return True
+                self._blocked[role] = True
+        return False
+
     def _wait_for_ready_callbacks(
         self, timeout_sec: float | TimeoutObject | None = None, nodes: list[Any] | None = None,
-        condition: Callable[[], bool] = lambda: False,
+        condition: Callable[[], bool] = lambda: False, role: str = "all",
     ) -> Generator[tuple[Task, Any, Any], None, None]:
+        """rclpy's generator (same contract), for ``role``: ``all`` (every entity and the
+        tasks), ``hot`` (subscriptions and guard conditions) or ``cold`` (the rest and the
+        tasks)."""
+        hot, cold = role in ("all", "hot"), role in ("all", "cold")
         timeout_timer = None
         timeout_nsec = timeout_sec_to_nsec(
             timeout_sec.timeout if isinstance(timeout_sec, TimeoutObject) else timeout_sec)
@@ -100,17 +254,18 @@ class LeanExecutor(SingleThreadedExecutor):
             nodes_to_use = self.get_nodes() if nodes is None else nodes
 
             # tasks in progress (coroutines waiting on a future) before new work, as rclpy
-            with self._tasks_lock:
-                tasks = list(self._tasks)
-            if tasks:
-                for task, entity, node in reversed(tasks):
-                    if (not task.executing() and not task.done() and
-                            (node is None or node in nodes_to_use)):
-                        yielded_work = True
-                        yield task, entity, node
+            if cold:
                 with self._tasks_lock:
-                    self._tasks = [t for t in self._tasks
-                                   if not t[0].done() and not t[0].cancelled()]
+                    tasks = list(self._tasks)
+                if tasks:
+                    for task, entity, node in reversed(tasks):
+                        if (not task.executing() and not task.done() and
+                                (node is None or node in nodes_to_use)):
+                            yielded_work = True
+                            yield task, entity, node
+                    with self._tasks_lock:
+                        self._tasks = [t for t in self._tasks
+                                       if not t[0].done() and not t[0].cancelled()]
 
             entered: list[Any] = []
             subs: list[Any] = []
@@ -121,15 +276,16 @@ class LeanExecutor(SingleThreadedExecutor):
             waitables: list[Any] = []
             # pointer -> (node index, kind, position in the node's list, entity, node)
             owner: dict[int, tuple[int, int, int, Any, Any]] = {}
-            n_events = 0
+            ready: list[tuple[int, int, int, Any, Any]] = []
+            timeout_ready = False
+            kinds = ((((_TIMER, "timers", timers), (_CLIENT, "clients", clients),
+                       (_SERVICE, "services", services)) if cold else ())
+                     + (((_SUB, "subscriptions", subs),) if hot else ()))
             try:
                 for ni, node in enumerate(nodes_to_use):
-                    for kind, entities, out in ((_TIMER, node.timers, timers),
-                                                (_SUB, node.subscriptions, subs),
-                                                (_CLIENT, node.clients, clients),
-                                                (_SERVICE, node.services, services)):
-                        for pos, ent in enumerate(entities):
-                            if ent._executor_event or not ent.callback_group.can_execute(ent):
+                    for kind, attr, out in kinds:
+                        for pos, ent in enumerate(getattr(node, attr)):
+                            if not self._executable(ent, role):
                                 continue
                             handle = ent.handle
                             try:
@@ -139,31 +295,37 @@ class LeanExecutor(SingleThreadedExecutor):
                             entered.append(handle)
                             out.append(handle)
                             owner[handle.pointer] = (ni, kind, pos, ent, node)
-                    for gc in node.guards:
-                        if gc._executor_event or not gc.callback_group.can_execute(gc):
-                            continue
-                        if gc._executor_triggered:  # triggered, not yet handled: again
-                            gc.trigger()
-                        try:
-                            gc.handle.__enter__()
-                        except InvalidHandle:
-                            continue
-                        entered.append(gc.handle)
-                        guards.append(gc)
-                    for wt in node.waitables:
-                        if wt._executor_event or not wt.callback_group.can_execute(wt):
-                            continue
-                        try:
-                            wt.__enter__()
-                        except InvalidHandle:
-                            continue
-                        entered.append(wt)
-                        waitables.append((wt, node))
+                    if hot:
+                        for gc in node.guards:
+                            if not self._executable(gc, role):
+                                continue
+                            if gc._executor_triggered:  # triggered, not yet handled: again
+                                gc.trigger()
+                            try:
+                                gc.handle.__enter__()
+                            except InvalidHandle:
+                                continue
+                            entered.append(gc.handle)
+                            guards.append(gc)
+                    if cold:
+                        for wt in node.waitables:
+                            if not self._executable(wt, role):
+                                continue
+                            try:
+                                wt.__enter__()
+                            except InvalidHandle:
+                                continue
+                            entered.append(wt)
+                            waitables.append((wt, node))
                 if timeout_timer is not None:
                     timeout_timer.handle.__enter__()
                     entered.append(timeout_timer.handle)
                     timers.append(timeout_timer.handle)
-                for gc in (self._guard, self._sigint_gc):
+                own = ((self._guard, self._sigint_gc) if role == "all" else
+                       (self._hot_guard,) if role == "hot" else (self._guard, self._sigint_gc))
+                for gc in own:
+                    if gc is None:  # shut down meanwhile
+                        raise ShutdownException()
                     try:
                         gc.handle.__enter__()
                     except InvalidHandle:
@@ -177,13 +339,14 @@ class LeanExecutor(SingleThreadedExecutor):
                                           len(services))
                 for wt, _node in waitables:
                     counts += wt.get_num_entities()
-                n_events = counts.num_events
                 key = (counts.num_subscriptions, counts.num_guard_conditions,
-                       counts.num_timers, counts.num_clients, counts.num_services, n_events)
-                wait_set = self._wait_set
-                if wait_set is None or self._wait_set_counts != key:
-                    wait_set = _rclpy.WaitSet(*key, self._context.handle)
-                    self._wait_set, self._wait_set_counts = wait_set, key
+                       counts.num_timers, counts.num_clients, counts.num_services,
+                       counts.num_events)
+                cached = self._wait_sets.get(role)
+                if cached is None or cached[0] != key:
+                    cached = self._wait_sets[role] = (key, _rclpy.WaitSet(
+                        *key, self._context.handle))
+                wait_set = cached[1]
                 wait_set.clear_entities()
                 for h in subs:
                     wait_set.add_subscription(h)
@@ -210,8 +373,8 @@ class LeanExecutor(SingleThreadedExecutor):
                     for gc in guards:
                         if gc.handle.pointer in ready_gc:
                             gc._executor_triggered = True
-                ready = []
-                for what in ("timer", "subscription", "client", "service"):
+                for what in (("timer", "client", "service") if cold else ()) + (
+                        ("subscription",) if hot else ()):
                     for ptr in wait_set.get_ready_entities(what):
                         hit = owner.get(ptr)
                         if hit is not None:
@@ -230,10 +393,11 @@ class LeanExecutor(SingleThreadedExecutor):
 
             # the ready entities in rclpy's order: node by node, timers, subscriptions,
             # guard conditions, clients, services
-            for ni, node in enumerate(nodes_to_use):
-                for gc_pos, gc in enumerate(node.guards):
-                    if gc._executor_triggered:
-                        ready.append((ni, _GUARD, gc_pos, gc, node))
+            if hot:
+                for ni, node in enumerate(nodes_to_use):
+                    for gc_pos, gc in enumerate(node.guards):
+                        if gc._executor_triggered:
+                            ready.append((ni, _GUARD, gc_pos, gc, node))
             ready.sort(key=lambda r: r[:3])
             for _ni, kind, _pos, ent, node in ready:
                 if kind == _TIMER:

@@ -10,12 +10,15 @@ the consumer; then a direct ``submit`` of the same tensor (the alternative), wit
 ms against 1.0-1.4 ms with the pause: warm caches, no idle wake-up). Wall clock on a
 possibly shared machine: compare the rows of one run.
 
-    scripts/netns_run.sh .venv/bin/python scripts/ros_path_breakdown.py
+    scripts/netns_run.sh .venv/bin/python scripts/ros_path_breakdown.py [single|lean|multi]
+
+(the executor: default ``av_infer_nodes.common.DEFAULT_EXECUTOR``)
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -36,7 +39,10 @@ MODEL = "inception_v3"
 def main() -> None:
     rt = Runtime("cpu", policy="reef")
     rt.load_model(MODEL, zoo_path(MODEL), pin=True)
-    h = RosHarness(num_threads=1, executor="single", start=False)
+    from av_infer_nodes.common import DEFAULT_EXECUTOR
+
+    executor = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_EXECUTOR
+    h = RosHarness(num_threads=2, executor=executor, start=False)
     marks: dict[str, float] = {}
     on_image, publish, to_tensor = (ImageInferenceNode._on_image, ImageInferenceNode._publish,
                                     imn.image_to_tensor)
@@ -99,8 +105,8 @@ def main() -> None:
         rt.submit(MODEL, x, priority="RT").result()
         d.append((time.perf_counter() - t0) * 1e3)
         time.sleep(0.003)  # the same pause as between images: back to back is cache-warm
-    print(f"{'direct submit':16s} p50 {np.percentile(d, 50):.3f} ms  (load average "
-          f"{os.getloadavg()[0]:.2f})")
+    print(f"{'direct submit':16s} p50 {np.percentile(d, 50):.3f} ms  (executor {executor}, "
+          f"load average {os.getloadavg()[0]:.2f})")
     os._exit(0)  # the harness' executor thread: no orderly teardown needed for a probe
 
 

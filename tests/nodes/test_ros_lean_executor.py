@@ -153,3 +153,49 @@ def test_spin_once_timeout_and_until_future():
         node.destroy_node()
     finally:
         rclpy.shutdown(context=ctx)
+
+
+def test_split_wakes_the_other_thread_for_a_shared_group(spun):
+    """A slow timer (calling thread) and a subscription (data-path thread) in the node's
+    default mutually exclusive group: while the timer runs, the data thread leaves the
+    subscription out of its wait set, and the timer's end must wake it (else messages
+    would wait for an unrelated wake-up)."""
+    ctx, ex, node = spun
+    assert any(t.name == "lean-executor-data" for t in threading.enumerate())
+    got: list[str] = []
+    node.create_subscription(String, "/lean/shared", lambda m: got.append(m.data), 10)
+    pub = node.create_publisher(String, "/lean/shared", 10)
+    wait_for(lambda: pub.get_subscription_count() > 0, 30, what="the subscription")
+    busy = threading.Event()
+
+    def slow() -> None:
+        busy.set()
+        time.sleep(0.05)
+
+    node.create_timer(0.2, slow)
+    for i in range(10):
+        busy.clear()
+        assert busy.wait(60)  # publish while the timer callback holds the group
+        pub.publish(String(data=str(i)))
+        wait_for(lambda i=i: len(got) == i + 1, 60, what=f"message {i}")
+    assert got == [str(i) for i in range(10)]
+
+
+def test_unsplit_spin():
+    ctx = Context()
+    rclpy.init(context=ctx)
+    ex = LeanExecutor(context=ctx, split=False)
+    node = TesterNode("lean_unsplit", context=ctx)
+    ex.add_node(node)
+    t = threading.Thread(target=ex.spin, daemon=True)
+    t.start()
+    try:
+        ticks = []
+        node.create_timer(0.01, lambda: ticks.append(1))
+        wait_for(lambda: len(ticks) >= 3, 60, what="timer ticks")
+        assert not any(t.name == "lean-executor-data" for t in threading.enumerate())
+    finally:
+        ex.shutdown(timeout_sec=2.0)
+        node.destroy_node()
+        rclpy.shutdown(context=ctx)
+        t.join(10)
