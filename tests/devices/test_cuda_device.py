@@ -425,11 +425,16 @@ def test_padded_without_be_parts_is_bit_identical_under_both_selections(emulate)
         dev.close()
 
 
-def test_runtime_reef_dkp_on_cuda(emulate):
+@pytest.mark.parametrize("pad_select", ["parts", "regs"])
+def test_runtime_reef_dkp_on_cuda(emulate, pad_select, monkeypatch):
     """reef_dkp through the scheduler: padded launches happen (the padded module compiles in
-    the background; rounds continue until it is used) and BE outputs stay bit-identical."""
+    the background; rounds continue until it is used) and BE outputs stay bit-identical,
+    under either proxy-variant selection (the runtime's device reads it from the
+    environment)."""
     from av_infer import Runtime
     from av_infer.profiles import derive_profile
+
+    monkeypatch.setenv("AV_INFER_CUDA_PAD_SELECT", pad_select)
 
     be, x, rt_plan, x_rt = _pair(("resnet152", "scaled"), ("vgg19", "scaled"))
     with Runtime("cuda-emu" if emulate else "cuda", policy="reef_dkp", c=4) as rt:
@@ -469,6 +474,7 @@ def test_runtime_reef_dkp_on_cuda(emulate):
                     break
                 time.sleep(0.1)
         assert pad["active"] and pad["launches"] > 0 and pad["kernels"] > 0, pad
+        assert rt.device.telemetry()["padding"]["select"] == pad_select
 
 
 def test_padded_module_failure_runs_unpadded_and_says_why():
