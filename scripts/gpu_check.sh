@@ -188,7 +188,7 @@ if [ "$rc" -ne 0 ]; then
 fi
 step vendor 150 "$PY" -m av_infer.bench.gpu_vendor --out "$OUTDIR"
 step peer_torch 170 bash -c 'peer A fp32 && peer A fp16 && peer C fp32'
-step pad_select 150 "$PY" scripts/gpu_pad_select_check.py --reps 10
+step pad_select 210 "$PY" scripts/gpu_pad_select_check.py --reps 10
 step pytest 150 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/devices/test_cuda_device.py \
     tests/kernels/test_cuda_compile.py tests/devices/test_cuda_vendor.py --junitxml="$OUTDIR/gpu_pytest.xml"
 step bench 240 "$PY" -m av_infer.bench.gpu_bench --out "$OUTDIR" --pair-seconds "$PAIR_S"

@@ -67,6 +67,8 @@ def measure(dev: Any, models: list[str], scale: str, reps: int) -> dict[str, Any
     dev.prepare_padding(list(loaded.values()))
     out: dict[str, Any] = {"scale": scale, "reps": reps, "models": models,
                            "pad_compile_s": round(time.perf_counter() - t0, 3), "rows": []}
+    print(f"pad_select: padded module ready in {out['pad_compile_s']} s", file=sys.stderr,
+          flush=True)
     task = 500_000
     for name, h in loaded.items():
         plan, x = _zoo_plan(name, scale)
@@ -96,6 +98,8 @@ def measure(dev: Any, models: list[str], scale: str, reps: int) -> dict[str, Any
         except Exception as e:  # noqa: BLE001 - reported per model
             row.update(ok=False, error=f"{type(e).__name__}: {e}"[:300])
         out["rows"].append(row)
+        # each row as soon as it is measured: a step cut short by its timeout keeps them
+        print("pad_select row: " + json.dumps(row), file=sys.stderr, flush=True)
     out["variants"] = dev.telemetry()["padding"]["variants"]
     for h in loaded.values():
         dev.unload_plan(h)
