@@ -82,8 +82,10 @@ def test_disb_harness_on_the_cuda_code_path(tmp_path) -> None:
     from av_infer.cli import main
 
     out = tmp_path / "disb_emu.json"
+    # RT rates x0.03: three RT requests per policy in the second (an emulated scaled vgg19
+    # takes ~0.5 s, so x0.1's ten queued behind each other and doubled the test's time)
     rc = main(["bench", "--workload", "A", "--policy", "rt_only,reef", "--device", "cuda-emu",
-               "--duration", "1", "--rate-scale", "0.1", "--standalone-n", "2",
+               "--duration", "1", "--rate-scale", "0.03", "--standalone-n", "2",
                "--no-progress", "--json", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())

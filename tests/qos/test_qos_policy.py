@@ -85,8 +85,10 @@ def test_mask_keeps_only_actions_the_unit_has() -> None:
 
 def test_tiny_training_is_reproducible() -> None:
     w = Workload(size=32, hour_s=0.25)
-    a = train(w, small_config(seed=5))
-    b = train(w, small_config(seed=5))
+    # episodes of 0.02 trace hours (small_config's 0.05 cost 40% more): reproducibility
+    # does not depend on the length
+    a = train(w, small_config(seed=5, job_hours=0.02))
+    b = train(w, small_config(seed=5, job_hours=0.02))
     np.testing.assert_array_equal(a.w1, b.w1)
     np.testing.assert_array_equal(a.w2, b.w2)
     assert len(a.meta["episode_mean_utility"]) == 2
