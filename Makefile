@@ -3,7 +3,11 @@ PY        ?= python3
 VENV      := .venv
 VPY       := $(VENV)/bin/python
 NETNS     := scripts/netns_run.sh
-PYX       := $(wildcard av_infer/_cy/*.pyx av_infer/_cy/*.pxd)
+# Cython sources: av_infer/_cy/*.pyx and .pxd, and the pure-Python-mode modules (a .py with a
+# .pxd beside it, av_infer/_cy/compiled.py): a changed .py must rebuild its extension
+PURE_PXD  := $(filter-out av_infer/_cy/%,$(shell find av_infer -name '*.pxd'))
+PYX       := $(wildcard av_infer/_cy/*.pyx av_infer/_cy/*.pxd) av_infer/_cy/compiled.py \
+             $(PURE_PXD) $(PURE_PXD:.pxd=.py)
 DEMO_ARGS ?=
 BENCH_ARGS ?=
 SOAK_ARGS ?=
@@ -94,4 +98,4 @@ gpu-check: setup
 	bash scripts/gpu_check.sh
 
 clean:
-	rm -rf build av_infer/_cy/*.so av_infer/_cy/*.c $(VENV)/.stamp-build $(VENV)/.stamp-msgs $(IFACE_STAMPS)
+	rm -rf build av_infer/_cy/*.so av_infer/_cy/*.c $(PURE_PXD:.pxd=.c) $(PURE_PXD:.pxd=.*.so) $(VENV)/.stamp-build $(VENV)/.stamp-msgs $(IFACE_STAMPS)

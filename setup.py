@@ -1,7 +1,9 @@
 """Builds the Cython hot paths: every av_infer/_cy/NAME.pyx becomes av_infer._cy.NAME (the
 sources live beside the package they build; .pxd files there declare the cdef APIs other
-modules cimport as ``av_infer._cy.NAME``)."""
+modules cimport as ``av_infer._cy.NAME``), and the Python modules listed in
+av_infer/_cy/compiled.py are compiled with the .pxd beside them (pure-Python mode)."""
 
+import runpy
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,14 @@ extensions = [
         extra_compile_args=["-O3"],
     )
     for pyx in sorted((ROOT / "av_infer" / "_cy").glob("*.pyx"))
+]
+# Python modules compiled with the C types of the .pxd beside them (Cython's pure-Python
+# mode; the list and the staleness check: av_infer/_cy/compiled.py).
+PURE_MODULES = runpy.run_path(str(ROOT / "av_infer" / "_cy" / "compiled.py"))["PURE_MODULES"]
+extensions += [
+    Extension(f"av_infer.{mod}", [f"av_infer/{mod.replace('.', '/')}.py"],
+              extra_compile_args=["-O3"])
+    for mod in PURE_MODULES
 ]
 
 setup(

@@ -5,7 +5,13 @@ Importing av_infer never touches a GPU or ROS. The public names load lazily.
 
 from __future__ import annotations
 
+import os as _os
 from typing import TYPE_CHECKING, Any
+
+if _os.environ.get("AV_INFER_INTERPRETED"):  # the compiled modules from their .py
+    from av_infer._cy.compiled import use_interpreted
+
+    use_interpreted()
 
 from av_infer.errors import (  # noqa: F401
     AvInferError,

@@ -17,6 +17,17 @@ from av_infer.kernels.cuda_compile import find_nvcc
 from tests.checks import require
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse to test old code: a compiled module (av_infer/_cy/compiled.py) whose build is
+    older than its .py or .pxd would be imported instead of the edited source."""
+    from av_infer._cy.compiled import stale
+    old = stale()
+    if old:
+        raise pytest.UsageError(
+            f"built extension older than its source: {', '.join(old)}; rebuild with "
+            "`make build` (or `.venv/bin/python setup.py build_ext --inplace`)")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_blas_thread():
     """The whole session at one BLAS thread, the count the cpu device runs the numpy

@@ -1,3 +1,4 @@
+# cython: annotation_typing=False, nonecheck=True, language_level=3
 """The scheduler core: REEF-N reset-based preemption with EDF ordering of RT requests.
 
 Why one synchronous core: the same decisions must run against wall-clock devices (cpu,
@@ -31,7 +32,7 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from av_infer._cy.dkp_select import Selector
@@ -107,59 +108,68 @@ class ModelEntry:
         return self._dkp
 
 
-@dataclass(eq=False)
 class Task:
-    """A request the scheduler holds: a plan instance with a cursor."""
+    """A request the scheduler holds: a plan instance with a cursor. Compiled, a ``cdef
+    class`` with C fields (scheduler.pxd); the names are the same either way."""
 
-    req: Request
-    entry: ModelEntry
-    n: int
-    state: int = QUEUED
-    stream: int = -1
-    allocated: bool = False
-    answered: bool = False
-    done: int = 0  # leading kernels known to have executed
-    outstanding: int = 0  # launches enqueued and not yet completed or dropped
-    resume_from: int = 0  # next kernel to enqueue when (re)started
-    enq_from: int = 0  # first kernel of the latest enqueue
-    reset_done: int | None = None  # kernels known to have run at its last reset (vHQ done)
-    # DKP (BE tasks): next kernel/block to pad (-1: not padding), completed padded blocks
-    # per kernel, kernels completed by padding, and parts of this task in padded launches
-    # the device took and has not yet reported (completed, or dropped by a reset): which
-    # parts ride in which launch is the device's record, not the scheduler's.
-    pad_k: int = -1
-    pad_b: int = 0
-    pad_blocks: dict[int, int] = field(default_factory=dict)
-    pad_full: set[int] = field(default_factory=set)
-    pad_in_flight: int = 0
-    #: handle of the task's RT queue entry (removal when it expires while queued)
-    qh: int = 0
-    #: a batch task (model_services.maybe_batch): the requests it answers; None otherwise
-    members: list[Task] | None = None
-    #: a member of a batch task: that task (a hard-deadline drop answers the member alone)
-    batch: Task | None = None
-    # fixed at creation (read on every event: plain attributes, not properties)
-    tid: int = field(init=False)
-    rt: bool = field(init=False)
+    def __init__(self, req: Request, entry: ModelEntry, n: int,
+                 members: list[Task] | None = None) -> None:
+        self.req = req
+        self.entry = entry
+        self.n = n
+        self.state = QUEUED
+        self.stream = -1
+        self.allocated = False
+        self.answered = False
+        self.done = 0  # leading kernels known to have executed
+        self.outstanding = 0  # launches enqueued and not yet completed or dropped
+        self.resume_from = 0  # next kernel to enqueue when (re)started
+        self.enq_from = 0  # first kernel of the latest enqueue
+        #: kernels known to have run at its last reset (the vHQ's done); None: no reset
+        self.reset_done: int | None = None
+        # DKP (BE tasks): next kernel/block to pad (-1: not padding), completed padded
+        # blocks per kernel, kernels completed by padding, and parts of this task in padded
+        # launches the device took and has not yet reported (completed, or dropped by a
+        # reset): which parts ride in which launch is the device's record, not ours.
+        self.pad_k = -1
+        self.pad_b = 0
+        self.pad_blocks: dict[int, int] = {}
+        self.pad_full: set[int] = set()
+        self.pad_in_flight = 0
+        #: handle of the task's RT queue entry (removal when it expires while queued)
+        self.qh = 0
+        #: a batch task (model_services.maybe_batch): the requests it answers; else None
+        self.members = members
+        #: a member of a batch task: that task (a hard-deadline drop answers it alone)
+        self.batch: Task | None = None
+        # fixed at creation (read on every event)
+        self.tid = req.id
+        self.rt = req.priority == Priority.RT
 
-    def __post_init__(self) -> None:
-        self.tid = self.req.id
-        self.rt = self.req.priority == Priority.RT
+    def __repr__(self) -> str:
+        return (f"Task(tid={self.tid}, model={self.req.model!r}, rt={self.rt}, "
+                f"state={_STATE_NAMES[self.state]}, done={self.done}/{self.n}, "
+                f"outstanding={self.outstanding}, stream={self.stream})")
 
 
-@dataclass(eq=False)
 class StreamState:
-    id: int
-    kind: str  # "rt_hi" | "rt" | "be"
-    owner: Task | None = None  # BE: the task owning the stream (running or preempted)
-    outstanding: int = 0
-    flagged: bool = False
-    tasks: set[int] = field(default_factory=set)
-    #: arrival time of the RT request that preempted this BE stream while a launch was on
-    #: it; the stream's next completion is that launch leaving (evicted, killed or done)
-    stop_from: float | None = None
-    #: the same RT request's ``timings.received`` (nan: unknown)
-    stop_from_received: float = math.nan
+    """The scheduler's view of one device stream (compiled: a ``cdef class``)."""
+
+    def __init__(self, id: int, kind: str) -> None:
+        self.id = id
+        self.kind = kind  # "rt_hi" | "rt" | "be"
+        self.owner: Task | None = None  # BE: the task owning the stream (running/preempted)
+        self.outstanding = 0  # launches of every task on it, enqueued and not completed
+        self.flagged = False  # its preemption flag (published by Scheduler._flag)
+        #: arrival time of the RT request that preempted this BE stream while a launch was
+        #: on it; the stream's next completion is that launch leaving (evicted, killed, done)
+        self.stop_from: float | None = None
+        #: the same RT request's ``timings.received`` (nan: unknown)
+        self.stop_from_received = math.nan
+
+    def __repr__(self) -> str:
+        return (f"StreamState(id={self.id}, kind={self.kind!r}, outstanding="
+                f"{self.outstanding}, flagged={self.flagged}, owner={self.owner!r})")
 
 
 class Scheduler:

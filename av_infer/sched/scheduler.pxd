@@ -1,0 +1,164 @@
+# cython: language_level=3
+"""C types for ``scheduler.py`` (Cython's pure-Python mode: the ``.py`` stays the one
+readable source, runs interpreted where it is not compiled, and is compiled with these
+declarations by ``setup.py``).
+
+What the types buy: ``Task`` and ``StreamState`` are ``cdef class``es with C fields, the
+scheduler's decision routines are ``cdef`` methods called as C functions, and their
+``Task``/``StreamState`` locals read fields as struct members instead of through the
+interpreter (docs/request_path.md, "The compiled core"). Every name Python code reads
+(tests, ``ModelServices``, the engine, the listeners' payloads) keeps its name: fields are
+``public``; entry points stay ``def``/``cpdef``. ``nonecheck`` is on (scheduler.py's first
+line): a ``None`` where a task or stream is expected raises instead of crashing.
+"""
+
+cimport cython
+
+cdef int QUEUED, RUNNING, PAUSED, PREEMPTED, ABORTING, DONE
+
+
+@cython.final
+cdef class Task:
+    cdef public object req
+    cdef public object entry
+    cdef public int n
+    cdef public int state
+    cdef public int stream
+    cdef public bint allocated
+    cdef public bint answered
+    cdef public int done
+    cdef public int outstanding
+    cdef public int resume_from
+    cdef public int enq_from
+    cdef public object reset_done
+    cdef public int pad_k
+    cdef public int pad_b
+    cdef public dict pad_blocks
+    cdef public set pad_full
+    cdef public int pad_in_flight
+    cdef public object qh
+    cdef public object members
+    cdef public Task batch
+    cdef public object tid
+    cdef public bint rt
+
+
+@cython.final
+cdef class StreamState:
+    cdef public int id
+    cdef public str kind
+    cdef public Task owner
+    cdef public int outstanding
+    cdef public bint flagged
+    cdef public object stop_from
+    cdef public double stop_from_received
+
+
+@cython.final
+cdef class Scheduler:
+    cdef public object device
+    cdef public object policy
+    cdef public int c
+    cdef public bint edf_preempt
+    cdef public bint preempt_drain
+    cdef public object stats
+    cdef public list listeners
+    cdef public object rt_queue
+    cdef public object be_queues
+    cdef public dict tasks
+    cdef public set rt_active
+    cdef public Task rt_fed
+    cdef public bint closing
+    cdef public bint stopped
+    cdef public object max_queue_depth
+    cdef public list _late
+    cdef public double be_min_share
+    cdef public bint _be_wait
+    cdef public double _be_seen
+    cdef public double _grant_until
+    cdef public list _answers
+    cdef public bint _busy
+    cdef public object ext
+    cdef public StreamState rt_hi
+    cdef public StreamState rt_plain
+    cdef public list be_streams
+    cdef public list rt_par
+    cdef public dict streams
+    cdef public int sms
+    cdef public object _dkp
+    cdef public set _dkp_off
+
+    cdef _handle(self, tuple ev)
+    cpdef bint idle(self)
+    cdef _handler_failed(self, tuple ev, exc)
+    @cython.locals(t=Task)
+    cdef Task _queued_task(self, tid)
+    cdef _evict(self, Task t, err)
+    @cython.locals(t=Task)
+    cpdef double next_timer(self)
+    @cython.locals(s=StreamState)
+    cdef bint _be_waiting(self)
+    cdef bint _be_granted(self)
+    @cython.locals(t=Task, b=Task)
+    cdef _expire_late(self)
+    cdef _miss_error(self, Task t, now, deadline, str where)
+    cdef _miss(self, Task t, now, deadline=*, str where=*)
+    cdef _queue(self, Task t, bint front=*)
+    cdef _emit(self, str kind, dict payload)
+    @cython.locals(task=Task)
+    cpdef on_arrival(self, req, entry)
+    @cython.locals(s=StreamState, task=Task)
+    cpdef on_complete(self, comp)
+    @cython.locals(s=StreamState)
+    cdef _apply_capacity(self, int c, policy)
+    cdef _schedule(self, bint settled=*)
+    cdef int _rt_width(self)
+    @cython.locals(s=StreamState, t=Task)
+    cdef StreamState _rt_stream_for(self, Task task)
+    @cython.locals(s=StreamState)
+    cdef int _be_running_count(self)
+    cdef bint _be_running(self)
+    @cython.locals(cur=Task, width=int)
+    cdef bint _rt_idle(self)
+    @cython.locals(cur=Task, task=Task, width=int)
+    cdef _schedule_rt(self)
+    @cython.locals(s=StreamState, resume=int)
+    cdef _rt_switch(self, Task cur)
+    cdef _account_dropped(self, Task task, StreamState s, info)
+    @cython.locals(s=StreamState, t=Task, keep=int, mine=bint)
+    cdef _preempt_be(self)
+    cdef int _be_room_beside_rt(self, int rt_tasks)
+    @cython.locals(s=StreamState, t=Task, rt_mode=bint)
+    cdef _schedule_be(self, bint granted=*)
+    @cython.locals(rp=int)
+    cdef _restore(self, Task t, StreamState s)
+    @cython.locals(first=int)
+    cdef bint _start(self, Task t, StreamState s) except -1
+    cdef _enqueue(self, Task t, StreamState s, int first, bint wake=*)
+    cdef _enqueue_from(self, Task t, StreamState s, int first, bint wake)
+    cdef _count(self, Task t, StreamState s, int n)
+    cdef _flag(self, StreamState s, bint flag)
+    cdef _launch(self, Task t, StreamState s, int first, int last, bint wake=*)
+    @cython.locals(bt=Task, k=int, run_from=int)
+    cdef _enqueue_padded(self, Task t, StreamState s, int first)
+    @cython.locals(t=Task, bs=StreamState, slot=int)
+    cdef dict _dkp_refresh(self)
+    cdef bint _dkp_offer(self, Task t, int slot, list nums) except -1
+    @cython.locals(bt=Task)
+    cdef _dkp_credit(self, comp)
+    @cython.locals(bt=Task)
+    cdef _dkp_forget(self, dropped)
+    @cython.locals(s=StreamState)
+    cdef _detach(self, Task t)
+    @cython.locals(s=StreamState)
+    cdef _release(self, Task t)
+    cdef _finish(self, Task t, double t_end)
+    @cython.locals(s=StreamState)
+    cpdef _abort(self, Task t, err)
+    @cython.locals(m=Task)
+    cdef _answer(self, Task t, result)
+    @cython.locals(m=Task)
+    cdef _fail(self, Task t, err)
+    cdef _unref(self, entry)
+    cdef _unload(self, entry)
+    cdef _flush_answers(self)
