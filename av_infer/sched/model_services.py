@@ -32,6 +32,7 @@ import logging
 import math
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any
 
 from av_infer.batching import AdaptiveBatcher, split_outputs, stack_inputs
@@ -440,5 +441,7 @@ def compile_batch_plans(device: Any, name: str, source: Any, input_shapes: Any, 
             and all(sh[0] == b for sh, _ in p.output_spec().values())
         if not ok:
             return {}, "the ONNX batch dim is static (not dynamic): batching unavailable"
+        if p.precision != base.precision:  # a batch runs at its model's precision
+            p = replace(p, precision=base.precision)
         plans[b] = p
     return plans, "ok"

@@ -94,3 +94,23 @@ def test_eq2_batches_follow_the_load() -> None:
     batches = rt.stats()["batching"]["deciders"]["dyn"]["batches"]
     assert max(int(b) for b in batches) > 1
     rt.close()
+
+
+def test_batch_plans_run_at_their_models_precision() -> None:
+    """A batch plan is recompiled from the ONNX source: it takes the base plan's precision
+    (an fp16 model's batches are fp16 too), not the compiler's default fp32."""
+    from dataclasses import replace
+
+    from av_infer.devices.sim import SimDevice
+    from av_infer.sched.model_services import compile_batch_plans
+
+    dev = SimDevice("h100")
+    try:
+        base = dev.compile(zoo.path("dynamic_cnn"), SHAPES, name="dyn")
+        for precision in ("fp32", "fp16"):
+            plans, why = compile_batch_plans(dev, "dyn", zoo.path("dynamic_cnn"), SHAPES,
+                                             replace(base, precision=precision), [2, 4])
+            assert why == "ok" and sorted(plans) == [2, 4]
+            assert {p.precision for p in plans.values()} == {precision}
+    finally:
+        dev.close()
