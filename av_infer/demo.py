@@ -319,6 +319,16 @@ def main(argv: list[str] | None = None) -> int:
 
         overhead = _ros_overhead(args, rt, out_sub, got, pubs["front"], cams,
                                  frames["front"][0], models["front"], image_to_tensor, wait_for)
+        if overhead["added_p50_ms"] is None:  # no output came back: say why we know of
+            import faulthandler
+
+            print(f"[demo] ROS overhead: no output of {models['front']} arrived in "
+                  f"{overhead['attempts']} tries (executor {args.executor}, spin "
+                  f"{'stopped: ' + repr(h.spin_error) if h.spin_error else 'running'}; "
+                  f"front node counters {dict(clients['front'].counters)}); thread stacks:",
+                  flush=True)
+            faulthandler.dump_traceback(all_threads=True)
+            return 1
         print(f"[demo] ROS overhead ({width}x{height} rgb8 -> {models['front']}, "
               f"n={overhead['n']}): ROS path p50 {overhead['ros_p50_ms']:.2f} / p99 "
               f"{overhead['ros_p99_ms']:.2f} ms; direct submit p50 "
@@ -528,8 +538,12 @@ def _ros_overhead(args, rt, sub, got, pub, cams, image, model, image_to_tensor,
                                  image.data, shape)
         pre.append((time.perf_counter() - t) * 1e3)
     ros, direct = [], []
+    attempts = 0
     for i in range(args.overhead_n * 2):
         if i % 2 == 0:  # interleave so both paths see the same machine state
+            if attempts >= 3 and not ros:  # nothing comes back: stop, the caller says so
+                break
+            attempts += 1
             got.clear()
             t = time.perf_counter()
             image.header.stamp = cams.get_clock().now().to_msg()
@@ -545,8 +559,11 @@ def _ros_overhead(args, rt, sub, got, pub, cams, image, model, image_to_tensor,
     out = {"n": min(len(ros), len(direct)), "image": f"{image.width}x{image.height} rgb8",
            "model": model, "ros_p50_ms": pct(ros, 50), "ros_p99_ms": pct(ros, 99),
            "direct_p50_ms": pct(direct, 50), "direct_p99_ms": pct(direct, 99),
-           "preprocess_p50_ms": pct(pre, 50),
-           "lost": args.overhead_n - len(ros)}
+           "preprocess_p50_ms": pct(pre, 50), "attempts": attempts,
+           "lost": attempts - len(ros)}
+    if not ros or not direct:
+        out["added_p50_ms"] = out["added_p99_ms"] = None
+        return out
     out["added_p50_ms"] = out["ros_p50_ms"] - out["direct_p50_ms"]
     out["added_p99_ms"] = out["ros_p99_ms"] - out["direct_p99_ms"]
     return out
