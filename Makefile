@@ -12,6 +12,11 @@ DEMO_ARGS ?=
 BENCH_ARGS ?=
 SOAK_ARGS ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers of `make test` (tests/conftest.py: one ROS domain each), a test file
+# at a time so a module's fixtures are set up once (--dist loadgroup would not group: with
+# pytest 9.2 it silently ignores xdist_group, pytest-xdist issue #1386); PYTEST_JOBS=0 runs
+# the suite in one process
+PYTEST_JOBS ?= 2
 # Third-party interface packages built from ros/<pkg> (see their rule below)
 IFACE_PKGS   := vision_msgs isaac_ros_tensor_list_interfaces
 IFACE_STAMPS := $(IFACE_PKGS:%=$(VENV)/.stamp-iface-%)
@@ -75,7 +80,7 @@ $(VENV)/.stamp-build: $(VENV)/.stamp-deps $(PYX) setup.py pyproject.toml
 
 test: setup
 	$(VENV)/bin/ruff check av_infer nodes tests scripts launch
-	$(NETNS) $(VPY) -m pytest $(PYTEST_ARGS)
+	$(NETNS) $(VPY) -m pytest -n $(PYTEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 demo: setup
 	$(NETNS) $(VPY) -m av_infer.demo $(DEMO_ARGS)

@@ -16,6 +16,24 @@ from threadpoolctl import threadpool_limits
 from av_infer.kernels.cuda_compile import find_nvcc
 from tests.checks import require
 
+#: ROS 2 domain of pytest-xdist worker gwN: XDIST_DOMAIN_BASE + N.
+XDIST_DOMAIN_BASE = 40
+
+
+def _worker_domain() -> None:
+    """``make test`` runs the suite in pytest-xdist workers (``-n 2``), all in one network
+    namespace: each worker gets a ROS 2 domain of its own, so one worker's nodes, topics
+    and services are never discovered by the other's. Set here, before any test module
+    imports rclpy and before any context is initialised (rcl reads ``ROS_DOMAIN_ID`` at
+    init); the node processes tests start (``NodeProcess``) inherit it with the
+    environment. A serial run keeps the caller's domain."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw"):
+        os.environ["ROS_DOMAIN_ID"] = str(XDIST_DOMAIN_BASE + int(worker[2:]))
+
+
+_worker_domain()
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Refuse to test old code: a compiled module (av_infer/_cy/compiled.py) whose build is
@@ -64,3 +82,4 @@ def scheduler_never_errs(caplog):
     yield
     bad = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scheduler:")]
     assert not bad, bad
+
