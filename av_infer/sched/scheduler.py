@@ -63,6 +63,9 @@ BE_SHARE_WINDOW = 0.05
 # Task states.
 QUEUED, RUNNING, PAUSED, PREEMPTED, ABORTING, DONE = range(6)
 _STATE_NAMES = ("queued", "running", "paused", "preempted", "aborting", "done")
+#: ``Priority(...).name`` by ``Task.rt`` (the enum's ``name`` is a Python-level property:
+#: a call per read on the request path)
+_PRIO = ("BE", "RT")
 
 
 @dataclass(eq=False)
@@ -445,7 +448,7 @@ class Scheduler:
                 where = "while preempted" if t.state in (PREEMPTED, PAUSED) else "while running"
             self._evict(t, self._miss_error(t, now, deadline, where))
             with self.stats.lock:
-                self.stats.client(t.req.client, t.req.priority.name).deadline_misses += 1
+                self.stats.client(t.req.client, _PRIO[t.rt]).deadline_misses += 1
 
     def _miss_error(self, t: Task, now: float, deadline: float,
                     where: str) -> DeadlineMissedError:
@@ -459,7 +462,7 @@ class Scheduler:
               where: str = "before it could start") -> None:
         req = t.req
         with self.stats.lock:
-            self.stats.client(req.client, req.priority.name).deadline_misses += 1
+            self.stats.client(req.client, _PRIO[t.rt]).deadline_misses += 1
         self._fail(t, self._miss_error(t, now, req.deadline if deadline is None else deadline,
                                        where))
 
@@ -502,11 +505,11 @@ class Scheduler:
             self._fail(task, UnknownModelError(f"model {req.model!r} was unloaded"))
             return
         with self.stats.lock:
-            self.stats.client(req.client, req.priority.name).submitted += 1
+            self.stats.client(req.client, _PRIO[task.rt]).submitted += 1
             self.stats.model(req.model)["submitted"] += 1
         if self.listeners:
             self._emit("arrival", {"request_id": req.id, "model": req.model,
-                                   "client": req.client, "priority": req.priority.name,
+                                   "client": req.client, "priority": _PRIO[task.rt],
                                    "deadline": req.deadline, "t": req.timings.arrival})
         if self.closing:
             self._fail(task, RuntimeClosedError("runtime is closing"))
@@ -520,7 +523,7 @@ class Scheduler:
             queued = len(self.rt_queue) if task.rt else len(self.be_queues)
             if queued >= depth:
                 self._fail(task, RejectedError(
-                    f"{req.priority.name} request rejected: {queued} {req.priority.name} "
+                    f"{_PRIO[task.rt]} request rejected: {queued} {_PRIO[task.rt]} "
                     f"requests already queued (max_queue_depth={depth})"))
                 return
         self._queue(task)
@@ -1001,7 +1004,7 @@ class Scheduler:
             s.owner = t
         if self.listeners:
             self._emit("dispatch", {"request_id": t.tid, "stream": s.id, "first": first,
-                                    "priority": req.priority.name, "t": now})
+                                    "priority": _PRIO[t.rt], "t": now})
         # no wake-up only where the waiting caller itself is handling this (it helps next)
         self._enqueue(t, s, first, wake=req.caller_runs != threading.get_ident())
         return True
@@ -1250,7 +1253,7 @@ class Scheduler:
         req = t.req
         tm = req.timings
         with self.stats.lock:
-            cs = self.stats.client(req.client, req.priority.name)
+            cs = self.stats.client(req.client, _PRIO[t.rt])
             cs.completed += 1
             cs.latency.add(tm.end - tm.arrival)
             if not math.isnan(tm.first_kernel_start):
@@ -1262,7 +1265,7 @@ class Scheduler:
         self._answers.append((req.future, result, False))
         if self.listeners:
             self._emit("complete", {"request_id": req.id, "model": req.model,
-                                    "client": req.client, "priority": req.priority.name,
+                                    "client": req.client, "priority": _PRIO[t.rt],
                                     "latency": tm.end - tm.arrival,
                                     "preempted": tm.preempted,
                                     "deadline_met": tm.end <= req.deadline, "t": tm.end})
@@ -1279,7 +1282,7 @@ class Scheduler:
         req = t.req
         req.inputs = {}
         with self.stats.lock:
-            cs = self.stats.client(req.client, req.priority.name)
+            cs = self.stats.client(req.client, _PRIO[t.rt])
             cs.failed += 1
             code = err.code
             cs.errors[code] = cs.errors.get(code, 0) + 1
@@ -1288,7 +1291,7 @@ class Scheduler:
         self._answers.append((req.future, err, True))
         if self.listeners:
             self._emit("fail", {"request_id": req.id, "model": req.model, "client": req.client,
-                                "priority": req.priority.name,
+                                "priority": _PRIO[t.rt],
                                 "error": err.code, "message": str(err),
                                 "t": self.device.now()})
 
