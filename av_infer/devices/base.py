@@ -75,7 +75,8 @@ class ResetInfo:
 
     ``last_sent`` is k_l, the last kernel transmitted to the stream (-1 if none);
     ``done`` is the number of leading kernels whose completion was observed; ``dropped``
-    how many queued launches the reset discarded (reclaimed in the background). The scheduler restores from ``done`` (or its own later count of executed completions):
+    how many queued launches the reset discarded (reclaimed in the background). The
+    scheduler restores from ``done`` (or its own later count of executed completions):
     with at most c launches in flight, in order, that is REEF's ``max(done, k_l - c)``,
     observed rather than inferred.
 
