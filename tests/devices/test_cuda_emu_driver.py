@@ -606,6 +606,27 @@ def test_failing_kernel_is_sticky_on_its_stream(emu: Emu, K: dict[str, int]) -> 
     emu.ok(emu.cuCtxSynchronize())  # the failed stream is gone
 
 
+def test_a_copy_keeps_its_calls_when_another_is_open_globally(build_dir: Path,
+                                                              module_image: bytes) -> None:
+    """Two copies of the driver in one process, the first opened ``RTLD_GLOBAL`` (as the
+    vendor path opens the driver for its cuBLASLt/cuDNN entry points): the second copy's
+    calls to its own entry points stay in it (``-Bsymbolic``), so a kernel failure on its
+    stream is recorded in *its* last error, not the other copy's. Was: with the vendor
+    path used earlier in the process, ``test_failing_kernel_is_sticky_on_its_stream``
+    read a stale message."""
+    first = build_driver(build_dir / "global-copy")
+    ctypes.CDLL(str(first), mode=ctypes.RTLD_GLOBAL)
+    mine = Emu(build_driver(build_dir / "second-copy"))  # fresh: nothing bound yet
+    mine.ok(mine.cuInit(0), "cuInit")
+    m = mine.load(module_image)
+    s = mine.stream()
+    mine.launch(mine.func(m, "fail"), s)
+    assert mine.cuStreamSynchronize(s) == LAUNCH_FAILED
+    assert "fail" in mine.last_error()
+    mine.ok(mine.cuStreamDestroy_v2(s))
+    mine.ok(mine.cuModuleUnload(m))
+
+
 # -- events ----------------------------------------------------------------------------------
 def test_event_query_before_and_after(emu: Emu, K: dict[str, int], stream: int) -> None:
     fresh = emu.event()

@@ -28,8 +28,12 @@ DRIVER_SOURCE = Path(__file__).with_name("driver.c")
 VENDOR_SOURCE = Path(__file__).with_name("vendor_emu.c")
 #: CUDA graphs with conditional nodes (a sequential executor), ``#include``d after it.
 GRAPH_SOURCE = Path(__file__).with_name("graph_emu.c")
-#: Compiler flags (before the output and the source); ``-ldl`` goes last.
-CFLAGS = ("-O2", "-std=c11", "-shared", "-fPIC", "-pthread")
+#: Compiler flags (before the output and the source); ``-ldl`` goes last. ``-Bsymbolic``:
+#: the library's own calls to its exported entry points bind to itself. Without it, a
+#: second copy loaded in a process where another was opened ``RTLD_GLOBAL`` (the vendor
+#: path opens the driver as its cuBLASLt/cuDNN that way) ran its calls in the first copy:
+#: a kernel failure on one copy's stream was recorded in the other's last error.
+CFLAGS = ("-O2", "-std=c11", "-shared", "-fPIC", "-pthread", "-Wl,-Bsymbolic")
 LIBS = ("-ldl", "-lm")
 LIB_STEM = "libavi_cuda_emu"
 
