@@ -224,6 +224,26 @@ def test_a_raised_flag_skips_every_gated_op_and_says_so(dev, runner):
     dev.unload_plan(h)
 
 
+def _preempt_at_random_point(dev, runner, h, x, n: int, rng: random.Random):
+    """Start a task of plan ``h`` on the runner's stream, reset it and raise the flag once
+    a random kernel completed, wait for what was sent to leave, lower the flag. Returns
+    ``(task, reset info, kernels whose completion says they ran, gate record, progress)``
+    (progress: the record's count of leading ops that ran)."""
+    s = runner.stream
+    t = runner.start_task(h, x)
+    dev.enqueue(s, t, 0, n - 1)
+    runner.wait(t, rng.randrange(0, n - 1))
+    info = dev.reset(s)
+    dev.set_preempt(s, True)
+    if info is not None:
+        runner.wait(info.task, info.last_sent)
+    dev.set_preempt(s, False)
+    ran = [k for k in range(n) if (t, k) in runner.comps
+           and runner.comps[(t, k)][-1].executed]
+    rec = dev._tasks[t].grec
+    return t, info, ran, rec, int(rec[0])
+
+
 def test_restore_resumes_from_the_recorded_progress_bit_identical(dev, runner):
     """Reset + flag at a random point: the ops that ran form a prefix, the gate record's
     progress word is its length, the completions say exactly which ran (no guess), and a
@@ -236,18 +256,7 @@ def test_restore_resumes_from_the_recorded_progress_bit_identical(dev, runner):
     rng = random.Random(0)
     restored = skipped_any = 0
     for _trial in range(12):
-        t = runner.start_task(h, x)
-        dev.enqueue(s, t, 0, n - 1)
-        runner.wait(t, rng.randrange(0, n - 1))
-        info = dev.reset(s)
-        dev.set_preempt(s, True)
-        if info is not None:
-            runner.wait(info.task, info.last_sent)
-        dev.set_preempt(s, False)
-        ran = [k for k in range(n) if (t, k) in runner.comps
-               and runner.comps[(t, k)][-1].executed]
-        rec = dev._tasks[t].grec
-        progress = int(rec[0])
+        t, info, ran, rec, progress = _preempt_at_random_point(dev, runner, h, x, n, rng)
         assert ran == list(range(progress))  # a prefix, and the record's progress is its end
         assert all(int(rec[1 + k]) == RAN for k in ran)
         sent = info.last_sent if info is not None and info.task == t else n - 1
@@ -808,18 +817,7 @@ def test_preemption_inside_k_op_graphs_restores_from_the_first_skipped_op(dev_k,
     rng = random.Random(1)
     restored = split = 0
     for _trial in range(16):
-        t = runner_k.start_task(h, x)
-        dev_k.enqueue(s, t, 0, n - 1)
-        runner_k.wait(t, rng.randrange(0, n - 1))
-        info = dev_k.reset(s)
-        dev_k.set_preempt(s, True)
-        if info is not None:
-            runner_k.wait(info.task, info.last_sent)
-        dev_k.set_preempt(s, False)
-        ran = [k for k in range(n) if (t, k) in runner_k.comps
-               and runner_k.comps[(t, k)][-1].executed]
-        rec = dev_k._tasks[t].grec
-        progress = int(rec[0])
+        t, info, ran, rec, progress = _preempt_at_random_point(dev_k, runner_k, h, x, n, rng)
         assert ran == list(range(progress))
         sent = info.last_sent if info is not None and info.task == t else n - 1
         assert all(runner_k.comps[(t, k)][-1].executed is False
