@@ -18,7 +18,8 @@
 #              vs regs (new) vs plain, alternating, bit identity (docs/cuda.md); its padded
 #              module is the bench step's (compiled once through the disk cache); printed
 #              whole into gpu_check.log (no file of its own in $OUT)
-#   pytest     pytest -m gpu on the cuda device, compile and vendor tests -> gpu_pytest.xml
+#   pytest     pytest -m gpu on the cuda device, compile and vendor tests: the counts (and
+#              the failing tests' ids) go into its row of gpu_check_steps.json
 #   bench      python -m av_infer.bench.gpu_bench: dispatch us/kernel, conv/gemm and zoo
 #              latency vs torch / ORT-CUDA, zoo vs ORT (1e-3), padded-no-BE overhead
 #              (REEF Fig. 18a), the 5x5 DKP pair table (Fig. 16)       -> gpu_check.json
@@ -37,10 +38,14 @@
 #              (docs/cuda_graphs.md): vs ORT, e2e
 #              latency, host us/launch, flag-to-stop us, ran/skipped; last, low priority;
 #              printed whole into gpu_check.log (no file of its own in $OUT)
-# Always: gpu_check.log (everything printed), gpu_check_steps.json (status, rc and
-# seconds per step) and gpu_summary.json (issue 30 item 7's shape, from gpu_vendor.json and
-# peer_torch.json: python -m av_infer.bench.gpu_summary; written even when steps failed).
-# At most 10 files in $OUT, no folders (raised from 5 for issue 30's three and issue 33's two).
+# Always: gpu_check.log (everything printed) and gpu_check_steps.json (status, rc and
+# seconds per step). gpu_summary.json (issue 30 item 7's shape) is derived from
+# gpu_vendor.json and peer_torch.json: printed into the log at the end, and made again where
+# the results are committed (python -m av_infer.bench.gpu_summary DIR --gpu G --commit C).
+# At most 8 files in $OUT, no folders: the device tool returns no more (2026-11-27, on an
+# H200: log, steps, gpu_vendor, peer_torch, gpu_check, disb_cuda, sim_profiles, disb_sim).
+# scripts/*.py import av_infer from the checkout: PYTHONPATH gets the checkout first (the
+# GPU image's python3 has no av_infer installed; the graphs step failed on that, 2026-11-27).
 # Priority (2026-11-26): vendor and peer_torch first: the older steps ran on an H100 once
 # already (docs/gpu_results.md); the vendor path never has.
 #
@@ -60,6 +65,7 @@
 # Exit: 0 every step that ran passed; 1 a step failed or timed out; 2 no GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUTDIR=${OUT:-out}
 mkdir -p "$OUTDIR"
 exec > >(tee "$OUTDIR/gpu_check.log") 2>&1
@@ -117,6 +123,21 @@ log = parts / "steps.tsv"
 steps = [{"step": a, "status": b, "rc": int(c), "seconds": int(d)}
          for a, b, c, d in (ln.split("\t") for ln in
                             (log.read_text().splitlines() if log.exists() else []))]
+junit = parts / "gpu_pytest.xml"
+if junit.exists():  # the pytest step: counts and failing ids instead of the xml file
+    import xml.etree.ElementTree as ET
+    try:
+        root = ET.parse(junit).getroot()
+        suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+        count = {k: sum(int(x.get(k, 0)) for x in suites)
+                 for k in ("tests", "failures", "errors", "skipped")}
+        bad = [f"{c.get('classname')}::{c.get('name')}" for c in root.iter("testcase")
+               if c.find("failure") is not None or c.find("error") is not None]
+        for row in steps:
+            if row["step"] == "pytest":
+                row.update(count, failed_ids=bad)
+    except ET.ParseError:
+        pass
 (out / "gpu_check_steps.json").write_text(json.dumps(steps, indent=1))
 ' "$PARTS" "$OUTDIR"
 }
@@ -190,7 +211,7 @@ step vendor 150 "$PY" -m av_infer.bench.gpu_vendor --out "$OUTDIR"
 step peer_torch 170 bash -c 'peer A fp32 && peer A fp16 && peer C fp32'
 step pad_select 210 "$PY" scripts/gpu_pad_select_check.py --reps 10
 step pytest 150 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/devices/test_cuda_device.py \
-    tests/kernels/test_cuda_compile.py tests/devices/test_cuda_vendor.py --junitxml="$OUTDIR/gpu_pytest.xml"
+    tests/kernels/test_cuda_compile.py tests/devices/test_cuda_vendor.py --junitxml="$PARTS/gpu_pytest.xml"
 step bench 240 "$PY" -m av_infer.bench.gpu_bench --out "$OUTDIR" --pair-seconds "$PAIR_S"
 for wl in A C; do
     cap=90
@@ -213,8 +234,10 @@ step sim_disb 270 bash scripts/gpu_sim_steps.sh disb "$OUTDIR"
 step graphs 150 "$PY" scripts/gpu_graphs_check.py --out "$PARTS/graphs" --repeats 10 --trials 20 \
     --graph-ops 1,4
 COMMIT=${GPU_CHECK_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-"$PY" -m av_infer.bench.gpu_summary "$OUTDIR" --commit "$COMMIT" \
+for f in gpu_vendor.json peer_torch.json; do [ -f "$OUTDIR/$f" ] && cp "$OUTDIR/$f" "$PARTS/"; done
+"$PY" -m av_infer.bench.gpu_summary "$PARTS" --commit "$COMMIT" \
     --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" \
-    || echo "gpu_check: gpu_summary.json could not be written"
+    && { echo "gpu_summary.json (python -m av_infer.bench.gpu_summary):"; cat "$PARTS/gpu_summary.json"; } \
+    || echo "gpu_check: gpu_summary.json could not be made"
 echo "gpu_check: exit $rc after $((SECONDS - T0))s; in $OUTDIR: $(cd "$OUTDIR" && ls | tr '\n' ' ')"
 exit $rc
