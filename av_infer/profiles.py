@@ -26,6 +26,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,16 @@ class GpuSpec:
 #: GPUs the project reasons about. MI50 is where REEF's traces were measured (60 CUs of 40
 #: wavefronts = 2560 threads and 64 KB LDS; REEF §4.1 a ~30 µs reset of a c=4 device
 #: queue, hence ~6 µs per self-evicting kernel).
+#:
+#: ``h200`` is the H200 SXM (the driver's "NVIDIA H200"): the H100's GH100 chip (same 132
+#: SMs, SM limits and 1980 MHz boost clock, so the same occupancy, FP32 peak and launch
+#: costs as ``h100``) with 141 GB of HBM3e at 4.8 TB/s instead of the H100 SXM's 80 GB of
+#: HBM3 at 3.35 TB/s (NVIDIA's H200 Tensor Core GPU datasheet, 2024). Seen on this
+#: project's lent H200s (2026-11-27, docs/gpu_results/2026-11-27-h200/): 132 SMs, SM clock
+#: 1980 MHz, memory clock 3201 MHz; PyTorch reports 60 MB of L2 on them (50 MB on the
+#: H100s). The L2 is not a field: the contention model's ``beta`` stands for what the L2
+#: does not hold (devices/sim_contention.py). A profile measured on an H200 is refused
+#: for ``h100`` and the other way round (:func:`check_profiles_gpu`).
 GPUS: dict[str, GpuSpec] = {
     "mi50": GpuSpec(
         name="mi50", sms=60, max_threads_per_sm=2560, max_blocks_per_sm=32,
@@ -74,6 +85,11 @@ GPUS: dict[str, GpuSpec] = {
     "h100": GpuSpec(
         name="h100", sms=132, max_threads_per_sm=2048, max_blocks_per_sm=32,
         regs_per_sm=65536, smem_per_sm=233472, peak_tflops=67.0, bandwidth_gbs=3350.0,
+        launch_us=4.0, evict_us=3.0,
+    ),
+    "h200": GpuSpec(
+        name="h200", sms=132, max_threads_per_sm=2048, max_blocks_per_sm=32,
+        regs_per_sm=65536, smem_per_sm=233472, peak_tflops=67.0, bandwidth_gbs=4800.0,
         launch_us=4.0, evict_us=3.0,
     ),
     "orin": GpuSpec(
@@ -86,10 +102,16 @@ GPUS: dict[str, GpuSpec] = {
 
 def gpu_key(name: str) -> str | None:
     """The :data:`GPUS` key of a GPU named as its driver names it ("NVIDIA H100 80GB
-    HBM3" -> ``h100``, "AMD Instinct MI50" -> ``mi50``), None if none matches."""
-    low = str(name).lower()
+    HBM3" -> ``h100``, "NVIDIA H200" -> ``h200``, "AMD Instinct MI50" -> ``mi50``), None
+    if none matches.
+
+    A key matches a word of the name that starts with it and does not go on with a digit
+    ("H100-SXM5" -> ``h100``), so another product whose name merely contains a key is not
+    taken for it ("NVIDIA GH200 480GB", a Grace Hopper superchip, is no ``h200``)."""
+    words = re.split(r"[^a-z0-9]+", str(name).lower())
     for key in GPUS:
-        if key in low.replace(" ", "").replace("-", ""):
+        pat = re.compile(re.escape(key) + r"(?![0-9])")
+        if any(pat.match(w) for w in words):
             return key
     return None
 
@@ -209,16 +231,22 @@ def save_profile_bundle(profiles: list[ModelProfile], path: str | os.PathLike[st
 def check_profiles_gpu(profiles: dict[str, ModelProfile], gpu: str | GpuSpec,
                        where: str = "") -> None:
     """ValueError if a profile was measured on another GPU than ``gpu`` (by
-    :func:`gpu_key` of its ``gpu.name`` or ``device``; names no key matches, e.g. the CPU
-    emulator's, are accepted)."""
+    :func:`gpu_key` of its ``gpu.name`` or ``device``), or on a real GPU the simulator has
+    no spec for (its ``gpu`` telemetry says ``emulated: false`` and no key matches its
+    name: taking it for another GPU would be pretending). Names no key matches that are
+    not a real GPU's, e.g. the CPU emulator's, are accepted."""
     want = gpu_spec(gpu).name
     for m, prof in profiles.items():
         name = (prof.gpu or {}).get("name") or prof.device
         key = gpu_key(str(name))
+        src = f" in {where}" if where else ""
         if key is not None and key != want:
-            src = f" in {where}" if where else ""
             raise ValueError(f"profile of {m!r}{src} was measured on {name} ({key}), the "
                              f"simulated GPU is {want}: pass --gpu {key}")
+        if key is None and (prof.gpu or {}).get("emulated") is False:
+            raise ValueError(f"profile of {m!r}{src} was measured on {name}, a GPU the "
+                             f"simulator has no spec for (known: {sorted(GPUS)}); add it "
+                             "to profiles.GPUS")
 
 
 def load_profile_dir(path: str | os.PathLike[str]) -> dict[str, ModelProfile]:

@@ -38,7 +38,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="reef: start RT only after the <= c launched BE kernels drained "
                    "(REEF-N's literal order; Runtime(preempt_drain=True))")
     p.add_argument("--gpu", default=None,
-                   help="simulated GPU (sim only): mi50 (default), h100, orin; with "
+                   help="simulated GPU (sim only): mi50 (default), h100, h200, orin; with "
                    "--compare-sim the default is the GPU the results were measured on")
     p.add_argument("--contention", default="calibrated",
                    help="sim: memory-side contention model: calibrated or paper (default; "
@@ -69,6 +69,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                     help="parameter file of --refit-contention (%(default)s)")
     g2.add_argument("--fit-policies", default="streams,reef_dkp",
                     help="policies whose rows the refit uses (%(default)s)")
+    g2.add_argument("--fit-workloads", default=None, metavar="W1,W2",
+                    help="workloads of GPU_JSON the refit uses (default: all); judge the "
+                    "others held out with --compare-sim --contention FILE.json")
     p.add_argument("--dkp-placement", choices=["faithful", "reserved"], default="faithful",
                    help="sim: padded grids placed as CUDA places any grid (default), or the "
                    "'reserved' what-if (BE blocks on SMs the RT kernel leaves free)")
@@ -300,8 +303,10 @@ def cmd_compare_sim(args: argparse.Namespace) -> int:
     try:
         if args.refit_contention:
             fit_pols = [x.strip() for x in args.fit_policies.split(",") if x.strip()]
+            fit_wls = None if args.fit_workloads is None else [
+                x.strip() for x in args.fit_workloads.split(",") if x.strip()]
             doc = contention_fit.refit(args.refit_contention, opts, fit_pols,
-                                       out=args.params_out)
+                                       out=args.params_out, workloads=fit_wls)
             text = contention_fit.format_fit(doc)
         else:
             doc = compare_sim.run_compare(args.compare_sim, opts)

@@ -39,6 +39,7 @@ from av_infer.bench.compare_sim import (
     gpu_of,
     load_gpu_results,
     run_twin,
+    short_name,
     twin_bench,
 )
 
@@ -125,29 +126,53 @@ def fit_beta(docs: list[dict[str, Any]], opts: CompareOptions, gpu: str,
 
 
 def refit(gpu_file: str | Path, opts: CompareOptions, policies: list[str],
-          out: str | Path, **kw: Any) -> dict[str, Any]:
+          out: str | Path, *, workloads: list[str] | None = None,
+          **kw: Any) -> dict[str, Any]:
     """Fit ``beta`` to ``gpu_file``'s rows of ``policies`` and write the parameter file
-    ``out``; the fit's document (``params_file``, ``gpu``, ``beta``, ``loss``, ...)."""
+    ``out``; the fit's document (``params_file``, ``gpu``, ``beta``, ``loss``, ...).
+
+    ``workloads`` (short names, e.g. ``["A"]``; None: all) restricts the fit to those
+    workloads of the file, so the others can be judged held out (``--compare-sim`` with
+    the parameter file). ValueError, before anything runs, when the file has none of them."""
     from av_infer.devices import sim_contention
 
     docs = load_gpu_results(gpu_file)
+    if workloads is not None:
+        have = [short_name(str(d["workload"])) for d in docs]
+        missing = [w for w in workloads if w not in have]
+        if missing or not workloads:
+            raise ValueError(f"{gpu_file}: no workload {', '.join(missing) or '(none named)'}"
+                             f" in it (it has {', '.join(have)})")
+        docs = [d for d, w in zip(docs, have, strict=True) if w in workloads]
     gpu = gpu_of(docs, opts, Path(gpu_file))
     fit = fit_beta(docs, opts, gpu, policies, **kw)
     rms = math.sqrt(fit["loss"])
-    info = {"from": str(gpu_file), "policies": fit["policies"], "metrics": fit["metrics"],
+    info = {"from": str(gpu_file), "workloads": [short_name(str(d["workload"])) for d in docs],
+            "policies": fit["policies"], "metrics": fit["metrics"],
             "profiles_dir": opts.profiles, "calibrate": opts.calibrate,
             "loss_mean_sq_log": round(fit["loss"], 8),
             "rms_factor": round(math.exp(rms), 6), "evaluations": fit["evaluations"],
-            "rows": fit["rows"], "command": "av-infer bench " + " ".join(
-                shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""}
+            "rows": fit["rows"], "command": _command()}
     sim_contention.save_params(out, gpu, fit["beta"], info)
     return {"params_file": str(out), "gpu": gpu, "beta": fit["beta"], **info}
+
+
+def _command() -> str:
+    """The command line that ran the fit, as ``av-infer bench ...`` (the CLI's ``argv``
+    already starts with the ``bench`` subcommand); "" when called from Python."""
+    args = sys.argv[1:]
+    if not args:
+        return ""
+    if args[0] == "bench":
+        args = args[1:]
+    return "av-infer bench " + " ".join(shlex.quote(a) for a in args)
 
 
 def format_fit(doc: dict[str, Any]) -> str:
     """A few lines: the fitted beta, the loss, the rows at the optimum."""
     lines = [f"contention refit on {doc['gpu']} from {doc['from']} "
-             f"({', '.join(doc['policies'])}): beta = {doc['beta']:g}, typical error factor "
+             f"({', '.join(doc.get('workloads') or [])}; {', '.join(doc['policies'])}): "
+             f"beta = {doc['beta']:g}, typical error factor "
              f"{doc['rms_factor']:.3f} (exp of the RMS log error), "
              f"{len(doc['evaluations'])} evaluations -> {doc['params_file']}"]
     for r in doc["rows"]:

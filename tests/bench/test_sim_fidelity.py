@@ -31,6 +31,7 @@ WORKLOAD = {"time": 10, "tasks": [
     {"id": "bg_be", "load": {"type": "continuous"}, "client": {"model_name": "resnet152"}},
 ]}
 H100_NAME = "NVIDIA H100 80GB HBM3"
+H200_NAME = "NVIDIA H200"  # what the driver calls the H200 SXM (2026-11-27 run)
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +107,44 @@ def test_profile_dir_loads_by_model_skips_block_profiles_and_refuses_duplicates(
 
 def test_gpu_key_maps_driver_names() -> None:
     assert profiles.gpu_key(H100_NAME) == "h100"
+    assert profiles.gpu_key("H100-SXM5-80GB") == "h100"
+    assert profiles.gpu_key(H200_NAME) == "h200"
     assert profiles.gpu_key("AMD Instinct MI50") == "mi50"
     assert profiles.gpu_key("CPU emulator (docs/cuda_emu.md)") is None
+    # a name that merely contains a key is another product (Grace Hopper), not an H200
+    assert profiles.gpu_key("NVIDIA GH200 480GB") is None
+
+
+def test_h200_is_the_h100_chip_with_faster_memory() -> None:
+    h100, h200 = profiles.gpu_spec("h100"), profiles.gpu_spec("H200")
+    assert h200.name == "h200" and h200.bandwidth_gbs == 4800.0 and h100.bandwidth_gbs == 3350.0
+    same = {f: getattr(h100, f) for f in h100.__dataclass_fields__
+            if f not in ("name", "bandwidth_gbs")}
+    assert same == {f: getattr(h200, f) for f in same}
+    # the paper contention model keeps its memory shares: beta scales with the bandwidth
+    assert sim_contention.check_model("paper", "h200") == pytest.approx(
+        180.0 * 4800.0 / 3350.0, rel=0.01)
+
+
+def test_profiles_of_an_h200_are_refused_for_an_h100_and_unknown_gpus_too(tmp_path) -> None:
+    h200 = _measured("vgg19", 1.0, H200_NAME)
+    with pytest.raises(ValueError, match="measured on NVIDIA H200 \\(h200\\).*--gpu h200"):
+        profiles.check_profiles_gpu({"vgg19": h200}, "h100")
+    profiles.check_profiles_gpu({"vgg19": h200}, "h200")
+    with pytest.raises(ValueError, match="measured on NVIDIA H100.*--gpu h100"):
+        profiles.check_profiles_gpu({"vgg19": _measured("vgg19", 1.0)}, "h200")
+    # a real GPU the simulator has no spec for is not taken for another one
+    gh = _measured("vgg19", 1.0, "NVIDIA GH200 480GB")
+    gh.gpu["emulated"] = False
+    with pytest.raises(ValueError, match="GH200 480GB, a GPU the simulator has no spec"):
+        profiles.check_profiles_gpu({"vgg19": gh}, "h100")
+    emu = _measured("vgg19", 1.0, "CPU emulator (docs/cuda_emu.md)")
+    emu.gpu["emulated"] = True
+    profiles.check_profiles_gpu({"vgg19": emu}, "h100")  # the emulator: accepted
+    # the comparison takes the simulated GPU from the profiles' names
+    profiles.save_profile_bundle([h200], tmp_path / "p.json")
+    opts = compare_sim.CompareOptions(profiles=str(tmp_path / "p.json"))
+    assert compare_sim.gpu_of([], opts, tmp_path / "g.json") == "h200"
 
 
 def test_sim_bench_uses_measured_profiles_and_says_so(wl_file, tmp_path) -> None:
@@ -283,6 +320,31 @@ def test_refit_recovers_the_beta_of_a_synthetic_gpu(wl_file, tmp_path) -> None:
     with pytest.raises(ValueError, match="nothing to fit"):
         contention_fit.refit(f, compare_sim.CompareOptions(gpu="h100"), ["reef_dkp"],
                              tmp_path / "none.json")
+
+
+def test_refit_on_some_workloads_leaves_the_others_held_out(wl_file, tmp_path, capsys) -> None:
+    """--fit-workloads: only the named workloads' rows enter the fit (a workload whose rows
+    say beta 1000 does not pull it), and one the file lacks is refused before any run."""
+    fit_doc = _gpu_doc(wl_file, ["streams"], "beta=150", duration=0.3)
+    other = _gpu_doc(wl_file, ["streams"], "beta=1000", duration=0.3)
+    other["workload"] = str(wl_file.with_name("other.json"))
+    wl_file.with_name("other.json").write_text(wl_file.read_text())
+    f = tmp_path / "disb_cuda.json"
+    f.write_text(json.dumps({"policies": {"synth": fit_doc, "other": other}}))
+    out = tmp_path / "fit.json"
+    doc = contention_fit.refit(f, compare_sim.CompareOptions(gpu="h100"), ["streams"], out,
+                               workloads=["synth"], lo=10.0, hi=1000.0, grid=8, refine=10)
+    assert doc["workloads"] == ["synth"] and {r["workload"] for r in doc["rows"]} == {"synth"}
+    assert abs(doc["beta"] / 150.0 - 1) < 0.05, doc["evaluations"]
+    assert sim_contention.load_params(out)["fit"]["workloads"] == ["synth"]
+    with pytest.raises(ValueError, match="no workload B in it \\(it has synth, other\\)"):
+        contention_fit.refit(f, compare_sim.CompareOptions(gpu="h100"), ["streams"],
+                             tmp_path / "none.json", workloads=["B"])
+    assert not (tmp_path / "none.json").exists()
+    rc = main(["bench", "--refit-contention", str(f), "--gpu", "h100", "--fit-policies",
+               "streams", "--fit-workloads", "B", "--params-out", str(tmp_path / "x.json"),
+               "--no-progress"])
+    assert rc == 2 and "no workload B" in capsys.readouterr().err
 
 
 # -- measured profiles from the cuda device's profiler (CPU emulator) --------------------
