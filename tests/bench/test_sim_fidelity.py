@@ -389,3 +389,55 @@ def test_gpu_profiles_names_vendor_ops_on_the_emulator(tmp_path) -> None:
     assert ("conv", "cudnn") in by_kind and ("gemm", "cublaslt") in by_kind
     assert all(k.vendor == "" for k in prof.kernels if k.kind not in ("conv", "gemm"))
     assert all(k.duration_us > 0 for k in prof.kernels)
+
+
+# -- the GPU step of the comparison (scripts/gpu_sim_steps.sh disb) -----------------------
+
+
+def test_reef_dkp_on_the_cuda_path_compiles_its_padded_module_before_the_run(capsys) -> None:
+    """The DISB harness on the cuda code path (the emulator): a padding policy's runtime
+    comes with the padded module over every resident plan ready (one module, none still
+    compiling), so the window measures padded launches from its first request; a policy
+    without padding compiles none."""
+    from av_infer.devices.cuda import availability
+    from tests.checks import require
+
+    ok, why = availability(emulate=True)
+    require("ok" if ok else None, f"the CUDA emulator cannot run: {why}")
+    wl = load_workload("A")
+    bench = Bench(wl, BenchConfig(device="cuda-emu", scale="scaled", progress=False))
+    for policy, modules in (("reef", 0), ("reef_dkp", 1)):
+        rt, sim = bench._runtime(policy, 4)
+        try:
+            assert sim is None
+            pad = rt.device.telemetry()["padding"]
+            assert pad["modules"] == modules and pad["compiling"] == 0 and not pad["errors"]
+        finally:
+            rt.close(drain=False)
+    err = capsys.readouterr().err
+    assert "padded dispatcher module of vgg19, resnet152 ready in" in err
+
+
+def test_gpu_sim_steps_disb_dry_run_keeps_what_finished(tmp_path) -> None:
+    """scripts/gpu_sim_steps.sh disb without a GPU (SIM_DEVICE=sim): the bundle holds each
+    workload that finished under every policy, a workload that fails makes the step's exit
+    1 without losing the others, and each workload's line says its exit and seconds."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "SIM_DEVICE": "sim", "SIM_WORKLOADS": "A,no_such_workload",
+           "SIM_DISB_S": "0.2", "PY": sys.executable, "TMPDIR": str(tmp_path)}
+    out = tmp_path / "out"
+    res = subprocess.run(["bash", str(root / "scripts" / "gpu_sim_steps.sh"), "disb",
+                          str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 1, res.stdout + res.stderr
+    doc = json.loads((out / "disb_sim.json").read_text())
+    assert list(doc["policies"]) == ["A"]
+    assert list(doc["policies"]["A"]["policies"]) == ["rt_only", "streams", "reef", "reef_dkp"]
+    assert doc["policies"]["A"]["rate_scale"] == 0.5
+    assert compare_sim.load_gpu_results(out / "disb_sim.json")[0]["workload"] == "A"
+    assert "== gpu_sim_steps: disb A rc 0 in " in res.stdout
+    assert "== gpu_sim_steps: disb no_such_workload rc 2 in " in res.stdout
+    assert not list(tmp_path.glob("gpu_sim_parts.*"))  # the parts folder is removed
