@@ -15,6 +15,9 @@ What is guaranteed:
   the library's heuristics (no timing: the same shapes give the same algorithm in every
   run), restricted to deterministic algorithms with the requested maths (FP32: FMA only,
   no TF32) and to the per-stream workspace; the choice is stored in the op (pinned).
+  A conv with ReLU or a residual add is one fused ``cudnnConvolutionBiasActivationForward``;
+  one with neither is ``cudnnConvolutionForward`` (+ ``cudnnAddTensor`` when it has a
+  bias), because the fused call with the identity activation is limited to one algorithm.
 * ``vendor_launch(op, args, stream, sctx)`` (nogil, no allocation) runs one op on
   ``stream``: ``args`` is the op's packed ``MmArgs`` struct of the task (the same bytes our
   own kernel gets: pointers y, a, b, bias, res first), ``sctx`` the stream's context (its
@@ -133,6 +136,13 @@ ctypedef int (*dnn_ws_t)(void*, void*, void*, void*, void*, int, size_t*) noexce
 ctypedef int (*dnn_cba_t)(void*, const void*, void*, const void*, void*, const void*, void*, int,
                           void*, size_t, const void*, void*, const void*, void*, const void*,
                           void*, void*, void*) noexcept nogil
+# cudnnConvolutionForward(handle, alpha, xDesc, x, wDesc, w, convDesc, algo, workSpace,
+#                         workSpaceSizeInBytes, beta, yDesc, y)
+ctypedef int (*dnn_fwd_t)(void*, const void*, void*, const void*, void*, const void*, void*, int,
+                          void*, size_t, const void*, void*, void*) noexcept nogil
+# cudnnAddTensor(handle, alpha, aDesc, A, beta, cDesc, C): C = alpha*A + beta*C, A broadcast
+ctypedef int (*dnn_add_t)(void*, const void*, void*, const void*, const void*, void*,
+                          void*) noexcept nogil
 
 cdef struct Dnn:
     void* lib
@@ -158,6 +168,8 @@ cdef struct Dnn:
     dnn_algo_v7_t algo_v7
     dnn_ws_t ws_size
     dnn_cba_t cba
+    dnn_fwd_t fwd
+    dnn_add_t add
 
 # -- ops and stream contexts -------------------------------------------------------------
 cdef enum:
@@ -171,6 +183,9 @@ cdef enum:
     C_NONE = 0                 # cuBLASLt C = D with beta 0
     C_RES = 1                  # C = the residual (beta 1)
     C_BIAS = 2                 # C = a full-shape bias (beta = the plan's beta)
+    CALL_FUSED = 1             # cudnnConvolutionBiasActivationForward (ReLU or residual)
+    CALL_CONV = 2              # cudnnConvolutionForward (identity, no residual, no bias)
+    CALL_CONV_BIAS = 3         # cudnnConvolutionForward, then cudnnAddTensor of the bias
 
 cdef struct VOp:
     int kind
@@ -197,7 +212,10 @@ cdef struct VOp:
     void* actd
     int calgo
     int use_z
+    int call                   # CALL_FUSED | CALL_CONV | CALL_CONV_BIAS
     float alpha1
+    float beta0                # 0: cudnnConvolutionForward overwrites y (never reads it)
+    float one                  # 1: cudnnAddTensor's alpha and beta (y += bias)
     float alpha2
     uint64_t zero_bias         # device buffer of cout zeros (conv without bias)
     size_t ws
@@ -238,6 +256,14 @@ cdef int vendor_launch(void* opv, const char* args, void* stream, void* ctxv) no
                           <const void*>c, op.cdesc, <void*>y, op.ddesc, op.algo, ctx.ws, op.ws,
                           stream)
         return 0 if st == 0 else LT_BASE_ + st
+    if op.kind == OP_CONV and op.call != CALL_FUSED:
+        # two calls in stream order on the same handle: y = conv(x, w); y += bias
+        st = op.dnn.fwd(ctx.dnnh, &op.alpha1, op.xd, <const void*>a, op.wd, <const void*>b,
+                        op.convd, op.calgo, ctx.ws, op.ws, &op.beta0, op.yd, <void*>y)
+        if st == 0 and op.call == CALL_CONV_BIAS:
+            st = op.dnn.add(ctx.dnnh, &op.one, op.bd, <const void*>bias, &op.one, op.yd,
+                            <void*>y)
+        return 0 if st == 0 else DNN_BASE_ + st
     if op.kind == OP_CONV:
         z = res if op.use_z else y
         if bias == 0:
@@ -343,6 +369,8 @@ cdef class Vendor:
             self._dnn.algo_v7 = <dnn_algo_v7_t>_need(lib, cudnn_path, b"cudnnGetConvolutionForwardAlgorithm_v7")
             self._dnn.ws_size = <dnn_ws_t>_need(lib, cudnn_path, b"cudnnGetConvolutionForwardWorkspaceSize")
             self._dnn.cba = <dnn_cba_t>_need(lib, cudnn_path, b"cudnnConvolutionBiasActivationForward")
+            self._dnn.fwd = <dnn_fwd_t>_need(lib, cudnn_path, b"cudnnConvolutionForward")
+            self._dnn.add = <dnn_add_t>_need(lib, cudnn_path, b"cudnnAddTensor")
 
     @property
     def has_cublaslt(self):
@@ -499,11 +527,22 @@ cdef class Vendor:
 
     def conv_op(self, *, int n, int c, int h, int w, int cout, int kh, int kw, int ho, int wo,
                 int pad_h, int pad_w, int stride_h, int stride_w, int dil_h, int dil_w,
-                int groups, int relu=0, int residual=0, uintptr_t zero_bias=0,
+                int groups, int relu=0, int residual=0, int has_bias=1, uintptr_t zero_bias=0,
                 str precision="fp32", size_t max_ws=0):
-        """NCHW float32 cross-correlation with bias (bias slot, or ``zero_bias``), an
-        optional residual (res slot, alpha2 = 1) and ReLU or identity, through
-        ``cudnnConvolutionBiasActivationForward``. Returns (op address, workspace bytes)."""
+        """NCHW float32 cross-correlation ``y = act(conv(x, w) + z + bias)``. Returns (op
+        address, workspace bytes); ``op_info(op)["call"]`` says which calls run it:
+
+        * ``relu`` or ``residual`` (res slot, alpha2 = 1): one fused
+          ``cudnnConvolutionBiasActivationForward`` ("fused"), with the bias slot or, without
+          a bias (``has_bias=0``), ``zero_bias`` (a device buffer of ``cout`` zeros);
+        * neither (identity activation, no residual): ``cudnnConvolutionForward``, then only
+          with ``has_bias`` ``cudnnAddTensor`` of the bias slot ("conv+bias", else "conv").
+          Why: the fused call with CUDNN_ACTIVATION_IDENTITY accepts only
+          IMPLICIT_PRECOMP_GEMM (cuDNN API reference, cudnnActivationMode_t), which
+          filters out the heuristics' faster algorithms for these convs.
+
+        The algorithm is the heuristics' first deterministic one of the requested maths
+        that fits ``max_ws`` (and, fused with identity, IMPLICIT_PRECOMP_GEMM only)."""
         if self._dnn == NULL:
             raise RuntimeError("cuDNN is not loaded")
         cdef Dnn* d = self._dnn
@@ -517,6 +556,10 @@ cdef class Vendor:
         op.alpha2 = 1.0 if residual else 0.0
         op.use_z = residual
         op.zero_bias = zero_bias
+        op.beta0 = 0.0
+        op.one = 1.0
+        cdef int fused = 1 if (relu or residual) else 0
+        op.call = CALL_FUSED if fused else (CALL_CONV_BIAS if has_bias else CALL_CONV)
         cdef int math = {"fp32": CUDNN_FMA_MATH, "tf32": CUDNN_DEFAULT_MATH,
                          "fp16": CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION}[precision]
         ck = self._dnn_check
@@ -533,12 +576,14 @@ cdef class Vendor:
                       CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT), "conv desc")
         ck(d.conv_groups(op.convd, groups), "group count")
         ck(d.conv_math(op.convd, math), "math type")
-        ck(d.act_create(&op.actd), "activation desc")
-        ck(d.act_set(op.actd, CUDNN_ACTIVATION_RELU if relu else CUDNN_ACTIVATION_IDENTITY,
-                     CUDNN_PROPAGATE_NAN, 0.0), "activation desc")
+        if fused:
+            ck(d.act_create(&op.actd), "activation desc")
+            ck(d.act_set(op.actd, CUDNN_ACTIVATION_RELU if relu else CUDNN_ACTIVATION_IDENTITY,
+                         CUDNN_PROPAGATE_NAN, 0.0), "activation desc")
         # the algorithm: heuristics (not timing, so it is the same in every run), the first
         # deterministic one with the requested maths that fits the workspace; identity
-        # activation allows only IMPLICIT_PRECOMP_GEMM in the fused call
+        # activation allows only IMPLICIT_PRECOMP_GEMM in the fused call (identity without
+        # a residual is not fused, so this restriction is left only for residual adds)
         cdef ConvPerf perf[CUDNN_ALGOS]
         cdef int nperf = 0, i, chosen = -1
         cdef size_t ws = 0
@@ -552,7 +597,7 @@ cdef class Vendor:
                     continue
                 if precision == "fp32" and perf[i].mathType != CUDNN_FMA_MATH:
                     continue
-                if not relu and perf[i].algo != CUDNN_FWD_IMPLICIT_PRECOMP_GEMM:
+                if fused and not relu and perf[i].algo != CUDNN_FWD_IMPLICIT_PRECOMP_GEMM:
                     continue
                 # the descriptor runs with the math type the heuristic paired the algorithm
                 # with (FP32: always FMA, filtered above)
@@ -564,7 +609,7 @@ cdef class Vendor:
                     continue
                 chosen = perf[i].algo
                 break
-            if chosen < 0 and not relu:
+            if chosen < 0 and fused and not relu:
                 # heuristics may omit it; the fused identity path needs exactly this one
                 ck(d.conv_math(op.convd, math), "math type")
                 if d.ws_size(h0, op.xd, op.wd, op.convd, op.yd, CUDNN_FWD_IMPLICIT_PRECOMP_GEMM,
@@ -585,11 +630,16 @@ cdef class Vendor:
             raise RuntimeError(f"cuDNN {what} failed: {self.error_string(DNN_BASE_ + st)}")
 
     def op_info(self, uintptr_t opp):
-        """{"kind", "algo", "workspace"} of an op (reports, tests)."""
+        """{"kind", "call", "algo", "workspace"} of an op (reports, tests). ``call``: the
+        library calls one launch makes: "matmul" (cublasLtMatmul), "fused"
+        (cudnnConvolutionBiasActivationForward), "conv" (cudnnConvolutionForward) or
+        "conv+bias" (cudnnConvolutionForward then cudnnAddTensor)."""
         cdef VOp* op = <VOp*>opp
         if op.kind == OP_CONV:
-            return {"kind": "conv", "algo": op.calgo, "workspace": op.ws}
-        return {"kind": "matmul", "algo": bytes(op.algo[:64]).hex(), "workspace": op.ws}
+            call = {CALL_FUSED: "fused", CALL_CONV: "conv", CALL_CONV_BIAS: "conv+bias"}[op.call]
+            return {"kind": "conv", "call": call, "algo": op.calgo, "workspace": op.ws}
+        return {"kind": "matmul", "call": "matmul", "algo": bytes(op.algo[:64]).hex(),
+                "workspace": op.ws}
 
     def launch(self, uintptr_t op, bytes args, uintptr_t stream, uintptr_t ctx):
         """``vendor_launch`` from Python (profiling, tests): returns its status."""

@@ -5,7 +5,8 @@ vendor ops (``vendor="auto"``: per op the faster of cuDNN/cuBLASLt and ours, mea
 load), checked against ONNX Runtime (CPU) with the precision's tolerance
 (``cuda_vendor.TOLERANCE``, printed beside the error), its median latency end to end
 (``ours_ms``: inputs in, outputs out, as a client sees it) and enqueue to last kernel,
-how many conv/gemm kernels run on vendor ops and why the rest stay ours, and the same
+how many conv/gemm kernels run on vendor ops (``vendor_calls``: how many per library call
+path, fused | conv | conv+bias | matmul) and why the rest stay ours, and the same
 architecture in PyTorch at the same precision, eager and with a CUDA graph
 (``torch_eager_ms``, ``torch_graphs_ms``; fp16: ``half()`` + channels_last).
 ``host_cost``: µs per launched op of a chain of tiny vendor GEMMs (``vendor="force"``) and
@@ -29,6 +30,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +191,17 @@ def model_rows(emulate: bool, models: list[str], precisions: list[str], scale: s
                     row["load_s"] = round(time.perf_counter() - t0, 2)
                     rep = dev.vendor_report(h)
                     row["vendor_ops"] = sum(1 for r in rep if r["path"] == "vendor")
+                    # per library call path (docs/cuda_vendor.md): fused | conv | conv+bias |
+                    # matmul, so a run shows how many convs left the fused identity call
+                    row["vendor_calls"] = dict(sorted(Counter(
+                        r.get("call", "?") for r in rep if r["path"] == "vendor").items()))
+                    # auto mode: the load-time µs of those ops summed per call path
+                    us: Counter[str] = Counter()
+                    for r in rep:
+                        if r["path"] == "vendor" and "vendor_us" in r:
+                            us[r.get("call", "?")] += r["vendor_us"]
+                    if us:
+                        row["vendor_us_by_call"] = {k: round(v, 1) for k, v in sorted(us.items())}
                     row["own_conv_gemm"] = sorted({r["reason"] for r in rep
                                                    if r["path"] == "own"})
                     row["kernels"] = len(plan.kernels)

@@ -441,7 +441,9 @@ class CudaDevice(Device):
 
     def vendor_report(self, handle: Any) -> list[dict[str, Any]]:
         """Per conv/gemm kernel of a loaded plan: which path runs it (``vendor`` | ``own``),
-        why it stays ours, the measured µs of both (``auto``) and the vendor algorithm."""
+        why it stays ours, the measured µs of both (``auto``), the vendor algorithm and
+        ``call``: the library calls of the op (``Vendor.op_info``: matmul | fused | conv |
+        conv+bias)."""
         return [dict(r) for r in handle.vendor_report]
 
     def _build_vendor_ops(self, m: _Model) -> None:
@@ -476,7 +478,8 @@ class CudaDevice(Device):
                 row["reason"] = str(e)
                 continue
             info = v.op_info(op)
-            row.update(op=info["kind"], algo=info["algo"], workspace=info["workspace"])
+            row.update(op=info["kind"], call=info["call"], algo=info["algo"],
+                       workspace=info["workspace"])
             if self.vendor_mode == "auto":
                 own = self.time_kernel(m, k.index, 3)
                 ven = self._time_vendor(m, k.index, op, 3)

@@ -261,9 +261,13 @@ def vendor_spec(plan: Plan, k: Kernel, spec: LaunchSpec, have: Mapping[str, bool
                       kh=int(f["kh"]), kw=int(f["kw"]), ho=int(f["ho"]), wo=int(f["wo"]),
                       pad_h=int(pb[0]), pad_w=int(pb[1]), stride_h=int(s[0]),
                       stride_w=int(s[1]), dil_h=int(d[0]), dil_w=int(d[1]),
-                      groups=int(f["groups"]), relu=int(relu), residual=int(residual))
+                      groups=int(f["groups"]), relu=int(relu), residual=int(residual),
+                      has_bias=int(f["bias_mode"] == 1))
+        # only the fused call (ReLU or residual) needs a bias buffer when the conv has none;
+        # identity without residual runs cudnnConvolutionForward with no bias op at all
+        fused = relu or residual
         return VendorSpec(k.index, "conv", params,
-                          needs_zero_bias=0 if f["bias_mode"] == 1 else int(f["cout"]))
+                          needs_zero_bias=int(f["cout"]) if fused and f["bias_mode"] != 1 else 0)
     # gemm
     if not have.get("cublaslt"):
         return VendorSpec(k.index, None, reason="cuBLASLt not loaded")

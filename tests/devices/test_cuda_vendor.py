@@ -426,6 +426,9 @@ def test_peer_torch_avi_side_and_gpu_summary_on_the_emulator(tmp_path):
     assert vend["host_cost"]["own"]["vendor_ops"] == 0
     assert [(r["model"], r["precision"], r["ok"]) for r in vend["models"]] == [
         ("tiny_cnn", "fp32", True), ("tiny_cnn", "fp16", True)]
+    for r in vend["models"]:  # the ops per library call path add up to the vendor ops
+        assert sum(r["vendor_calls"].values()) == r["vendor_ops"] > 0, r
+        assert set(r["vendor_calls"]) <= {"fused", "conv", "conv+bias", "matmul"}, r
     assert summary_main([str(tmp_path), "--gpu", "emu", "--commit", "c0"]) == 0
     summ = json.loads((tmp_path / "gpu_summary.json").read_text())
     assert set(summ) == {"gpu", "commit", "models", "launch_host_us", "preemption_us", "peer"}
@@ -595,3 +598,179 @@ def test_the_real_vendor_libraries_load_and_resolve_every_entry_point():
     assert ver.get("cublaslt", 120000) >= 120000 and ver["cudnn"] >= 90000
     assert "CUDNN_STATUS_NOT_SUPPORTED" in v.error_string(DNN_BASE + 3000)
     v.close()
+
+
+# -- identity convs: cudnnConvolutionForward (+ cudnnAddTensor) instead of the fused call ------
+#: (name, attributes, bias, then): parallel convs of one input, each a graph output;
+#: ``then``: "" identity, "relu", "add" (a same-shape residual: x itself)
+_IDENTITY_CONVS = [
+    ("c3_bias", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]), True, ""),
+    ("c3_nobias", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]), False, ""),
+    ("g2_s2_d2_bias", dict(kernel_shape=[3, 3], pads=[2, 2, 2, 2], strides=[2, 2],
+                           dilations=[2, 2], group=2), True, ""),
+    ("g4_s1x2_d1x2_nobias", dict(kernel_shape=[3, 2], pads=[1, 1, 1, 1], strides=[1, 2],
+                                 dilations=[1, 2], group=4), False, ""),
+    ("p1x1_nobias", dict(kernel_shape=[1, 1]), False, ""),
+    ("c3_relu_nobias", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]), False, "relu"),
+    ("c3_res_bias", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]), True, "add"),
+]
+#: the call path each must take (docs/cuda_vendor.md, "Identity convs")
+_WANT_CALL = {"c3_bias": "conv+bias", "c3_nobias": "conv", "g2_s2_d2_bias": "conv+bias",
+              "g4_s1x2_d1x2_nobias": "conv", "p1x1_nobias": "conv",
+              "c3_relu_nobias": "fused", "c3_res_bias": "fused"}
+
+
+def _identity_conv_model(path) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    c = 8
+    nodes, inits, outs = [], [], []
+    for name, attrs, bias, then in _IDENTITY_CONVS:
+        g = attrs.get("group", 1)
+        kh, kw = attrs["kernel_shape"]
+        w = rng.standard_normal((c, c // g, kh, kw)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"{name}_w"))
+        ins = ["x", f"{name}_w"]
+        if bias:
+            inits.append(numpy_helper.from_array(rng.standard_normal(c).astype(np.float32),
+                                                 f"{name}_b"))
+            ins.append(f"{name}_b")
+        conv_out = f"{name}_conv" if then else name
+        nodes.append(helper.make_node("Conv", ins, [conv_out], name=name, **attrs))
+        if then == "relu":
+            nodes.append(helper.make_node("Relu", [conv_out], [name]))
+        elif then == "add":
+            nodes.append(helper.make_node("Add", [conv_out, "x"], [name]))
+        st, dl, pd = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1]), \
+            attrs.get("pads", [0, 0, 0, 0])
+        hw = [(n + pd[i] + pd[i + 2] - dl[i] * (k - 1) - 1) // st[i] + 1
+              for i, (n, k) in enumerate(((13, kh), (11, kw)))]
+        outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, c, *hw]))
+    graph = helper.make_graph(nodes, "identity_convs",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                             [1, c, 13, 11])], outs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def vendor_calls(dev) -> dict[str, int]:
+    """Executed calls of the emulated libraries by entry point, in this process."""
+    out = (ctypes.c_uint64 * 4)()
+    ctypes.CDLL(dev._driver_path).avi_emu_vendor_calls(out)
+    return dict(zip(("matmul", "fused", "conv", "add_tensor"), map(int, out), strict=True))
+
+
+@pytest.mark.parametrize("workspace_mb", [1, 0])
+def test_identity_convs_leave_the_fused_call_and_match_onnxruntime(tmp_path, workspace_mb):
+    """Convs with identity activation and no residual run ``cudnnConvolutionForward`` with
+    the heuristics' first deterministic algorithm that fits the workspace (the fused call
+    would allow only IMPLICIT_PRECOMP_GEMM with identity), then ``cudnnAddTensor`` only
+    where the conv has a bias; ReLU and residual convs stay fused. With and without bias,
+    groups, strides, dilation, against ONNX Runtime; each op's call path reported, each
+    call run exactly once per request; outputs bit-identical between runs."""
+    require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    from av_infer.devices.cuda import CudaDevice
+    from av_infer.model.compiler import compile_model
+
+    path = tmp_path / "identity_convs.onnx"
+    _identity_conv_model(path)
+    plan = compile_model(path, name="identity_convs")
+    x = {"x": np.random.default_rng(8).standard_normal((1, 8, 13, 11)).astype(np.float32)}
+    d = CudaDevice(emulate=True, vendor="force", workspace_mb=workspace_mb)
+    try:
+        h = d.load_plan(plan)
+        rows = {plan.kernels[r["kernel"]].name: r for r in d.vendor_report(h)}
+        by_out = {plan.kernels[r["kernel"]].outputs[0]: r for r in rows.values()}
+        print({n: (r["call"], r["algo"], r["workspace"]) for n, r in rows.items()})
+        assert all(r["path"] == "vendor" for r in rows.values()), rows
+        # every graph output comes from exactly one conv kernel (ReLU / Add in its epilogue)
+        assert set(by_out) == set(_WANT_CALL)
+        assert {o: r["call"] for o, r in by_out.items()} == _WANT_CALL
+        # the emulated heuristics list WINOGRAD_NONFUSED (7) first for 3x3 stride-1
+        # ungrouped convs and IMPLICIT_GEMM (0) first for 1x1: the identity convs get
+        # them (workspace permitting: Winograd needs some, so with none the next one,
+        # IMPLICIT_PRECOMP_GEMM (1)); the fused identity+residual conv gets 1 regardless
+        c3 = 7 if workspace_mb else 1
+        assert by_out["c3_bias"]["algo"] == by_out["c3_nobias"]["algo"] == c3
+        assert by_out["c3_relu_nobias"]["algo"] == c3  # ReLU: fused, any algorithm
+        assert by_out["p1x1_nobias"]["algo"] == 0
+        assert by_out["c3_res_bias"]["algo"] == 1
+        assert all(r["workspace"] <= workspace_mb << 20 for r in rows.values())
+        r = Runner(d)
+        calls0 = vendor_calls(d)
+        got = r.run(h, x)
+        calls = {k: v - calls0[k] for k, v in vendor_calls(d).items()}
+        n_conv = sum(c in ("conv", "conv+bias") for c in _WANT_CALL.values())
+        assert calls == {"matmul": 0, "fused": 2, "conv": n_conv,
+                         "add_tensor": sum(c == "conv+bias" for c in _WANT_CALL.values())}
+        want = _ort(path, x)
+        for k, w in want.items():
+            err = max_error(got[k], w)
+            print(f"  {k} ({by_out[k]['call']}): max error {err:.2e}")
+            assert err <= TOLERANCE["fp32"], (k, err)
+        again = r.run(h, x)
+        for k in got:
+            assert np.array_equal(again[k], got[k]), k  # pinned algorithm: bit-stable
+        d.unload_plan(h)
+    finally:
+        d.close()
+
+
+def test_conv_op_call_paths_and_their_emulated_results_agree():
+    """``Vendor.conv_op`` directly: identity without residual is "conv" / "conv+bias"
+    (no zero-bias buffer needed), ReLU or a residual "fused"; on the emulator (which
+    computes every algorithm with the same loops) "conv+bias" and the fused identity call
+    give bit-identical results for the same operands (the bias added after the FP32
+    accumulation in both); an op needing more workspace than its stream has is refused."""
+    require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    from av_infer._cy.cuda_vendor import DNN_BASE, ERR_WS
+
+    from av_infer.devices.cuda import CudaDevice
+
+    d = CudaDevice(emulate=True, vendor="force")
+    try:
+        v = d._vendor
+        shape = dict(n=1, c=4, h=6, w=5, cout=4, kh=3, kw=3, ho=6, wo=5, pad_h=1, pad_w=1,
+                     stride_h=1, stride_w=1, dil_h=1, dil_w=1, groups=1, max_ws=1 << 20)
+        infos = {}
+        for key, kw in {"conv+bias": dict(), "conv": dict(has_bias=0),
+                        "fused_relu": dict(relu=1), "fused_res": dict(residual=1)}.items():
+            op, ws = v.conv_op(**shape, **kw)
+            infos[key] = (op, v.op_info(op))
+            assert infos[key][1]["workspace"] == ws
+        assert [i["call"] for _, i in infos.values()] == ["conv+bias", "conv", "fused", "fused"]
+        assert infos["conv"][1]["algo"] == 7 and infos["fused_res"][1]["algo"] == 1
+        # launched by hand on a stream of our own with a 1 MiB workspace, as the timing does
+        cu, mem = d._timing._driver(), d._mem
+        sp = ctypes.c_void_p()
+        assert cu.cuStreamCreate(ctypes.byref(sp), 1) == 0
+        ws = mem.alloc(1 << 20)
+        ctx = v.stream_ctx(sp.value or 0, mem.ptr(ws), 1 << 20)
+        rng = np.random.default_rng(3)
+        bufs = {}
+        for k, shp in {"x": (1, 4, 6, 5), "w": (4, 4, 3, 3), "b": (4,), "z": (1, 4, 6, 5),
+                       "conv+bias": (1, 4, 6, 5), "fused_res": (1, 4, 6, 5)}.items():
+            bufs[k] = mem.alloc(4 * int(np.prod(shp)), zero=k == "z")
+            if k in ("x", "w", "b"):
+                bufs[k].view(np.float32)[:] = rng.standard_normal(shp).ravel()
+        for key in ("conv+bias", "fused_res"):
+            args = np.array([mem.ptr(bufs[n]) for n in (key, "x", "w", "b", "z")], np.uint64)
+            assert v.launch(infos[key][0], args.tobytes(), sp.value or 0, ctx) == 0
+        assert cu.cuStreamSynchronize(sp) == 0
+        y1, y2 = (bufs[k].view(np.float32) for k in ("conv+bias", "fused_res"))
+        assert np.all(np.isfinite(y1)) and np.array_equal(y1, y2)  # z = 0: the same maths
+        # an op whose algorithm needs more workspace than the stream has is refused
+        big, _ = v.conv_op(**dict(shape, h=64, w=64, ho=64, wo=64, c=64, cout=64,
+                                  max_ws=64 << 20))
+        assert v.op_info(big)["workspace"] > 1 << 20
+        assert v.launch(big, np.zeros(5, np.uint64).tobytes(), sp.value or 0, ctx) == ERR_WS
+        # a launch the library refuses (no operands) is its status, with its words
+        rc = v.launch(infos["conv"][0], np.zeros(5, np.uint64).tobytes(), sp.value or 0, ctx)
+        assert rc == DNN_BASE + 2000 and "BAD_PARAM" in v.error_string(rc)
+        cu.cuStreamDestroy_v2(sp)
+    finally:
+        d.close()

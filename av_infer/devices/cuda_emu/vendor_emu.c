@@ -11,7 +11,7 @@
  *   cudnnCreate/Destroy/SetStream/GetVersion/GetErrorString, {Create,Set*,Destroy} of
  *   tensor (4-d NCHW), filter, convolution (2-d, group count, math type) and activation
  *   descriptors, cudnnGetConvolutionForwardAlgorithm_v7, ...WorkspaceSize,
- *   cudnnConvolutionBiasActivationForward.
+ *   cudnnConvolutionBiasActivationForward, cudnnConvolutionForward, cudnnAddTensor.
  * Semantics: the work call validates its arguments at the call (a bad one returns the
  * library's status and enqueues nothing), copies every descriptor value and pointer, and
  * enqueues one host operation on the emulated stream (emu_enqueue_host): it runs in stream
@@ -21,14 +21,25 @@
  * COMPUTE_32F_FAST_TF32 / DEFAULT_MATH round both operands to TF32 (10 mantissa bits, ties
  * away, as cvt.rna.tf32.f32); COMPUTE_32F_FAST_16F / TENSOR_OP_MATH_ALLOW_CONVERSION round
  * them to FP16 (ties to even, FP16 range: overflow to inf, subnormals). Epilogues: cuBLASLt
- * D = act(alpha*op(A)op(B) + beta*C + bias), cuDNN y = act(alpha1*conv(x,w) + alpha2*z + bias).
+ * D = act(alpha*op(A)op(B) + beta*C + bias), cuDNN y = act(alpha1*conv(x,w) + alpha2*z + bias);
+ * cudnnConvolutionForward y = alpha*conv(x,w) + beta*y and cudnnAddTensor C = alpha*A + beta*C
+ * (A broadcast over C's dimensions where A's are 1); with beta = 0 the output is not read
+ * (cuDNN's scaling-parameter rule: it may hold NaN). Every algorithm computes the same loops:
+ * the emulator models which algorithm is chosen and its workspace, not its numerics.
  * Constraints mirrored from the libraries: cuDNN's fused call with the identity activation
- * only with IMPLICIT_PRECOMP_GEMM (else CUDNN_STATUS_NOT_SUPPORTED); float data only.
+ * only with IMPLICIT_PRECOMP_GEMM (else CUDNN_STATUS_NOT_SUPPORTED); float data only; a
+ * convolution given less workspace than its algorithm needs fails (BAD_PARAM).
  * Alignment: the cuBLASLt algorithm needs the MIN_ALIGNMENT_*_BYTES the preference promised
  * (256 by default, as the library assumes) and the bias 16 bytes; cuDNN 16 bytes for every
  * operand: a misaligned pointer fails the call (INVALID_VALUE / BAD_PARAM).
- * Heuristics: cuBLASLt returns one algorithm (workspace 0); cuDNN lists IMPLICIT_PRECOMP_GEMM,
- * IMPLICIT_GEMM and GEMM, deterministic, with the descriptor's math type, workspace 0.
+ * Heuristics: cuBLASLt returns one algorithm (workspace 0). cuDNN lists deterministic
+ * algorithms with the descriptor's math type, in an order that depends on the shape, so
+ * that the first is not always IMPLICIT_PRECOMP_GEMM (as on a GPU): 3x3 stride 1 dilation 1
+ * ungrouped: WINOGRAD_NONFUSED, IMPLICIT_PRECOMP_GEMM, IMPLICIT_GEMM, GEMM; 1x1 stride 1
+ * unpadded: IMPLICIT_GEMM, IMPLICIT_PRECOMP_GEMM, GEMM; others: IMPLICIT_PRECOMP_GEMM,
+ * IMPLICIT_GEMM, GEMM. Workspace: WINOGRAD_NONFUSED 4*16*(tiles*(C+K) + C*K) bytes with
+ * tiles = N*ceil(Ho/2)*ceil(Wo/2) (F(2x2,3x3) transforms), GEMM 4*N*C*KH*KW*Ho*Wo (im2col),
+ * the implicit GEMMs 0.
  */
 #include <math.h>
 
@@ -55,6 +66,13 @@ static _Atomic uint64_t g_vendor_runs[2];
 EXPORT void avi_emu_vendor_runs(uint64_t out[2]) {
     out[0] = atomic_load(&g_vendor_runs[0]);
     out[1] = atomic_load(&g_vendor_runs[1]);
+}
+/* executed calls by entry point: cublasLtMatmul, cudnnConvolutionBiasActivationForward,
+ * cudnnConvolutionForward, cudnnAddTensor (a conv counts once in avi_emu_vendor_runs
+ * whichever call ran it) */
+static _Atomic uint64_t g_vendor_calls[4];
+EXPORT void avi_emu_vendor_calls(uint64_t out[4]) {
+    for (int i = 0; i < 4; ++i) out[i] = atomic_load(&g_vendor_calls[i]);
 }
 
 /* -- rounding ------------------------------------------------------------------------ */
@@ -263,6 +281,7 @@ static int lt_run(void* data, int run) {
     struct lt_work* w = data;
     if (run) {
         atomic_fetch_add(&g_vendor_runs[0], 1);
+        atomic_fetch_add(&g_vendor_calls[0], 1);
         int mode = w->d.compute == 77 ? VE_TF32 : w->d.compute == 74 ? VE_FP16 : VE_FP32;
         uint64_t M = w->D.rows, N = w->D.cols, K;
         uint64_t ar, ac;
@@ -461,6 +480,41 @@ static cudnnStatus_t dnn_check(const struct dnn_tensor* x, const struct dnn_filt
     return CUDNN_STATUS_SUCCESS;
 }
 
+/* the emulated heuristics' order for a shape (see the header); returns the count */
+enum { ALGO_IMPLICIT_GEMM = 0, ALGO_PRECOMP = 1, ALGO_GEMM = 2, ALGO_WINOGRAD_NONFUSED = 7 };
+static int dnn_winograd_ok(const struct dnn_filter* w, const struct dnn_conv* cv) {
+    return w->h == 3 && w->w == 3 && cv->u == 1 && cv->v == 1 && cv->dh == 1 && cv->dw == 1 &&
+           cv->groups == 1;
+}
+static int dnn_algos(const struct dnn_tensor* x, const struct dnn_filter* w,
+                     const struct dnn_conv* cv, int out[4]) {
+    (void)x;
+    if (dnn_winograd_ok(w, cv)) {
+        out[0] = ALGO_WINOGRAD_NONFUSED; out[1] = ALGO_PRECOMP;
+        out[2] = ALGO_IMPLICIT_GEMM; out[3] = ALGO_GEMM;
+        return 4;
+    }
+    if (w->h == 1 && w->w == 1 && cv->u == 1 && cv->v == 1 && cv->ph == 0 && cv->pw == 0) {
+        out[0] = ALGO_IMPLICIT_GEMM; out[1] = ALGO_PRECOMP; out[2] = ALGO_GEMM;
+        return 3;
+    }
+    out[0] = ALGO_PRECOMP; out[1] = ALGO_IMPLICIT_GEMM; out[2] = ALGO_GEMM;
+    return 3;
+}
+/* 1 if the emulated library has ALGO for this convolution */
+static int dnn_algo_ok(const struct dnn_filter* w, const struct dnn_conv* cv, int algo) {
+    return (algo >= 0 && algo <= 2) || (algo == ALGO_WINOGRAD_NONFUSED && dnn_winograd_ok(w, cv));
+}
+static size_t dnn_ws(const struct dnn_tensor* x, const struct dnn_filter* w,
+                     const struct dnn_tensor* y, int algo) {
+    if (algo == ALGO_WINOGRAD_NONFUSED) {
+        size_t tiles = (size_t)x->n * ((y->h + 1) / 2) * ((y->w + 1) / 2);
+        return 4u * 16u * (tiles * ((size_t)x->c + w->k) + (size_t)x->c * w->k);
+    }
+    if (algo == ALGO_GEMM) return 4u * (size_t)x->n * x->c * w->h * w->w * y->h * y->w;
+    return 0;
+}
+
 /* cudnnConvolutionFwdAlgoPerf_t */
 struct dnn_perf { int algo, status; float time; size_t memory; int determinism, math, reserved[3]; };
 
@@ -472,11 +526,12 @@ EXPORT cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(void* h, void* x, vo
     if (!got || !out || want < 1) return CUDNN_STATUS_BAD_PARAM;
     cudnnStatus_t st = dnn_check(x, w, cv, y);
     if (st) return st;
-    static const int algos[3] = {1, 0, 2};  /* IMPLICIT_PRECOMP_GEMM, IMPLICIT_GEMM, GEMM */
-    int n = want < 3 ? want : 3;
+    int algos[4], na = dnn_algos(x, w, cv, algos);
+    int n = want < na ? want : na;
     for (int i = 0; i < n; ++i) {
         memset(&out[i], 0, sizeof out[i]);
         out[i].algo = algos[i];
+        out[i].memory = dnn_ws(x, w, y, algos[i]);
         out[i].determinism = 1;
         out[i].math = ((struct dnn_conv*)cv)->math;
     }
@@ -488,10 +543,10 @@ EXPORT cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(void* h, void* x, v
                                                              void* y, int algo, size_t* ws) {
     struct dnn_handle* hp = h;
     if (!hp || hp->magic != MAGIC_DNN || !ws) return CUDNN_STATUS_BAD_PARAM;
-    if (algo < 0 || algo > 2) return CUDNN_STATUS_NOT_SUPPORTED;
     cudnnStatus_t st = dnn_check(x, w, cv, y);
     if (st) return st;
-    *ws = 0;
+    if (!dnn_algo_ok(w, cv, algo)) return CUDNN_STATUS_NOT_SUPPORTED;
+    *ws = dnn_ws(x, w, y, algo);
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -499,8 +554,9 @@ struct dnn_work {
     struct dnn_tensor x, y;
     struct dnn_filter w;
     struct dnn_conv cv;
+    int fused;               /* 1: cudnnConvolutionBiasActivationForward, 0: ...Forward */
     int relu;
-    float alpha1, alpha2;
+    float alpha1, alpha2;    /* fused: alpha1, alpha2; plain: alpha, beta */
     const float *X, *W, *Z, *B;
     float* Y;
 };
@@ -509,6 +565,7 @@ static int dnn_run(void* data, int run) {
     struct dnn_work* k = data;
     if (run) {
         atomic_fetch_add(&g_vendor_runs[1], 1);
+        atomic_fetch_add(&g_vendor_calls[k->fused ? 1 : 2], 1);
         int mode = k->cv.math == 3 ? VE_FP32 : k->cv.math == 2 ? VE_FP16 : VE_TF32;
         int G = k->cv.groups, cg = k->w.c, coutg = k->w.k / G;
         int H = k->x.h, Wd = k->x.w, Ho = k->y.h, Wo = k->y.w, KH = k->w.h, KW = k->w.w;
@@ -534,6 +591,11 @@ static int dnn_run(void* data, int run) {
                         }
                         int64_t yi = (((int64_t)n * k->w.k + oc) * Ho + oy) * Wo + ox;
                         float v = k->alpha1 * acc;
+                        if (!k->fused) {             /* y = alpha*conv + beta*y */
+                            if (k->alpha2 != 0.0f) v += k->alpha2 * k->Y[yi];
+                            k->Y[yi] = v;
+                            continue;
+                        }
                         if (k->alpha2 != 0.0f) v += k->alpha2 * k->Z[yi];
                         v += k->B[oc];
                         if (k->relu && !(v >= 0.0f)) v = isnan(v) ? v : 0.0f;
@@ -545,6 +607,34 @@ static int dnn_run(void* data, int run) {
     return 0;
 }
 
+/* the checks both convolution calls make; 0 or the library's status */
+static cudnnStatus_t dnn_conv_args(void* h, void* xd, const void* x, void* wd, const void* w,
+                                   void* cvd, int algo, const void* ws, size_t ws_bytes,
+                                   void* yd, const void* y) {
+    struct dnn_handle* hp = h;
+    if (!hp || hp->magic != MAGIC_DNN || !x || !w || !y) return CUDNN_STATUS_BAD_PARAM;
+    cudnnStatus_t st = dnn_check(xd, wd, cvd, yd);
+    if (st) return st;
+    if (!dnn_algo_ok(wd, cvd, algo)) return CUDNN_STATUS_NOT_SUPPORTED;
+    size_t need = dnn_ws(xd, wd, yd, algo);
+    if (need && (!ws || ws_bytes < need)) return CUDNN_STATUS_BAD_PARAM;  /* too little */
+    return CUDNN_STATUS_SUCCESS;
+}
+
+static struct dnn_work* dnn_work_new(void* xd, const void* x, void* wd, const void* w, void* cvd,
+                                     void* yd, void* y) {
+    struct dnn_work* k = calloc(1, sizeof *k);
+    if (!k) return NULL;
+    k->x = *(struct dnn_tensor*)xd;
+    k->y = *(struct dnn_tensor*)yd;
+    k->w = *(struct dnn_filter*)wd;
+    k->cv = *(struct dnn_conv*)cvd;
+    k->X = x;
+    k->W = w;
+    k->Y = y;
+    return k;
+}
+
 EXPORT cudnnStatus_t cudnnConvolutionBiasActivationForward(
     void* h, const void* alpha1, void* xd, const void* x, void* wd, const void* w, void* cvd,
     int algo, void* ws, size_t ws_bytes, const void* alpha2, void* zd, const void* z, void* bd,
@@ -552,43 +642,106 @@ EXPORT cudnnStatus_t cudnnConvolutionBiasActivationForward(
     struct dnn_handle* hp = h;
     struct dnn_act* act = actd;
     struct dnn_tensor* b = bd;
-    (void)ws;
-    (void)ws_bytes;
-    if (!hp || hp->magic != MAGIC_DNN) return CUDNN_STATUS_BAD_PARAM;
-    if (!alpha1 || !alpha2 || !x || !w || !y || !bias || !act || !act->set || !b || !b->set)
+    if (!alpha1 || !alpha2 || !bias || !act || !act->set || !b || !b->set)
         return CUDNN_STATUS_BAD_PARAM;
-    cudnnStatus_t st = dnn_check(xd, wd, cvd, yd);
+    cudnnStatus_t st = dnn_conv_args(h, xd, x, wd, w, cvd, algo, ws, ws_bytes, yd, y);
     if (st) return st;
     struct dnn_tensor* zt = zd;
     struct dnn_tensor* yt = yd;
     if (!zt || zt->n != yt->n || zt->c != yt->c || zt->h != yt->h || zt->w != yt->w)
         return CUDNN_STATUS_BAD_PARAM;
     if (b->n != 1 || b->c != yt->c || b->h != 1 || b->w != 1) return CUDNN_STATUS_BAD_PARAM;
-    if (algo < 0 || algo > 2) return CUDNN_STATUS_NOT_SUPPORTED;
-    if (act->mode == 5 && algo != 1) return CUDNN_STATUS_NOT_SUPPORTED;  /* as the library */
+    if (act->mode == 5 && algo != ALGO_PRECOMP) return CUDNN_STATUS_NOT_SUPPORTED;  /* as the library */
     /* 16-byte aligned operands (the floor the vendor path promises cuDNN) */
     const void* ptrs[5] = {x, w, y, bias, z};
     for (int i = 0; i < 5; ++i)
         if (ptrs[i] && ((uintptr_t)ptrs[i] % 16)) return CUDNN_STATUS_BAD_PARAM;
-    struct dnn_work* k = calloc(1, sizeof *k);
+    if (*(const float*)alpha2 != 0.0f && !z) return CUDNN_STATUS_BAD_PARAM;
+    struct dnn_work* k = dnn_work_new(xd, x, wd, w, cvd, yd, y);
     if (!k) return CUDNN_STATUS_ALLOC_FAILED;
-    k->x = *(struct dnn_tensor*)xd;
-    k->y = *yt;
-    k->w = *(struct dnn_filter*)wd;
-    k->cv = *(struct dnn_conv*)cvd;
+    k->fused = 1;
     k->relu = act->mode == 1;
     k->alpha1 = *(const float*)alpha1;
     k->alpha2 = *(const float*)alpha2;
-    if (k->alpha2 != 0.0f && !z) {
-        free(k);
-        return CUDNN_STATUS_BAD_PARAM;
-    }
-    k->X = x;
-    k->W = w;
     k->Z = z;
     k->B = bias;
-    k->Y = y;
     if (emu_enqueue_host(hp->stream, dnn_run, k) != CUDA_SUCCESS) {
+        free(k);
+        return CUDNN_STATUS_EXECUTION_FAILED;
+    }
+    return CUDNN_STATUS_SUCCESS;
+}
+
+EXPORT cudnnStatus_t cudnnConvolutionForward(void* h, const void* alpha, void* xd, const void* x,
+                                             void* wd, const void* w, void* cvd, int algo,
+                                             void* ws, size_t ws_bytes, const void* beta,
+                                             void* yd, void* y) {
+    struct dnn_handle* hp = h;
+    if (!alpha || !beta) return CUDNN_STATUS_BAD_PARAM;
+    cudnnStatus_t st = dnn_conv_args(h, xd, x, wd, w, cvd, algo, ws, ws_bytes, yd, y);
+    if (st) return st;
+    const void* ptrs[3] = {x, w, y};
+    for (int i = 0; i < 3; ++i)
+        if ((uintptr_t)ptrs[i] % 16) return CUDNN_STATUS_BAD_PARAM;
+    struct dnn_work* k = dnn_work_new(xd, x, wd, w, cvd, yd, y);
+    if (!k) return CUDNN_STATUS_ALLOC_FAILED;
+    k->alpha1 = *(const float*)alpha;
+    k->alpha2 = *(const float*)beta;
+    if (emu_enqueue_host(hp->stream, dnn_run, k) != CUDA_SUCCESS) {
+        free(k);
+        return CUDNN_STATUS_EXECUTION_FAILED;
+    }
+    return CUDNN_STATUS_SUCCESS;
+}
+
+struct dnn_add_work {
+    struct dnn_tensor a, c;
+    float alpha, beta;
+    const float* A;
+    float* C;
+};
+
+static int dnn_add_run(void* data, int run) {
+    struct dnn_add_work* k = data;
+    if (run) {
+        atomic_fetch_add(&g_vendor_calls[3], 1);
+        const struct dnn_tensor *a = &k->a, *c = &k->c;
+        for (int n = 0; n < c->n; ++n)
+            for (int ch = 0; ch < c->c; ++ch)
+                for (int y = 0; y < c->h; ++y)
+                    for (int x = 0; x < c->w; ++x) {
+                        int64_t ai = (((int64_t)(a->n == 1 ? 0 : n) * a->c +
+                                       (a->c == 1 ? 0 : ch)) * a->h + (a->h == 1 ? 0 : y)) *
+                                         a->w + (a->w == 1 ? 0 : x);
+                        int64_t ci = (((int64_t)n * c->c + ch) * c->h + y) * c->w + x;
+                        float v = k->alpha * k->A[ai];
+                        if (k->beta != 0.0f) v += k->beta * k->C[ci];  /* beta 0: C not read */
+                        k->C[ci] = v;
+                    }
+    }
+    free(k);
+    return 0;
+}
+
+EXPORT cudnnStatus_t cudnnAddTensor(void* h, const void* alpha, void* ad, const void* A,
+                                    const void* beta, void* cd, void* C) {
+    struct dnn_handle* hp = h;
+    struct dnn_tensor *a = ad, *c = cd;
+    if (!hp || hp->magic != MAGIC_DNN || !alpha || !beta || !A || !C) return CUDNN_STATUS_BAD_PARAM;
+    if (!a || !c || !a->set || !c->set) return CUDNN_STATUS_BAD_PARAM;
+    /* each dimension of A equals C's or is 1 (broadcast) */
+    if ((a->n != c->n && a->n != 1) || (a->c != c->c && a->c != 1) ||
+        (a->h != c->h && a->h != 1) || (a->w != c->w && a->w != 1))
+        return CUDNN_STATUS_BAD_PARAM;
+    struct dnn_add_work* k = calloc(1, sizeof *k);
+    if (!k) return CUDNN_STATUS_ALLOC_FAILED;
+    k->a = *a;
+    k->c = *c;
+    k->alpha = *(const float*)alpha;
+    k->beta = *(const float*)beta;
+    k->A = A;
+    k->C = C;
+    if (emu_enqueue_host(hp->stream, dnn_add_run, k) != CUDA_SUCCESS) {
         free(k);
         return CUDNN_STATUS_EXECUTION_FAILED;
     }
