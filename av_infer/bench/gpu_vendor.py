@@ -195,6 +195,10 @@ def model_rows(emulate: bool, models: list[str], precisions: list[str], scale: s
                     # matmul, so a run shows how many convs left the fused identity call
                     row["vendor_calls"] = dict(sorted(Counter(
                         r.get("call", "?") for r in rep if r["path"] == "vendor").items()))
+                    # which cuDNN algorithm (cudnnConvolutionFwdAlgo_t) per call path
+                    row["vendor_conv_algos"] = dict(sorted(Counter(
+                        f"{r.get('call', '?')}/{r.get('algo')}" for r in rep
+                        if r["path"] == "vendor" and r.get("op") == "conv").items()))
                     # auto mode: the load-time µs of those ops summed per call path
                     us: Counter[str] = Counter()
                     for r in rep:
