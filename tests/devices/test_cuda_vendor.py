@@ -356,13 +356,15 @@ def test_settings_are_validated_first():
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_gpu_vendor_zoo_against_onnxruntime(precision):
     """On a GPU: cuBLASLt / cuDNN found and loaded, scaled zoo models through vendor ops
-    within the precision's tolerance of ONNX Runtime, bit-identical from run to run."""
+    within the precision's tolerance of ONNX Runtime, bit-identical from run to run
+    (densenet201: identity convs on ``cudnnConvolutionForward``; resnet152: its downsample
+    convs on ``cudnnConvolutionForward`` + ``cudnnAddTensor``)."""
     from av_infer.devices.cuda import CudaDevice
 
     d = CudaDevice(vendor="force")
     try:
         r = Runner(d)
-        for name in ("resnet152", "distilbert"):
+        for name in ("resnet152", "distilbert", "densenet201"):
             path, plan, x = _zoo(name)
             plan.precision = precision
             h = d.load_plan(plan)
@@ -772,5 +774,39 @@ def test_conv_op_call_paths_and_their_emulated_results_agree():
         rc = v.launch(infos["conv"][0], np.zeros(5, np.uint64).tobytes(), sp.value or 0, ctx)
         assert rc == DNN_BASE + 2000 and "BAD_PARAM" in v.error_string(rc)
         cu.cuStreamDestroy_v2(sp)
+    finally:
+        d.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU_OK, reason=f"no usable GPU: {GPU_WHY}")
+def test_gpu_identity_convs_against_onnxruntime(tmp_path):
+    """On a GPU, the identity-conv model of the emulator test: each conv on its call path
+    (``conv`` / ``conv+bias`` / ``fused``) with whatever algorithm the real heuristics
+    rank first (printed), within 1e-3 of ONNX Runtime and bit-identical between runs."""
+    from av_infer.devices.cuda import CudaDevice
+    from av_infer.model.compiler import compile_model
+
+    path = tmp_path / "identity_convs.onnx"
+    _identity_conv_model(path)
+    plan = compile_model(path, name="identity_convs")
+    x = {"x": np.random.default_rng(8).standard_normal((1, 8, 13, 11)).astype(np.float32)}
+    d = CudaDevice(vendor="force")
+    try:
+        h = d.load_plan(plan)
+        by_out = {plan.kernels[r["kernel"]].outputs[0]: r for r in d.vendor_report(h)}
+        print({o: (r["path"], r.get("call"), r.get("algo"), r.get("workspace"), r["reason"])
+               for o, r in by_out.items()})
+        assert {o: r.get("call") for o, r in by_out.items() if r["path"] == "vendor"} == {
+            o: c for o, c in _WANT_CALL.items() if by_out[o]["path"] == "vendor"}
+        assert all(r["reason"] for r in by_out.values() if r["path"] == "own")
+        r = Runner(d)
+        got = r.run(h, x)
+        again = r.run(h, x)
+        for k, w in _ort(path, x).items():
+            assert np.array_equal(got[k], again[k]), k
+            err = max_error(got[k], w)
+            print(f"  {k} ({by_out[k].get('call')}): max error {err:.2e}")
+            assert err <= TOLERANCE["fp32"], (k, err)
     finally:
         d.close()
