@@ -13,6 +13,11 @@
 #   peer_torch issue 30: av-infer bench --peer torch, DISB A at fp32 then fp16, then C at
 #              fp32 (GPU_CHECK_PEER_S s per system, rates x GPU_CHECK_PEER_RATE_SCALE,
 #              default 1 = REEF's)                                      -> peer_torch.json
+#   gil        issue 30/31: scripts/gpu_gil_check.py, is the RT client late because of the
+#              GIL? (H200, 2026-11-27: RT client late p99 2-10 ms under av_infer, 0.1-0.2
+#              ms under torch) the avi system of peer torch A fp32, switch interval 5000
+#              (Python's) and 200 us alternating, 2 rounds each: RT p50/p99, lateness, BE
+#              req/s, preemption; printed whole into gpu_check.log (no file in $OUT)
 #   pad_select issue 30 item 3: scripts/gpu_pad_select_check.py, REEF Fig. 18a's no-BE
 #              padded overhead of the five full-size DISB models, pad_select parts (old)
 #              vs regs (new) vs plain, alternating, bit identity (docs/cuda.md); its padded
@@ -74,7 +79,7 @@ if [ -z "${PY:-}" ]; then
 fi
 export PY PYTHONUNBUFFERED=1 GPU_CHECK_NO_INSTALL="${GPU_CHECK_NO_INSTALL:-}"
 BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
-STEPS=${GPU_CHECK_STEPS:-build,vendor,peer_torch,pad_select,pytest,bench,disb_A,disb_C,sweep_A,sweep_C,sweep_A_wait,sweep_C_wait,sim_profiles,sim_disb,graphs}
+STEPS=${GPU_CHECK_STEPS:-build,vendor,peer_torch,gil,pad_select,pytest,bench,disb_A,disb_C,sweep_A,sweep_C,sweep_A_wait,sweep_C_wait,sim_profiles,sim_disb,graphs}
 DISB_S=${GPU_CHECK_DISB_S:-4}
 SWEEP_S=${GPU_CHECK_SWEEP_S:-3}
 RATE_SCALE=${GPU_CHECK_RATE_SCALE:-0.5}
@@ -209,6 +214,8 @@ if [ "$rc" -ne 0 ]; then
 fi
 step vendor 150 "$PY" -m av_infer.bench.gpu_vendor --out "$OUTDIR"
 step peer_torch 170 bash -c 'peer A fp32 && peer A fp16 && peer C fp32'
+step gil 130 "$PY" scripts/gpu_gil_check.py --workload A --precision fp32 --rounds 2 \
+    --out "$PARTS/gil"
 step pad_select 210 "$PY" scripts/gpu_pad_select_check.py --reps 10
 step pytest 150 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/devices/test_cuda_device.py \
     tests/kernels/test_cuda_compile.py tests/devices/test_cuda_vendor.py --junitxml="$PARTS/gpu_pytest.xml"

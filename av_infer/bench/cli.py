@@ -98,6 +98,11 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR",
                    help="write <W>.json and <W>_{cdf,throughput,timeline}.png under DIR")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--switch-interval-us", type=float, default=None, metavar="US",
+                   help="CPython's GIL switch interval for this run (sys.setswitchinterval; "
+                   "Python's default 5000 us): how long a thread that wants the GIL waits "
+                   "before the holder is asked to drop it. Peer reports record it "
+                   "(machine.gil_switch_interval_s); docs/gpu_results.md says why")
     g = p.add_argument_group(
         "peer comparison (--peer ort)",
         "the same load through av_infer (cpu), one ORT session per model with a thread per "
@@ -242,6 +247,8 @@ def cmd_peer(args: argparse.Namespace) -> int:
                        ("--device-option", args.device_option)):
         for v in vals or []:
             extra += [flag, v]
+    if args.switch_interval_us is not None:
+        extra += ["--switch-interval-us", f"{args.switch_interval_us:g}"]
     doc["command"] = peer_command(cfg, extra)  # repeats this run
     if args.json == "-":
         print(json.dumps(doc, indent=2))
@@ -347,6 +354,12 @@ def check_precision(device: str, precision: str, what: str = "bench") -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Entry point of ``av-infer bench``."""
+    if args.switch_interval_us is not None:
+        if not 0 < args.switch_interval_us <= 1e6:
+            raise SystemExit("bench: --switch-interval-us must be in (0, 1000000]")
+        import sys
+
+        sys.setswitchinterval(args.switch_interval_us * 1e-6)
     if args.peer == "torch":
         return cmd_peer_torch(args)
     if args.peer:

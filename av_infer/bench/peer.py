@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PeerConfig", "run_peer", "format_peer", "resolve_model", "add_load_args"]
+__all__ = ["PeerConfig", "run_peer", "format_peer", "resolve_model", "add_load_args",
+           "machine_info"]
 
 
 @dataclass
@@ -96,6 +97,19 @@ def resolve_model(spec: str, shapes: Any = None) -> _Model:
     m = load_model(spec)
     spec_in = {n: (v.shape, v.dtype) for n, v in bind_inputs(m, shapes).items()}
     return _Model(label, spec, shapes, random_inputs(spec_in, seed=0))
+
+
+def machine_info() -> dict[str, Any]:
+    """The host a peer comparison ran on, as its report records it: CPUs, platform, Python,
+    and CPython's GIL switch interval (``gil_switch_interval_s``: how long a thread that
+    wants the GIL waits before the holder is asked to drop it; ``bench
+    --switch-interval-us`` changes it for a run), since a Python client's lateness under
+    load depends on it."""
+    import sys
+
+    return {"cpus": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(),
+            "gil_switch_interval_s": sys.getswitchinterval()}
 
 
 def _summary(raw: _Raw) -> dict[str, Any]:
@@ -302,8 +316,7 @@ def run_peer(cfg: PeerConfig) -> dict[str, Any]:
         "config": {k: v for k, v in asdict(cfg).items() if k != "progress"},
         "rt_model": rt.label,
         "be_model": be.label,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version()},
+        "machine": machine_info(),
         "command": None,
     }
     seg_ms = cfg.device_options.get("segment_ms")

@@ -27,8 +27,6 @@ it is not in the project's venv (the GPU image has it).
 
 from __future__ import annotations
 
-import os
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -233,14 +231,13 @@ def _us(ms: Any) -> float | None:
 def run_torch_peer(cfg: TorchPeerConfig) -> dict[str, Any]:
     """Run every system of ``cfg.systems`` on the same load; the report dict (module
     docstring). Raises PeerUnavailable first where it cannot run."""
-    from av_infer.bench.peer import _drive, _summary
+    from av_infer.bench.peer import _drive, _summary, machine_info
 
     check_available(cfg)
     doc: dict[str, Any] = {
         "kind": "peer", "peer": "torch", "workload": cfg.workload,
         "precision": cfg.precision, "config": asdict(cfg),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version()},
+        "machine": machine_info(),
     }
     try:
         import torch

@@ -40,6 +40,26 @@ def test_cli_peer_json_to_stdout(capsys):
     assert doc["config"]["policy"] == "reef" and doc["command"].startswith("av-infer bench")
 
 
+def test_cli_switch_interval_is_applied_recorded_and_repeated(capsys):
+    """``--switch-interval-us`` sets CPython's GIL switch interval for the run; the report
+    records the interval the run had, and its command repeats the flag."""
+    import sys
+
+    before = sys.getswitchinterval()
+    try:
+        rc = main(["bench", "--peer", "ort", "--rt-model", "tiny_mlp", "--be-model",
+                   "tiny_cnn", "--be-clients", "1", "--duration", "0.2", "--warmup", "0.05",
+                   "--no-progress", "--switch-interval-us", "250", "--json", "-"])
+        assert rc == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["machine"]["gil_switch_interval_s"] == pytest.approx(250e-6)
+        assert "--switch-interval-us 250" in doc["command"]
+        with pytest.raises(SystemExit):
+            main(["bench", "--peer", "ort", "--switch-interval-us", "0"])
+    finally:
+        sys.setswitchinterval(before)
+
+
 def test_peer_command_repeats_the_load():
     """The command printed beside a peer figure (``make demo``'s line, the CLI's JSON)
     parses back into the same load."""
