@@ -18,8 +18,10 @@ from av_infer import (
     AvInferError,
     DeviceUnavailableError,
     InvalidParameterError,
+    UnknownModelError,
     device_class,
 )
+from av_infer.errors import ModelNameInUseError
 
 
 def _wall_clock(name: str) -> bool:
@@ -109,12 +111,37 @@ def model_source(entry: str, variant: str) -> tuple[str, Any]:
     return entry, zoo_path(entry, variant)
 
 
-def check_precisions(runtime: Any, wanted: dict[str, str]) -> None:
-    """InvalidParameterError naming every ``models`` entry whose precision ``runtime``'s
-    device does not run (``Runtime.precision_unavailable``); called before any model is
-    loaded, so a refusal leaves nothing loaded."""
+def check_precisions(runtime: Any, wanted: dict[str, str], variant: str = "scaled") -> None:
+    """Refuses ``models`` entries (entry -> precision, ``runtime_params.model_precisions``)
+    that cannot be served at their precision; called before any model is loaded, so a
+    refusal leaves nothing loaded. InvalidParameterError naming every entry whose
+    precision ``runtime``'s device does not run (``Runtime.precision_unavailable``); then
+    ModelNameInUseError (a subclass, code ``name_in_use``) naming every entry whose model
+    the runtime already holds at another precision (``held_precision``): a runtime shared
+    in the container holds one plan per model name, so serving it would silently run
+    another precision than asked."""
     bad = [f"{entry}: {why}" for entry, prec in wanted.items()
            if (why := runtime.precision_unavailable(prec))]
     if bad:
         raise InvalidParameterError("; ".join(bad) + " (parameters precision, "
                                     "model_precisions)")
+    held = [(entry, name, prec, have) for entry, prec in wanted.items()
+            if (have := held_precision(runtime, name := model_source(entry, variant)[0]))
+            not in (None, prec)]
+    if held:
+        raise ModelNameInUseError(
+            "; ".join(f"{entry}: model {name!r} is already loaded in this runtime at {have}, "
+                      f"not {prec}" for entry, name, prec, have in held)
+            + " (parameters precision, model_precisions; a runtime holds one precision per "
+              "model name: ask for the one it holds, or load the file under another name)")
+
+
+def held_precision(runtime: Any, name: str) -> str | None:
+    """The precision (``Plan.precision``) of the model ``name`` that ``runtime`` holds;
+    None when it holds none of that name."""
+    if name not in runtime.models():
+        return None
+    try:
+        return str(runtime.model_info(name).plan.precision)
+    except UnknownModelError:  # unloaded meanwhile
+        return None

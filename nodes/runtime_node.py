@@ -226,7 +226,7 @@ class RuntimeNode(RequestEndpoint, ModelServices, LifecycleNode):
                 raise InvalidParameterError("; ".join(self._param_errors))
             precisions = model_precisions(p)
             self._create_runtime(p)
-            check_precisions(self.runtime, precisions)  # before any model loads
+            check_precisions(self.runtime, precisions, p["model_variant"])  # before loads
             for entry in p["models"]:
                 self.load_model(entry, p["model_variant"], pin=entry in p["pinned_models"],
                                 precision=precisions[entry])

@@ -154,4 +154,4 @@ def model_info_msg(m: Any) -> ModelInfo:
                      outputs=tensors(m.outputs), weight_bytes=int(m.weight_bytes),
                      resident_bytes=int(m.resident_bytes), kernels=int(m.kernels),
                      pinned=bool(m.pinned), sha256=m.sha256 or "",
-                     plan_cache=m.plan_cache or "")
+                     plan_cache=m.plan_cache or "", precision=m.precision)
