@@ -357,8 +357,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.switch_interval_us is not None:
         if not 0 < args.switch_interval_us <= 1e6:
             raise SystemExit("bench: --switch-interval-us must be in (0, 1000000]")
-        import sys
-
         sys.setswitchinterval(args.switch_interval_us * 1e-6)
     if args.peer == "torch":
         return cmd_peer_torch(args)
