@@ -96,9 +96,9 @@ def test_plan_with_spec_weights_and_errors(tmp_path, capsys):
     assert main(["pipeline", "plan", "--profiles", str(tmp_path), "--cluster", "cpu:3",
                  "--weights", "resnet152=-1"]) == 2
     assert main(["pipeline", "plan", "--profiles", str(tmp_path), "--cluster",
-                 "cpu:3,h200:2"]) == 2  # a type without profiles, not built in
+                 "cpu:3,b200:2"]) == 2  # a type without profiles, not built in
     err = capsys.readouterr().err
-    assert "UnknownDeviceTypeError" in err and "h200" in err
+    assert "UnknownDeviceTypeError" in err and "b200" in err
 
 
 @pytest.mark.parametrize("load", ["poisson"])
