@@ -3,7 +3,7 @@
 A device *type* says where its block profiles come from and how fast its network link is:
 
 * simulated GPUs (every name in :data:`av_infer.profiles.GPUS`: ``mi50``, ``h100``,
-  ``orin``): block latencies derived from the plans' geometry (roofline + occupancy), on
+  ``h200``, ``orin``): block latencies derived from the plans' geometry (roofline + occupancy), on
   the models' ``full`` variant; the cluster simulator runs them in virtual time;
 * ``cpu``: real lanes; each member is an av_infer ``Runtime`` on the cpu device, block
   latencies measured with ONNX Runtime on the ``scaled`` variant.
@@ -69,7 +69,7 @@ class DeviceType:
 
 #: NIC bandwidth of the simulated GPU types: datacenter GPUs on 100 GbE, the embedded Orin
 #: on 10 GbE (a vehicle's automotive Ethernet is in the same range).
-_LINK_GBPS = {"h100": 100.0, "mi50": 25.0, "orin": 10.0}
+_LINK_GBPS = {"h100": 100.0, "h200": 100.0, "mi50": 25.0, "orin": 10.0}
 
 
 def device_type(name: str) -> DeviceType:
