@@ -34,10 +34,11 @@
 #   sweep_A, sweep_C           the same workloads under reef for c = 1, 2, 4
 #   sweep_A_wait, sweep_C_wait the same under wait (last: run only if time is left)
 #   sim_profiles, sim_disb     issue 33, scripts/gpu_sim_steps.sh: measured kernel profiles
-#              of the full-size zoo (~20-90 s) -> sim_profiles.json; DISB A, C, trace, D,
-#              E, B under rt_only/streams/reef/reef_dkp, 2 s each (~30 s per workload)
-#              -> disb_sim.json. Lowest priority: alone with
-#              GPU_CHECK_STEPS=build,sim_profiles,sim_disb (~4-5 min)
+#              of the full-size zoo (~10-90 s) -> sim_profiles.json; DISB D, E, trace, B,
+#              C, A under rt_only/streams/reef/reef_dkp, 2 s each (~35-50 s per workload,
+#              plus ~110 s once to compile the padded module cold; H200, 2026-11-27)
+#              -> disb_sim.json; alone with GPU_CHECK_STEPS=build,sim_profiles,sim_disb
+#              GPU_CHECK_BUDGET_S=540 (~7 min)
 #   graphs     issue 30 item 2: scripts/gpu_graphs_check.py, full-size resnet152 on a BE
 #              stream, plain vs gated CUDA graphs of 1 and of 4 ops per launch
 #              (docs/cuda_graphs.md): vs ORT, e2e
@@ -51,8 +52,14 @@
 # H200: log, steps, gpu_vendor, peer_torch, gpu_check, disb_cuda, sim_profiles, disb_sim).
 # scripts/*.py import av_infer from the checkout: PYTHONPATH gets the checkout first (the
 # GPU image's python3 has no av_infer installed; the graphs step failed on that, 2026-11-27).
-# Priority (2026-11-26): vendor and peer_torch first: the older steps ran on an H100 once
-# already (docs/gpu_results.md); the vendor path never has.
+# Order = priority (2026-11-27): build, vendor, peer_torch, gil, pytest, sim_profiles,
+# sim_disb, then the steps that already ran on a GPU (bench, disb_*, sweep_*: H100
+# 2026-11-26; pad_select, graphs: H200 2026-11-27). The steps above are described in
+# their topic's order, not run order. A 15-minute lease fits about three calls started
+# while the machine is warm (2026-11-27: 425 + 147 + 245 s of commands, 866 s held):
+#   1. GPU_CHECK_STEPS=build,vendor,peer_torch,gil,pytest GPU_CHECK_BUDGET_S=520
+#   2. GPU_CHECK_STEPS=build,sim_profiles,sim_disb GPU_CHECK_BUDGET_S=... (what is left)
+# (build is seconds when the tree's extensions are already built there).
 #
 # Knobs: GPU_CHECK_STEPS (comma list of the steps above; default all), GPU_CHECK_BUDGET_S,
 # GPU_CHECK_DISB_S (seconds per DISB policy run, default 4), GPU_CHECK_SWEEP_S (default 3),
@@ -79,7 +86,7 @@ if [ -z "${PY:-}" ]; then
 fi
 export PY PYTHONUNBUFFERED=1 GPU_CHECK_NO_INSTALL="${GPU_CHECK_NO_INSTALL:-}"
 BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
-STEPS=${GPU_CHECK_STEPS:-build,vendor,peer_torch,gil,pad_select,pytest,bench,disb_A,disb_C,sweep_A,sweep_C,sweep_A_wait,sweep_C_wait,sim_profiles,sim_disb,graphs}
+STEPS=${GPU_CHECK_STEPS:-build,vendor,peer_torch,gil,pytest,sim_profiles,sim_disb,bench,disb_A,disb_C,sweep_A,sweep_C,sweep_A_wait,sweep_C_wait,pad_select,graphs}
 DISB_S=${GPU_CHECK_DISB_S:-4}
 SWEEP_S=${GPU_CHECK_SWEEP_S:-3}
 RATE_SCALE=${GPU_CHECK_RATE_SCALE:-0.5}
@@ -216,9 +223,10 @@ step vendor 150 "$PY" -m av_infer.bench.gpu_vendor --out "$OUTDIR"
 step peer_torch 170 bash -c 'peer A fp32 && peer A fp16 && peer C fp32'
 step gil 130 "$PY" scripts/gpu_gil_check.py --workload A --precision fp32 --rounds 2 \
     --out "$PARTS/gil"
-step pad_select 210 "$PY" scripts/gpu_pad_select_check.py --reps 10
 step pytest 150 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/devices/test_cuda_device.py \
     tests/kernels/test_cuda_compile.py tests/devices/test_cuda_vendor.py --junitxml="$PARTS/gpu_pytest.xml"
+step sim_profiles 120 bash scripts/gpu_sim_steps.sh profiles "$OUTDIR"
+step sim_disb 420 bash scripts/gpu_sim_steps.sh disb "$OUTDIR"
 step bench 240 "$PY" -m av_infer.bench.gpu_bench --out "$OUTDIR" --pair-seconds "$PAIR_S"
 for wl in A C; do
     cap=90
@@ -236,8 +244,7 @@ for pol in reef wait; do
             --sweep-policy "$1" --duration "$2"' "$wl" "$pol" "$SWEEP_S"
     done
 done
-step sim_profiles 120 bash scripts/gpu_sim_steps.sh profiles "$OUTDIR"
-step sim_disb 270 bash scripts/gpu_sim_steps.sh disb "$OUTDIR"
+step pad_select 210 "$PY" scripts/gpu_pad_select_check.py --reps 10
 step graphs 150 "$PY" scripts/gpu_graphs_check.py --out "$PARTS/graphs" --repeats 10 --trials 20 \
     --graph-ops 1,4
 COMMIT=${GPU_CHECK_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
