@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         pubs = {c: cams.create_publisher(Image, f"/{c}/image_raw", IMAGE_QOS)
                 for c in ("front", "rear", "cabin")}
         got = _Arrival()
-        out_sub = cams.create_subscription(TensorList, f"/{clients['front'].get_name()}/output",
+        out_sub = cams.create_subscription(TensorList,
+                                           f"/{clients['front'].get_name()}/output/tensors",
                                            got.on_message, 10)
         wait_for(lambda: all(p.get_subscription_count() for p in pubs.values()), 15,
                  what="camera subscriptions")

@@ -158,7 +158,8 @@ def _ask(rt: Any, model: str, names: Path, jpeg: bytes, executor: str | None,
         dets, errors = _Inbox(), _Inbox()
         sub = viewer.create_subscription(Detection2DArray, f"/{NODE_NAME}/output/detections",
                                          dets, 10)
-        err_sub = viewer.create_subscription(InferResponse, f"/{NODE_NAME}/errors", errors, 10)
+        err_sub = viewer.create_subscription(InferResponse, f"/{NODE_NAME}/output/errors",
+                                             errors, 10)
         pub = viewer.create_publisher(CompressedImage, IMAGE_TOPIC, IMAGE_QOS)
         h.start()
         wait_matched(pub, sub, err_sub, timeout=timeout, what="detections topics")

@@ -5,11 +5,13 @@ share the Runtime object); ``composed:=false`` runs one node per process, the cl
 reaching the host over /av_infer/request|response. Parameters come from ``params_file``.
 
 Topics follow Autoware's convention: the image nodes subscribe ``~/input/image`` and
-``~/input/camera_info``; this file remaps them to ``camera_topic``/``cabin_topic`` and
-``camera_info_topic``/``cabin_info_topic``, whose defaults are the topics the nodes used
-before the convention (``/camera/image_raw``, ``/cabin/image_raw``, ``/camera_info``), so a
-deployment launched with the same arguments subscribes the same topics. Outputs keep their
-names (``~/output``, ``~/output/detections``, ``~/output/camera_info``, ``~/errors``).
+``~/input/camera_info`` and publish ``~/output/tensors``, ``~/output/detections``,
+``~/output/camera_info`` and ``~/output/errors`` (``image_node.TOPICS``); this file remaps
+every one to a topic argument (``camera_topic`` ... ``cabin_errors_topic``) whose default
+is the topic the node used before the convention (inputs ``/camera/image_raw``,
+``/cabin/image_raw``, ``/camera_info``; outputs ``/<node>/output`` and ``/<node>/errors``,
+the old unremapped ``~/output`` and ``~/errors``), so a deployment launched with the same
+arguments uses the same topics. ``~/debug/*`` and ``/diagnostics`` are not remapped.
 
     ros2 launch av_infer av_infer.launch.py composed:=false params_file:=my.param.yaml
 """
@@ -31,10 +33,28 @@ def generate_launch_description() -> LaunchDescription:
     composed = LaunchConfiguration("composed")
     params_file = LaunchConfiguration("params_file")
     log_level = LaunchConfiguration("log_level")
-    camera_topic = LaunchConfiguration("camera_topic")
-    cabin_topic = LaunchConfiguration("cabin_topic")
-    camera_info_topic = LaunchConfiguration("camera_info_topic")
-    cabin_info_topic = LaunchConfiguration("cabin_info_topic")
+    #: (node, its topic, the launch argument it is remapped to): every image-node topic
+    #: (image_node.TOPICS) of both nodes; node-scoped rules in the container
+    topics = [
+        ("av_infer_perception", "~/input/image", "camera_topic"),
+        ("av_infer_perception", "~/input/camera_info", "camera_info_topic"),
+        ("av_infer_perception", "~/output/tensors", "tensors_topic"),
+        ("av_infer_perception", "~/output/detections", "detections_topic"),
+        ("av_infer_perception", "~/output/camera_info", "output_info_topic"),
+        ("av_infer_perception", "~/output/errors", "errors_topic"),
+        ("av_infer_monitoring", "~/input/image", "cabin_topic"),
+        ("av_infer_monitoring", "~/input/camera_info", "cabin_info_topic"),
+        ("av_infer_monitoring", "~/output/tensors", "cabin_tensors_topic"),
+        ("av_infer_monitoring", "~/output/detections", "cabin_detections_topic"),
+        ("av_infer_monitoring", "~/output/camera_info", "cabin_output_info_topic"),
+        ("av_infer_monitoring", "~/output/errors", "cabin_errors_topic"),
+    ]
+
+    def remaps(node: str | None) -> list[tuple]:
+        """``node``'s remap rules; None: both nodes' rules, node-scoped (the container)."""
+        return [(t if node else f"{n}:{t}", LaunchConfiguration(to)) for n, t, to in topics
+                if node in (None, n)]
+
     common = {"output": "screen", "emulate_tty": True,
               "arguments": ["--ros-args", "--log-level", log_level]}
     return LaunchDescription([
@@ -55,26 +75,49 @@ def generate_launch_description() -> LaunchDescription:
         DeclareLaunchArgument("cabin_info_topic", default_value="/camera_info",
                               description="sensor_msgs/CameraInfo topic of the monitoring node "
                                           "(read with use_camera_info)"),
+        DeclareLaunchArgument("tensors_topic", default_value="/av_infer_perception/output",
+                              description="av_infer_msgs/TensorList topic the perception node "
+                                          "publishes (its ~/output/tensors)"),
+        DeclareLaunchArgument("detections_topic",
+                              default_value="/av_infer_perception/output/detections",
+                              description="vision_msgs/Detection2DArray topic of the "
+                                          "perception node (its ~/output/detections)"),
+        DeclareLaunchArgument("output_info_topic",
+                              default_value="/av_infer_perception/output/camera_info",
+                              description="sensor_msgs/CameraInfo of the perception node's "
+                                          "model input (its ~/output/camera_info)"),
+        DeclareLaunchArgument("errors_topic", default_value="/av_infer_perception/errors",
+                              description="av_infer_msgs/InferResponse topic of the perception "
+                                          "node's failed images (its ~/output/errors)"),
+        DeclareLaunchArgument("cabin_tensors_topic", default_value="/av_infer_monitoring/output",
+                              description="av_infer_msgs/TensorList topic the monitoring node "
+                                          "publishes (its ~/output/tensors)"),
+        DeclareLaunchArgument("cabin_detections_topic",
+                              default_value="/av_infer_monitoring/output/detections",
+                              description="vision_msgs/Detection2DArray topic of the "
+                                          "monitoring node (its ~/output/detections)"),
+        DeclareLaunchArgument("cabin_output_info_topic",
+                              default_value="/av_infer_monitoring/output/camera_info",
+                              description="sensor_msgs/CameraInfo of the monitoring node's "
+                                          "model input (its ~/output/camera_info)"),
+        DeclareLaunchArgument("cabin_errors_topic", default_value="/av_infer_monitoring/errors",
+                              description="av_infer_msgs/InferResponse topic of the monitoring "
+                                          "node's failed images (its ~/output/errors)"),
         # one process: runtime host + perception + monitoring sharing the Runtime
         # (no `name`: it would rename every node in the process; node-scoped remaps instead)
         Node(package="av_infer", executable="av_infer_container",
              parameters=[params_file],
-             remappings=[("av_infer_perception:~/input/image", camera_topic),
-                         ("av_infer_monitoring:~/input/image", cabin_topic),
-                         ("av_infer_perception:~/input/camera_info", camera_info_topic),
-                         ("av_infer_monitoring:~/input/camera_info", cabin_info_topic)],
+             remappings=remaps(None),
              condition=IfCondition(composed), **common),
         # one process per node
         Node(package="av_infer", executable="av_infer_runtime", name="av_infer_runtime",
              parameters=[params_file], condition=UnlessCondition(composed), **common),
         Node(package="av_infer", executable="av_infer_perception", name="av_infer_perception",
              parameters=[params_file, {"runtime": "remote"}],
-             remappings=[("~/input/image", camera_topic),
-                         ("~/input/camera_info", camera_info_topic)],
+             remappings=remaps("av_infer_perception"),
              condition=UnlessCondition(composed), **common),
         Node(package="av_infer", executable="av_infer_monitoring", name="av_infer_monitoring",
              parameters=[params_file, {"runtime": "remote"}],
-             remappings=[("~/input/image", cabin_topic),
-                         ("~/input/camera_info", cabin_info_topic)],
+             remappings=remaps("av_infer_monitoring"),
              condition=UnlessCondition(composed), **common),
     ])

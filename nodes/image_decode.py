@@ -17,7 +17,7 @@ Guaranteed: a result is ``(encoding, array)`` with ``encoding`` in ``rgb8``/``bg
 C-contiguous uint8 HxWx3 array, ready for ``preprocess.image_to_tensor``; anything that
 cannot be decoded (an unknown format, truncated or corrupt bytes, sizes that do not add up,
 an image over ``max_pixels``) raises ``ImageFormatError`` (code ``invalid_input``) saying
-what, so the node answers that frame on ``~/errors`` like any bad image.
+what, so the node answers that frame on ``~/output/errors`` like any bad image.
 """
 
 from __future__ import annotations

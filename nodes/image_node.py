@@ -8,12 +8,13 @@ Subscribes ``sensor_msgs/Image`` on ``~/input/image`` (SensorDataQoS, depth 1: a
 replaced, never queued), preprocesses it straight into the request's input buffer
 (``preprocess.py``; in-process that is the runtime's own task input buffer, the only copy
 of the input), submits it with ``deadline = header.stamp + relative_deadline_ms`` and
-publishes the outputs on ``~/output`` as ``av_infer_msgs/TensorList`` with the image's
-header. Every image that is submitted gets exactly one message: the outputs on
-``~/output``, or an ``av_infer_msgs/InferResponse`` without tensors on ``~/errors`` with
-its status and code (e.g. ``deadline_missed``). Images arriving while ``max_in_flight``
-requests are pending, before the runtime is reachable, or while inactive are dropped and
-counted. Outputs are encoded and published on the node's executor (``Handoff``).
+publishes the outputs on ``~/output/tensors`` as ``av_infer_msgs/TensorList`` with the
+image's header. Every image that is submitted gets exactly one message: the outputs on
+``~/output/tensors``, or an ``av_infer_msgs/InferResponse`` without tensors on
+``~/output/errors`` with its status and code (e.g. ``deadline_missed``). Images arriving
+while ``max_in_flight`` requests are pending, before the runtime is reachable, or while
+inactive are dropped and counted. Outputs are encoded and published on the node's
+executor (``Handoff``).
 
 ``runtime``: ``local`` calls an in-process Runtime (the container), ``remote`` reaches a
 runtime host in another process over /av_infer/request|response; ``auto`` picks local when
@@ -89,30 +90,41 @@ IMAGE_QOS = QoSProfile(depth=1, history=qos_profile_sensor_data.history,
 
 ResultListener = Callable[[Reply, Image, float], None]
 
-#: Input topics, Autoware's ``~/input/*`` convention (remap them: ``-r
-#: ~/input/image:=/camera/image_raw``; the launch file does).
+#: Topics, Autoware's ``~/input/*`` / ``~/output/*`` convention (remap them: ``-r
+#: ~/input/image:=/camera/image_raw``; the launch file remaps every one of ``TOPICS``).
 IMAGE_TOPIC = "~/input/image"
 CAMERA_INFO_TOPIC = "~/input/camera_info"
-#: Their names before that convention. A remap rule naming one (``-r image:=...``, as
-#: deployments wrote them) still decides the topic, so those keep working unchanged.
-LEGACY_INPUTS = {IMAGE_TOPIC: "image", CAMERA_INFO_TOPIC: "camera_info"}
+#: the outputs (``TensorList``), reliable, depth 10 like every output
+TENSORS_TOPIC = "~/output/tensors"
+#: the decoded outputs (``Detection2DArray``, ``decoder`` set)
+DETECTIONS_TOPIC = "~/output/detections"
+#: the model input's camera model (``CameraInfo``, ``use_camera_info``)
+OUTPUT_CAMERA_INFO_TOPIC = "~/output/camera_info"
+#: a submitted image that failed (``InferResponse`` without tensors)
+ERRORS_TOPIC = "~/output/errors"
+#: An image node's topics (besides /diagnostics and ``~/debug/*``).
+TOPICS = (IMAGE_TOPIC, CAMERA_INFO_TOPIC, TENSORS_TOPIC, DETECTIONS_TOPIC,
+          OUTPUT_CAMERA_INFO_TOPIC, ERRORS_TOPIC)
+#: Their names before that convention, where they differ. A remap rule naming one (``-r
+#: image:=...``, ``-r ~/output:=...``, as deployments wrote them) still decides the
+#: topic, so those keep working unchanged.
+LEGACY_NAMES = {IMAGE_TOPIC: "image", CAMERA_INFO_TOPIC: "camera_info",
+                TENSORS_TOPIC: "~/output", ERRORS_TOPIC: "~/errors"}
 
 
-def input_topic(node: LifecycleNode, name: str) -> str:
-    """The topic ``node`` subscribes for input ``name`` (``IMAGE_TOPIC`` or
-    ``CAMERA_INFO_TOPIC``): the remapped legacy name where a rule remaps it, else ``name``
-    (which the node's own rules then resolve). Logged, so the old rule is visible."""
-    legacy = LEGACY_INPUTS[name]
+def node_topic(node: LifecycleNode, name: str) -> str:
+    """The topic ``node`` uses for ``name`` (one of ``TOPICS``): the remapped legacy name
+    where a rule remaps it (``LEGACY_NAMES``), else ``name`` (which the node's own rules
+    then resolve). Logged, so the old rule is visible."""
+    legacy = LEGACY_NAMES.get(name)
+    if legacy is None:
+        return name
     remapped = node.resolve_topic_name(legacy)
     if remapped != node.resolve_topic_name(legacy, only_expand=True):
-        node.get_logger().info(f"input {name}: a remap of {legacy!r} (the name before "
-                               f"~/input/*) applies: subscribing {remapped}")
+        node.get_logger().info(f"topic {name}: a remap of {legacy!r} (the name before "
+                               f"~/input/*, ~/output/*) applies: using {remapped}")
         return remapped
     return name
-
-
-#: Detection2DArray publisher QoS: reliable like ``~/output``.
-DETECTIONS_TOPIC = "~/output/detections"
 
 #: Parameters of the input's health checks (``InputHealth``), applied together.
 HEALTH_PARAMS = ("expected_hz", "rate_tolerance", "stale_timeout_s", "max_stamp_age_ms",
@@ -204,8 +216,9 @@ class ImageInferenceNode(LifecycleNode):
                                                event_callbacks=PUB_EVENTS)
         self._diag_timer = self.create_timer(self.p["diagnostics_period_s"],
                                              self.publish_diagnostics)
-        self._pub = self.create_publisher(TensorList, "~/output", 10, event_callbacks=PUB_EVENTS)
-        self._err_pub = self.create_publisher(InferResponse, "~/errors", 10,
+        self._pub = self.create_publisher(TensorList, node_topic(self, TENSORS_TOPIC), 10,
+                                          event_callbacks=PUB_EVENTS)
+        self._err_pub = self.create_publisher(InferResponse, node_topic(self, ERRORS_TOPIC), 10,
                                               event_callbacks=PUB_EVENTS)
         #: the detector-head decoder (parameter ``decoder``; None: raw tensors only) and
         #: its publisher, created with the first decoder
@@ -221,7 +234,7 @@ class ImageInferenceNode(LifecycleNode):
         # one subscription on ~/input/image: raw Image or, with input:=compressed,
         # CompressedImage
         in_type = CompressedImage if self.p["input"] == "compressed" else Image
-        self._sub = self.create_subscription(in_type, input_topic(self, IMAGE_TOPIC),
+        self._sub = self.create_subscription(in_type, node_topic(self, IMAGE_TOPIC),
                                              self._on_image, IMAGE_QOS,
                                              event_callbacks=SUB_EVENTS)
         #: the latest CameraInfo (use_camera_info) and the input-side model it implies
@@ -229,11 +242,12 @@ class ImageInferenceNode(LifecycleNode):
         self._info_sub = self._info_pub = None
         if self.p["use_camera_info"]:
             self._info_sub = self.create_subscription(CameraInfo,
-                                                      input_topic(self, CAMERA_INFO_TOPIC),
+                                                      node_topic(self, CAMERA_INFO_TOPIC),
                                                       self._on_camera_info, IMAGE_QOS,
                                                       event_callbacks=SUB_EVENTS)
-            self._info_pub = self.create_publisher(CameraInfo, "~/output/camera_info", 10,
-                                                   event_callbacks=PUB_EVENTS)
+            self._info_pub = self.create_publisher(CameraInfo,
+                                                   node_topic(self, OUTPUT_CAMERA_INFO_TOPIC),
+                                                   10, event_callbacks=PUB_EVENTS)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._configure_error: BaseException | None = None
         if self.p["autostart"]:
@@ -698,7 +712,7 @@ class ImageInferenceNode(LifecycleNode):
     def _publish_detections(self, reply: Reply, image: Image, geom: Fit) -> None:
         """The outputs decoded into ``~/output/detections`` (``decoder`` set). Outputs the
         decoder cannot read are counted (``decode_failed``) and logged at most every 5 s:
-        the image's one answer on ``~/output``/``~/errors`` is already out."""
+        the image's one answer on ``~/output/tensors``/``~/output/errors`` is already out."""
         decoder = self._decoder
         if decoder is None or self._det_pub is None:
             return
@@ -717,7 +731,7 @@ class ImageInferenceNode(LifecycleNode):
         self._det_pub.publish(detections_msg(dets, image.header))
 
     def _detections_publisher(self) -> Any:
-        return self.create_publisher(Detection2DArray, DETECTIONS_TOPIC, 10,
+        return self.create_publisher(Detection2DArray, node_topic(self, DETECTIONS_TOPIC), 10,
                                      event_callbacks=PUB_EVENTS)
 
     def _publish(self, reply: Reply, image: Image, t_recv: float,

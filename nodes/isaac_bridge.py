@@ -10,7 +10,7 @@ codes Isaac nodes do not convert: 11-13 and av_infer's 128 bool pass as they are
 node refuses them, see ``tensor_codec.ISAAC_DATA_TYPES``).
 
 Topics (remap them): ``~/input/av_infer`` (``av_infer_msgs/TensorList``, e.g. a perception
-node's ``~/output``) -> ``~/output/isaac`` (Isaac's ``TensorList``), and ``~/input/isaac``
+node's ``~/output/tensors``) -> ``~/output/isaac`` (Isaac's ``TensorList``), and ``~/input/isaac``
 (e.g. an Isaac DNN encoder's ``tensor_pub``) -> ``~/output/av_infer``. Reliable, depth 10
 (an Isaac ROS publisher's default is reliable too).
 

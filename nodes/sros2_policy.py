@@ -30,7 +30,8 @@ no ``sros2``/security-enabled build; docs/ros.md, "Locking the topics down with 
     scripts/netns_run.sh .venv/bin/python -m av_infer_nodes.sros2_policy \\
         --params-file param/av_infer.param.yaml \\
         --perception av_infer_perception=/camera/image_raw \\
-        --monitoring av_infer_monitoring=/cabin/image_raw -o policy.xml
+        --monitoring av_infer_monitoring=/cabin/image_raw \\
+        --remap av_infer_perception:~/output/tensors:=/av_infer_perception/output -o policy.xml
 """
 
 from __future__ import annotations
@@ -206,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="a monitoring node (remote client); repeat")
     ap.add_argument("--camera-info", action="append", default=[], metavar="NODE=TOPIC",
                     help="what NODE's ~/input/camera_info is remapped to (use_camera_info)")
+    ap.add_argument("--remap", action="append", default=[], metavar="[NODE:]FROM:=TO",
+                    help="a remap rule given to every node (node-scoped: to NODE only), e.g. "
+                         "the launch file's output rules av_infer_perception:~/output/tensors"
+                         ":=/av_infer_perception/output; repeat")
     ap.add_argument("-o", "--output", default="-", help="policy file (default: stdout)")
     args = ap.parse_args(argv)
     clients = ([_client_arg("perception", t) for t in args.perception]
@@ -217,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         c.camera_info_topic = infos.pop(c.node, None)
     if infos:
         ap.error(f"--camera-info for nodes not named: {', '.join(infos)}")
-    text = generate(Deployment(clients, params_file=args.params_file, host=args.host))
+    text = generate(Deployment(clients, params_file=args.params_file, host=args.host,
+                               extra_args=[a for rule in args.remap for a in ("-r", rule)]))
     if args.output == "-":
         sys.stdout.write(text)
     else:

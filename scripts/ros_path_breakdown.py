@@ -77,7 +77,7 @@ def main() -> None:
         arrived[0] = time.perf_counter()
         got.set()
 
-    cams.create_subscription(TensorList, "/perception_front/output", on_output, 10)
+    cams.create_subscription(TensorList, "/perception_front/output/tensors", on_output, 10)
     h.start()
     wait_for(lambda: pub.get_subscription_count() > 0, 10, what="the image subscription")
     img = make_image(cams, "front_camera", 240, 320, "rgb8", seed=1)

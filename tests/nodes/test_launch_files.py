@@ -61,7 +61,10 @@ def test_launch_file_names_real_executables_and_files(path):
         desc = _kw(call, "description")
         assert isinstance(desc, ast.Constant | ast.JoinedStr) and desc.value, name
         declared[name] = call
-    used = {c.args[0].value for c in _calls(tree, "LaunchConfiguration")}
+    used = {c.args[0].value for c in _calls(tree, "LaunchConfiguration")
+            if isinstance(c.args[0], ast.Constant)}
+    if any(getattr(n, "id", None) == "topics" for n in ast.walk(tree)):
+        used |= {arg for _, _, arg in _launch_topics(tree)}  # LaunchConfiguration(to)
     assert used <= set(declared), f"undeclared launch arguments: {used - set(declared)}"
     assert {"composed", "params_file"} <= set(declared)
     # every file the launch file names (param YAMLs) is in the repo and installed
@@ -184,3 +187,86 @@ def test_nodes_start_from_the_launch_command_lines(tmp_path):
         print(f"--- container (exit {code}):\n{container.output()[-3000:]}", file=sys.stderr)
     assert code == 0, container.output()[-3000:]
     assert "Traceback" not in container.output(), container.output()[-3000:]
+
+
+def _launch_topics(tree: ast.AST) -> list[tuple[str, str, str]]:
+    """The launch file's ``topics`` table: (node, topic, launch argument)."""
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "topics":
+            return [tuple(e.value for e in t.elts) for t in n.value.elts]
+    raise AssertionError("the launch file has no `topics` table")
+
+
+#: what each launch topic argument defaults to: the topic the node used before
+#: ~/input/*, ~/output/* (so a deployment launched with the same arguments keeps its topics)
+OLD_NAMES = {"~/input/image": None, "~/input/camera_info": "/camera_info",
+             "~/output/tensors": "/{node}/output", "~/output/errors": "/{node}/errors",
+             "~/output/detections": "/{node}/output/detections",
+             "~/output/camera_info": "/{node}/output/camera_info"}
+
+
+def _launch_remaps() -> tuple[list[tuple[str, str, str]], dict[str, str], list[ast.Call]]:
+    path = REPO / "launch" / "av_infer.launch.py"
+    tree = ast.parse(path.read_text(), filename=str(path))
+    defaults = {c.args[0].value: _kw(c, "default_value").value
+                for c in _calls(tree, "DeclareLaunchArgument")
+                if isinstance(_kw(c, "default_value"), ast.Constant)}
+    return _launch_topics(tree), defaults, _calls(tree, "Node")
+
+
+def test_launch_file_remaps_every_image_node_topic():
+    pytest.importorskip("rclpy")
+    from av_infer_nodes.image_node import TOPICS
+
+    table, defaults, nodes = _launch_remaps()
+    image_nodes = ("av_infer_perception", "av_infer_monitoring")
+    assert sorted((n, t) for n, t, _ in table) == sorted(
+        (n, t) for n in image_nodes for t in TOPICS)
+    assert len({a for _, _, a in table}) == len(table)  # one argument per topic
+    for node, topic, arg in table:
+        assert arg in defaults, f"{arg} is not declared with a default"
+        old = OLD_NAMES[topic]
+        if old is not None:
+            assert defaults[arg] == old.format(node=node), (arg, defaults[arg])
+    assert defaults["camera_topic"] == "/camera/image_raw"
+    assert defaults["cabin_topic"] == "/cabin/image_raw"
+    # the container takes every rule node-scoped, each node process its own
+    for call in nodes:
+        exe, rules = _kw(call, "executable").value, _kw(call, "remappings")
+        if exe == "av_infer_runtime":
+            assert rules is None
+            continue
+        assert isinstance(rules, ast.Call) and rules.func.id == "remaps", exe
+        want = None if exe == "av_infer_container" else exe
+        assert rules.args[0].value == want, exe
+
+
+@pytest.mark.ros
+def test_launch_default_remaps_give_the_old_topics():
+    """The container's node-scoped rules with the launch file's defaults, as launch_ros
+    passes them (``-r node:from:=to``), on both image nodes in one process: every topic
+    is the one the nodes used before ~/input/*, ~/output/*."""
+    pytest.importorskip("rclpy")
+    from av_infer_nodes.monitoring_node import MonitoringNode
+    from av_infer_nodes.perception_node import PerceptionNode
+    from av_infer_nodes.testing import RosHarness
+    from rclpy.parameter import Parameter
+
+    table, defaults, _ = _launch_remaps()
+    rules = [a for n, t, arg in table for a in ("-r", f"{n}:{t}:={defaults[arg]}")]
+    params = [Parameter("model", value="tiny_cnn"), Parameter("runtime", value="remote"),
+              Parameter("use_camera_info", value=True), Parameter("decoder", value="yolo")]
+    with RosHarness(executor="single") as h:
+        for cls in (PerceptionNode, MonitoringNode):
+            node = h.add(cls(context=h.context, cli_args=["--ros-args", *rules],
+                             parameter_overrides=params))
+            got = {"~/input/image": node._sub.topic_name,
+                   "~/input/camera_info": node._info_sub.topic_name,
+                   "~/output/tensors": node._pub.topic_name,
+                   "~/output/errors": node._err_pub.topic_name,
+                   "~/output/detections": node._det_pub.topic_name,
+                   "~/output/camera_info": node._info_pub.topic_name}
+            name = node.get_name()
+            want = {t: defaults[arg] for n, t, arg in table if n == name}
+            assert got == want, name
+            assert want["~/output/tensors"] == f"/{name}/output"

@@ -1,8 +1,8 @@
 """Camera streams in: ``sensor_msgs/CompressedImage`` (the committed JPEG, byte for byte)
 through the perception node gives the real detector's boxes; ``CameraInfo`` is checked
 against each image and re-published for the model input; corrupt frames are answered on
-``~/errors`` (never lost); yuv422 and Bayer raw frames and letterboxing reach the model as
-the ROS-free preprocessing computes them.
+``~/output/errors`` (never lost); yuv422 and Bayer raw frames and letterboxing reach the
+model as the ROS-free preprocessing computes them.
 
 Run inside scripts/netns_run.sh: LOCALHOST discovery, fresh netns.
 """
@@ -89,7 +89,8 @@ def test_compressed_jpeg_with_camera_info_gives_detections(cam_graph):
     dets, errs, infos = Collector(), Collector(), Collector()
     subs = [tester.create_subscription(Detection2DArray,
                                        "/av_infer_perception/output/detections", dets, 10),
-            tester.create_subscription(InferResponse, "/av_infer_perception/errors", errs, 10),
+            tester.create_subscription(InferResponse, "/av_infer_perception/output/errors",
+                                       errs, 10),
             tester.create_subscription(CameraInfo, "/av_infer_perception/output/camera_info",
                                        infos, 10)]
     pub = tester.create_publisher(CompressedImage, "/page/image_raw/compressed", IMAGE_QOS)
@@ -112,7 +113,7 @@ def test_compressed_jpeg_with_camera_info_gives_detections(cam_graph):
         info = wait_for(infos.snapshot, what="model-input camera_info")[0]
         assert (info.width, info.height) == (608, 800) and info.header == msg.header
         np.testing.assert_allclose(info.k, camera_info(608, 800).k)  # same size: unchanged
-        # corrupt and wrong-size frames: one typed answer each on ~/errors
+        # corrupt and wrong-size frames: one typed answer each on ~/output/errors
         bad = CompressedImage(format="jpeg", data=FIXTURE.read_bytes()[:5000])
         bad.header.frame_id = "truncated"
         pub.publish(bad)
@@ -140,7 +141,7 @@ def test_compressed_jpeg_with_camera_info_gives_detections(cam_graph):
 def test_yuv_and_bayer_frames_reach_the_model_letterboxed(cam_graph, encoding):
     h, host, comp, raw, tester = cam_graph
     outs = Collector()
-    sub = tester.create_subscription(TensorList, "/raw_cam/output", outs, 10)
+    sub = tester.create_subscription(TensorList, "/raw_cam/output/tensors", outs, 10)
     pub = tester.create_publisher(Image, "/raw/image", IMAGE_QOS)
     try:
         wait_matched(pub, sub)

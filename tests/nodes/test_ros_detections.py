@@ -127,7 +127,7 @@ def _send_page(tester, per, frame_id):
     dets, outs = Collector(), Collector()
     sub = tester.create_subscription(Detection2DArray, "/av_infer_perception/output/detections",
                                      dets, 10)
-    sub2 = tester.create_subscription(TensorList, "/av_infer_perception/output", outs, 10)
+    sub2 = tester.create_subscription(TensorList, "/av_infer_perception/output/tensors", outs, 10)
     pub = tester.create_publisher(Image, "/page/image", IMAGE_QOS)
     try:
         wait_matched(pub, sub, sub2)
@@ -217,7 +217,7 @@ def test_decoder_parameters_are_validated_as_a_batch(det_graph):
     # still goes out, the detections do not, and the failure is counted
     assert per.set_parameters_atomically([Parameter("decoder", value="yolo")]).successful
     outs = Collector()
-    sub = tester.create_subscription(TensorList, "/av_infer_perception/output", outs, 10)
+    sub = tester.create_subscription(TensorList, "/av_infer_perception/output/tensors", outs, 10)
     pub = tester.create_publisher(Image, "/page/image", IMAGE_QOS)
     try:
         wait_matched(pub, sub)

@@ -78,8 +78,8 @@ def test_image_across_processes_same_header(procs):
         with lock:
             errors.append(msg)
 
-    tester.create_subscription(TensorList, "/av_infer_perception/output", on_out, 10)
-    tester.create_subscription(InferResponse, "/av_infer_perception/errors", on_err, 10)
+    tester.create_subscription(TensorList, "/av_infer_perception/output/tensors", on_out, 10)
+    tester.create_subscription(InferResponse, "/av_infer_perception/output/errors", on_err, 10)
     pub = tester.create_publisher(Image, "/mp_cam/image", IMAGE_QOS)
     wait_for(lambda: pub.get_subscription_count() > 0 or not (host.alive() and per.alive()),
              what="perception subscription")

@@ -110,8 +110,9 @@ def _views(msg) -> dict[str, np.ndarray]:
 def test_image_in_tensorlist_out_same_header(graph):
     h, host, per, mon, tester = graph
     outs, mon_outs = Collector(), Collector()
-    sub = tester.create_subscription(TensorList, "/av_infer_perception/output", outs, 10)
-    sub2 = tester.create_subscription(TensorList, "/av_infer_monitoring/output", mon_outs, 10)
+    sub = tester.create_subscription(TensorList, "/av_infer_perception/output/tensors", outs, 10)
+    sub2 = tester.create_subscription(TensorList, "/av_infer_monitoring/output/tensors",
+                                      mon_outs, 10)
     pub = tester.create_publisher(Image, "/cam_front/image", IMAGE_QOS)
     pub2 = tester.create_publisher(Image, "/cabin/image", IMAGE_QOS)
     try:
@@ -151,7 +152,7 @@ def test_image_in_tensorlist_out_same_header(graph):
 def test_bad_image_answered_on_the_error_topic(graph):
     h, host, per, mon, tester = graph
     errs = Collector()
-    sub = tester.create_subscription(InferResponse, "/av_infer_perception/errors", errs, 10)
+    sub = tester.create_subscription(InferResponse, "/av_infer_perception/output/errors", errs, 10)
     pub = tester.create_publisher(Image, "/cam_front/image", IMAGE_QOS)
     try:
         wait_matched(pub, sub)

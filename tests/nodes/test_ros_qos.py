@@ -279,7 +279,7 @@ def test_image_node_names_the_group(qos, where):
             Parameter("runtime", value="remote"), *params],
             cli_args=["--ros-args", "-r", f"image:=/{name}/image"]))
     outs = Collector()
-    sub = tester.create_subscription(TensorList, f"/{name}/output", outs, 10)
+    sub = tester.create_subscription(TensorList, f"/{name}/output/tensors", outs, 10)
     img_pub = tester.create_publisher(Image, f"/{name}/image", IMAGE_QOS)
     try:
         wait_matched(img_pub, sub)

@@ -42,7 +42,12 @@ EXAMPLE_CMD = ["--params-file", "param/av_infer.param.yaml",
                "--perception", "av_infer_perception=/camera/image_raw",
                "--monitoring", "av_infer_monitoring=/cabin/image_raw",
                "--camera-info", "av_infer_perception=/camera_info",
-               "--camera-info", "av_infer_monitoring=/camera_info"]
+               "--camera-info", "av_infer_monitoring=/camera_info",
+               # the launch file's output rules whose defaults differ from ~/output/*
+               "--remap", "av_infer_perception:~/output/tensors:=/av_infer_perception/output",
+               "--remap", "av_infer_perception:~/output/errors:=/av_infer_perception/errors",
+               "--remap", "av_infer_monitoring:~/output/tensors:=/av_infer_monitoring/output",
+               "--remap", "av_infer_monitoring:~/output/errors:=/av_infer_monitoring/errors"]
 
 PARAMS = """\
 pol_runtime:
