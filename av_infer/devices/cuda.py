@@ -92,7 +92,12 @@ from av_infer.errors import (
     InvalidInputError,
 )
 from av_infer.kernels.cuda.padding import OCC_LEVELS, PAD_SELECTS
-from av_infer.kernels.cuda.sources import PlanSource, build_plan_source, slot_address
+from av_infer.kernels.cuda.sources import (
+    ArgTemplate,
+    PlanSource,
+    build_plan_source,
+    slot_address,
+)
 from av_infer.kernels.cuda_compile import CompileCache, Compiler, default_compiler
 from av_infer.model.plan import Plan
 
@@ -162,6 +167,9 @@ class _Model:
     #: per kernel the plain function's registers per thread (cuFuncGetAttribute), read
     #: the first time a padded launch under ``pad_select="regs"`` needs them; [] = not yet
     regs: list[int] = field(default_factory=list)
+    #: every kernel's argument struct with arena slots relative (``new_task`` adds a
+    #: task's arena base: no per-kernel packing per request)
+    args: ArgTemplate | None = None
 
 
 @dataclass(eq=False)
@@ -542,6 +550,7 @@ class CudaDevice(Device):
         mem.synchronize()
         wb = int(weights.nbytes) + sum(int(a.nbytes) for a in aux)
         m = _Model(plan, src, module, funcs, geom, weights, aux, wb, self.plan_precision(plan))
+        m.args = ArgTemplate.build(plan, src.specs, mem.ptr(weights), [mem.ptr(a) for a in aux])
         if self._vendor is not None:
             self._build_vendor_ops(m)
         if self._graphs["active"]:
@@ -588,15 +597,8 @@ class CudaDevice(Device):
     def new_task(self, handle: Any, task: int) -> None:
         plan: Plan = handle.plan
         arena = self._mem.alloc(plan.arena_bytes)
-
-        resolve = self._resolver(handle, arena)
-        packed, offs, pos = [], [], 0
-        for s in handle.src.specs:
-            blob = s.pack(resolve)
-            packed.append(blob)
-            offs.append(pos)
-            pos += len(blob)
-        blob = b"".join(packed)
+        blob = handle.args.for_arena(self._mem.ptr(arena))
+        offs = list(handle.args.offs)
         grec = None
         if handle.graphs:
             grec = self._mem.pinned(4 * (len(handle.funcs) + 1)).view(np.uint32)
