@@ -174,7 +174,10 @@ class Engine:
         self.batch_info: dict[str, str] = {}  # model -> batch sizes or why unavailable
         self.driver = Driver(self.sched, "inline" if virtual else "thread",
                              on_stop=self.device.close)
-        self.device.start(self.on_complete)
+        if self.device.coalesces:  # the scheduler applies Completion.count exactly
+            self.device.start(self.on_complete, coalesce=True)
+        else:
+            self.device.start(self.on_complete)
 
     # -- the driver -------------------------------------------------------------------------
     def on_complete(self, comp: Completion) -> None:

@@ -348,6 +348,7 @@ cdef struct Stream:
     int32_t units               # launch units in flight
     int32_t cunits              # at most this many units in flight
     int has_pend                # an index taken from the vHQ that did not fit the graph
+    uint8_t padded[RING]        # the slot's launch was a padded (DKP) launch
     int64_t pend_t              # ... (launched next, through the ordinary branches)
     int32_t pend_k
 
@@ -373,6 +374,7 @@ cdef struct Comp:
     int32_t kernel
     int32_t status
     int32_t executed            # 1 ran, 0 skipped (a gate record says so), -1 unknown
+    int32_t padded              # a padded (DKP) launch: never coalesced (``poll``)
     double t0
     double t1
 
@@ -1049,7 +1051,7 @@ cdef class Dispatcher:
 
     # -- the loop -----------------------------------------------------------------------
     cdef int _push_comp(self, int32_t s, int64_t t, int32_t k, int32_t status, double t0,
-                        double t1, int32_t executed) noexcept nogil:
+                        double t1, int32_t executed, int32_t padded) noexcept nogil:
         cdef Comp* c
         PyThread_acquire_lock(self._rlock, WAIT_LOCK)
         if self._rtail - self._rhead >= COMP_RING:
@@ -1061,6 +1063,7 @@ cdef class Dispatcher:
         c.kernel = k
         c.status = status
         c.executed = executed
+        c.padded = padded
         c.t0 = t0
         c.t1 = t1
         self._rtail += 1
@@ -1079,7 +1082,7 @@ cdef class Dispatcher:
         cdef uint32_t* g
         cdef void* params[2]
         cdef double tl, tl2
-        cdef int is_vendor
+        cdef int is_vendor, is_padded
         cdef int32_t executed
         cdef uint32_t word
         cdef KernelNodeParams kp
@@ -1120,7 +1123,7 @@ cdef class Dispatcher:
                         st.gskipped += 1
                 PyThread_release_lock(self._tlock)
                 self._push_comp(s, st.task[slot], st.kernel[slot], r, st.t0[slot], _now(),
-                                executed)
+                                executed, st.padded[slot])
                 if st.unit_end[slot]:
                     st.units -= 1
                 st.head = (slot + 1) % RING
@@ -1139,6 +1142,7 @@ cdef class Dispatcher:
                 slot = (st.head + st.count) % RING
                 r = -1  # unknown task / kernel index
                 is_vendor = 0
+                is_padded = 0
                 nops = 1
                 st.gated[slot] = 0
                 tl = _now()
@@ -1152,6 +1156,7 @@ cdef class Dispatcher:
                     r = self._drv.cuLaunchKernel(rec.pfuncs[k], g[0], g[1], g[2], g[3], g[4],
                                                  g[5], g[6], st.s, params, NULL)
                     _drop_padded(rec, k)
+                    is_padded = 1
                     if r == CUDA_SUCCESS:
                         r = self._drv.cuEventRecord(st.ev[slot], st.s)
                     rec.inflight += 1
@@ -1221,6 +1226,7 @@ cdef class Dispatcher:
                         st.task[slot] = t
                         st.kernel[slot] = k + i
                         st.unit_end[slot] = 0
+                        st.padded[slot] = 0
                     rec.inflight += nops
                 elif rec != NULL and 0 <= k < rec.nk and rec.vfn != NULL and rec.vfn[k] != NULL:
                     # a vendor op: a closed kernel cannot read the flag, so it is checked
@@ -1267,6 +1273,7 @@ cdef class Dispatcher:
                     st.vlaunched += 1
                     st.vhost_s += st.t0[slot] - tl
                 st.err[slot] = r
+                st.padded[slot] = is_padded
                 st.unit_end[slot] = 1
                 st.count += 1
                 st.units += 1
@@ -1316,14 +1323,25 @@ cdef class Dispatcher:
     def loops(self):
         return self._loops
 
-    def poll(self, int max_n=4096, double timeout=0.05, bint executed=False):
+    def poll(self, int max_n=4096, double timeout=0.05, bint executed=False,
+             bint coalesce=False):
         """Completions since the last poll, waiting up to ``timeout`` s for the first:
         list of (stream, task, kernel, status, t_launch, t_observed), with ``executed``
         one more item: True / False where a gated graph's record says whether the op ran,
-        else None."""
+        else None.
+
+        ``coalesce`` (implies ``executed``): consecutive ring entries of one stream and
+        one task with consecutive kernels, all status 0, the same ``executed``, none a
+        padded launch, become one item, and only while that stream's preemption flag is
+        down (host copy, read now): items are (stream, task, first kernel, status,
+        t_launch of the first, t_observed of the last, executed, count, times) with
+        ``times`` the (t_launch, t_observed) of each, flattened (() when count is 1).
+        At most ``max_n`` ring entries are taken either way; order is kept."""
         cdef long long us = <long long>(timeout * 1e6)
         cdef int n = 0
+        cdef int cnt
         cdef Comp c
+        cdef Comp* c2
         out = []
         if self._rtail == self._rhead:
             with nogil:
@@ -1333,7 +1351,29 @@ cdef class Dispatcher:
             c = self._ring[self._rhead & (COMP_RING - 1)]
             self._rhead += 1
             n += 1
-            if executed:
+            if coalesce:
+                cnt = 1
+                tt = None
+                if (c.status == CUDA_SUCCESS and not c.padded and 0 <= c.stream < self._nst
+                        and self._st[c.stream].hflag == 0):
+                    while self._rhead != self._rtail and n < max_n:
+                        c2 = &self._ring[self._rhead & (COMP_RING - 1)]
+                        if (c2.stream != c.stream or c2.task != c.task
+                                or c2.kernel != c.kernel + cnt or c2.status != CUDA_SUCCESS
+                                or c2.padded or c2.executed != c.executed):
+                            break
+                        if tt is None:
+                            tt = [c.t0, c.t1]
+                        tt.append(c2.t0)
+                        tt.append(c2.t1)
+                        c.t1 = c2.t1
+                        cnt += 1
+                        self._rhead += 1
+                        n += 1
+                out.append((c.stream, c.task, c.kernel, c.status, c.t0, c.t1,
+                            None if c.executed < 0 else c.executed == 1, cnt,
+                            tuple(tt) if cnt > 1 else ()))
+            elif executed:
                 out.append((c.stream, c.task, c.kernel, c.status, c.t0, c.t1,
                             None if c.executed < 0 else c.executed == 1))
             else:

@@ -19,7 +19,8 @@ Threading contract:
   (from one thread at a time) and return without waiting for the device.
 * ``on_complete`` (given to ``start``) is called once per transmitted launch, in stream
   order, from a device thread (cpu, cuda) or from inside the simulator's event loop (sim).
-  It must not block.
+  It must not block. Started with ``coalesce=True`` (devices that ``coalesce``), one call
+  may stand for several consecutive launches (``Completion.count``).
 * ``now()`` is the clock every timestamp uses (wall time, or virtual time in the sim).
 """
 
@@ -67,6 +68,26 @@ class Completion:
     #: tells a launch slowed by the machine (CPU time grows with it: caches, memory) from one
     #: that waited (for a core or the GIL: CPU time does not grow)
     cpu_s: float = float("nan")
+    #: launches this record stands for: kernels ``kernel .. kernel + count - 1`` of
+    #: ``task``, consecutive on ``stream`` (a *coalesced* record, only from a device started
+    #: with ``coalesce=True``, see ``Device.coalesces``). ``t_start`` is the first one's,
+    #: ``t_end`` the last one's; the status is success for all, ``executed`` the same for
+    #: all, no padded launch among them (``parts`` is ()), ``t_stop`` and ``cpu_s`` NaN.
+    #: ``Scheduler.on_complete`` applies it exactly as ``count`` single records
+    count: int = 1
+    #: per launch of a coalesced record, ``(t_start, t_end)`` of each, flattened:
+    #: ``(t_start_0, t_end_0, t_start_1, t_end_1, ...)`` (``2 * count`` values); () when
+    #: ``count`` is 1. What a single record per launch would have carried (preemption
+    #: latency, "kernel" listener events, a first kernel's start)
+    times: tuple[float, ...] = ()
+
+    def singles(self) -> list[Completion]:
+        """The single records this one stands for, in stream order ([self] if count 1)."""
+        if self.count == 1:
+            return [self]
+        tt = self.times
+        return [Completion(self.stream, self.task, self.kernel + i, self.executed,
+                           tt[2 * i], tt[2 * i + 1]) for i in range(self.count)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +144,13 @@ class Device(ABC):
     #: Plan precisions (``Plan.precision``: fp32 | tf32 | fp16) this device runs; the one
     #: list ``Runtime.load_model`` checks a requested precision against.
     precisions: tuple[str, ...] = ("fp32",)
+    #: ``start(on_complete, coalesce=True)`` is accepted: the device may then report
+    #: consecutive launches of one task on one stream in one record (``Completion.count``),
+    #: so the consumer's Python runs once per batch instead of once per kernel (a batch
+    #: forms when the consumer falls behind). The engine asks for it; consumers that read
+    #: one record per kernel (tests, ``bench.gpu_bench``) start without it and get exactly
+    #: that. Devices without it never coalesce.
+    coalesces: bool = False
     #: Streams are numbered from 0; priority: higher number = more urgent (RT streams use
     #: the device's highest priority, BE streams its lowest).
 
@@ -219,7 +247,8 @@ class Device(ABC):
     # -- lifecycle -----------------------------------------------------------------------
     @abstractmethod
     def start(self, on_complete: CompletionCallback) -> None:
-        """Start dispatching; completions are reported through ``on_complete``."""
+        """Start dispatching; completions are reported through ``on_complete``. A device
+        that ``coalesces`` also takes ``coalesce: bool = False`` (see there)."""
 
     @abstractmethod
     def close(self) -> None:

@@ -187,6 +187,12 @@ class _Task:
     grec: Any = None
 
 
+def _split_item(item: tuple) -> list[tuple]:
+    """A coalesced poll item as the single items it stands for (7-tuples, in order)."""
+    s, task, k, status, _, _, executed, count, tt = item
+    return [(s, task, k + i, status, tt[2 * i], tt[2 * i + 1], executed) for i in range(count)]
+
+
 class CudaDevice(Device):
     """REEF-N on CUDA; see the module docstring."""
 
@@ -199,6 +205,10 @@ class CudaDevice(Device):
 
     #: plan precisions this device runs (``Plan.precision``)
     precisions = PRECISIONS
+    #: ``start(on_complete, coalesce=True)``: consecutive ordinary completions of one task
+    #: on one stream that the completion thread finds waiting together are delivered as one
+    #: record (``Completion.count``; ``Dispatcher.poll(coalesce=True)``, docs/request_path.md)
+    coalesces = True
 
     def __init__(self, device_id: int = 0, c: int = 4, tf32: bool = False,
                  cache_dir: str | None = None, compiler: Compiler | None = None,
@@ -335,6 +345,15 @@ class CudaDevice(Device):
         self._tasks: dict[int, _Task] = {}
         self._zombies: set[int] = set()
         self._on_complete: CompletionCallback | None = None
+        self._coalesce = False
+        #: tests and measurements only: the completion thread sleeps this long before each
+        #: poll, so completions wait in the ring and batches form as on a loaded GPU (on the
+        #: emulator kernels are slow and the thread rarely falls behind). 0: no pause
+        self.poll_pause_s = 0.0
+        #: completion records delivered and the launches they stood for (telemetry
+        #: ``completions``: launches per record > 1 where records were coalesced)
+        self._records = 0
+        self._record_launches = 0
         self._threads: list[threading.Thread] = []
         #: completion threads that died and were replaced (``_drain``)
         self.drain_restarts = 0
@@ -885,11 +904,13 @@ class CudaDevice(Device):
             handle.plan.arena_bytes, repeats)
 
     # -- lifecycle ------------------------------------------------------------------------
-    def start(self, on_complete: CompletionCallback) -> None:
+    def start(self, on_complete: CompletionCallback, coalesce: bool = False) -> None:
+        """``coalesce``: ``on_complete`` accepts coalesced records (``Device.coalesces``)."""
         with self._lock:
             if self._started:
                 raise RuntimeError("cuda device already started")
             self._on_complete = on_complete
+            self._coalesce = bool(coalesce)
             self._started = True
             for target, name in ((self._disp._run, "dispatch"), (self._drain, "completions")):
                 th = threading.Thread(target=target, name=f"av_infer-cuda-{name}", daemon=True)
@@ -901,23 +922,36 @@ class CudaDevice(Device):
 
         If this thread's body dies (a bug, or the ``"lane"`` fault), the completion it held
         counts as a failed launch (its task's ``read_outputs`` raises DeviceFaultError) and
-        a new thread takes over it and the rest of the batch (``drain_restarts``)."""
+        a new thread takes over it and the rest of the batch (``drain_restarts``).
+
+        Coalesced items (``start(coalesce=True)``: ``count`` > 1) are booked once, except
+        while fault hooks are armed or a padded launch's parts are booked for one of their
+        kernels: those are per launch, so the item is delivered as its single records."""
         pending = deque(backlog)
         held = None
+        coalesce = self._coalesce
         try:
             while not self._closed:
                 if not pending:
-                    pending.extend(self._disp.poll(4096, 0.05, executed=True))
+                    if self.poll_pause_s > 0:
+                        time.sleep(self.poll_pause_s)
+                    pending.extend(self._disp.poll(4096, 0.05, True, coalesce))
                 while pending:
                     held = pending.popleft()
                     faults = self.faults
+                    if len(held) > 7 and held[7] > 1 and (faults is not None
+                                                          or self._padded_in(held)):
+                        pending.extendleft(reversed(_split_item(held)))
+                        held = None
+                        continue
                     if faults is not None:  # outside any handler: this thread dies
                         rec = self._tasks.get(held[1])
                         if rec is not None:
                             faults.check("lane", rec.model.plan.name, held[2])
-                    done = self._completed(*held[:6], held[6] if len(held) > 6 else None,
-                                           faults)
+                    done = self._completed(*held, faults=faults)
                     held = None
+                    self._records += 1
+                    self._record_launches += done.count
                     cb = self._on_complete
                     if cb is not None and not self._closed:
                         cb(done)
@@ -940,12 +974,29 @@ class CudaDevice(Device):
                 self._threads.append(th)
             th.start()
 
+    def _padded_in(self, item: tuple) -> bool:
+        """Parts of a padded launch are booked for a kernel of the coalesced ``item``."""
+        if not self._padded:
+            return False
+        task, k = item[1], item[2]
+        with self._books:
+            return any((task, k + i) in self._padded for i in range(item[7]))
+
     def _completed(self, s: int, task: int, k: int, status: int, t0: float, t1: float,
-                   executed: bool | None = None, faults: Any = None) -> Completion:
+                   executed: bool | None = None, count: int = 1, times: tuple = (),
+                   faults: Any = None) -> Completion:
         """The books of one completion (drain thread): a failed launch becomes its task's
         error, a padded launch takes its parts, a released task's last launch frees it.
         ``executed``: what a gated graph's record says (None: plain launch, unknown).
+        ``count`` > 1: a coalesced item of ``Dispatcher.poll`` (status 0, no padded
+        launch, no fault hooks: ``_drain`` splits the others), booked once.
         ``faults``: the device's injector (None in production)."""
+        if count != 1:
+            with self._books:
+                if task in self._zombies and self._disp.unregister_task(task):
+                    self._zombies.discard(task)
+                    self._tasks.pop(task, None)
+            return Completion(s, task, k, executed, t0, t1, count=count, times=times)
         with self._books:
             rec = self._tasks.get(task)
             if rec is not None and rec.error is None:
@@ -1007,6 +1058,8 @@ class CudaDevice(Device):
         ]
         out["tasks"] = len(self._tasks)
         out["drain_restarts"] = self.drain_restarts
+        out["completions"] = {"coalesce": self._coalesce, "records": self._records,
+                              "launches": self._record_launches}
         out["task_table"] = self._disp.table_stats()
         out["cuda_priority_range"] = self._disp.priority_range
         out["compile_cache"] = {"dir": str(self._cache.dir), "hits": self._cache.hits,

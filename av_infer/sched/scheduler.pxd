@@ -87,6 +87,8 @@ cdef class Scheduler:
     cdef public int sms
     cdef public object _dkp
     cdef public set _dkp_off
+    cdef public long long coalesced_applied
+    cdef public long long coalesced_split
 
     cdef _handle(self, tuple ev)
     cpdef bint idle(self)
@@ -109,6 +111,10 @@ cdef class Scheduler:
     cpdef on_arrival(self, req, entry)
     @cython.locals(s=StreamState, task=Task)
     cpdef on_complete(self, comp)
+    @cython.locals(s=StreamState, task=Task, n=int, k0=int, done=int, i=int)
+    cdef bint _coalescible(self, comp) except -1
+    @cython.locals(s=StreamState, task=Task, n=int, k0=int, i=int, be=bint)
+    cdef _apply_coalesced(self, comp)
     @cython.locals(s=StreamState)
     cdef _apply_capacity(self, int c, policy)
     cdef _schedule(self, bint settled=*)

@@ -246,6 +246,10 @@ class Scheduler:
         #: BE models whose padding the device refused (their profile does not match what
         #: it launches): never offered as padding again
         self._dkp_off: set[str] = set()
+        #: coalesced completion records (``Completion.count`` > 1) applied at once, and
+        #: those split into their single records (``_coalescible`` did not hold)
+        self.coalesced_applied = 0
+        self.coalesced_split = 0
 
     # -- driver entry point ---------------------------------------------------------------
     def post(self, event: tuple) -> None:
@@ -254,6 +258,11 @@ class Scheduler:
         wait there, so this is never re-entered (a re-entry is a bug and raises)."""
         if self._busy:
             raise RuntimeError("Scheduler.post re-entered: post events through the Driver")
+        if event[0] == "complete" and event[1].count != 1 and not self._coalescible(event[1]):
+            self.coalesced_split += 1
+            for one in event[1].singles():  # exactly as if the device had sent them so
+                self.post(("complete", one))
+            return
         self._busy = True
         try:
             try:
@@ -536,7 +545,18 @@ class Scheduler:
         self._schedule()
 
     def on_complete(self, comp: Completion) -> None:
-        """One launch left the device (ran or evicted itself)."""
+        """One launch left the device (ran or evicted itself), or ``comp.count`` launches
+        of one task, consecutive on one stream (a coalesced record): applied exactly as
+        that many single records (``_coalescible``), else split into them."""
+        if comp.count != 1:
+            if self._coalescible(comp):
+                self.coalesced_applied += 1
+                self._apply_coalesced(comp)
+            else:
+                self.coalesced_split += 1
+                for one in comp.singles():
+                    self.on_complete(one)
+            return
         s = self.streams.get(comp.stream)
         if s is not None:
             s.outstanding -= 1
@@ -587,6 +607,70 @@ class Scheduler:
             # an executed, unpadded launch of a running task, not its last, with more of
             # the task and of its stream still in flight: nothing a decision compares
             # changed here (launches in flight against 0, a task's end, padding credit)
+            self._schedule(settled=True)
+            return
+        self._schedule()
+
+    def _coalescible(self, comp: Completion) -> bool:
+        """A coalesced record of n launches can be applied at once: one by one, each
+        launch but the last would take ``on_complete``'s settled path (an executed,
+        unpadded launch of a running task, not its last, with more of the task and of its
+        stream in flight: no decision compares what it changed, so the decision after it
+        is the one before it) and none would record a preemption latency. Then the n
+        records leave the same state as one pass over their counts followed by the last
+        one's decision, which is what ``_apply_coalesced`` does. Reads, changes nothing."""
+        n = comp.count
+        s = self.streams.get(comp.stream)
+        if s is None or comp.parts or s.stop_from is not None:
+            return False
+        task = self.tasks.get(comp.task)
+        if task is None or task.state != RUNNING or task.outstanding < n or s.outstanding < n:
+            return False
+        if comp.executed is False or (comp.executed is None and s.flagged):
+            return False
+        k0 = comp.kernel
+        done = task.done
+        for i in range(n - 1):  # the task's end is not before the last launch
+            if k0 + i == done:
+                done += 1
+                while done in task.pad_full:
+                    done += 1
+            if done >= task.n:
+                return False
+        return True
+
+    def _apply_coalesced(self, comp: Completion) -> None:
+        """What ``comp.count`` single records do where ``_coalescible`` holds: each
+        launch's counts, "kernel" event and progress in order, then the last one's tail
+        (``_finish`` or a decision). The launches but the last take no decision of their
+        own: each would repeat the one before (the settled path)."""
+        s = self.streams[comp.stream]
+        task = self.tasks[comp.task]
+        n = comp.count
+        tt = comp.times
+        k0 = comp.kernel
+        be = s.kind == "be"
+        tm = task.req.timings
+        for i in range(n):
+            s.outstanding -= 1
+            if be:
+                self._be_seen = tt[2 * i + 1]  # BE progressed
+            if self.listeners:
+                self._emit("kernel", {"stream": comp.stream, "task": comp.task,
+                                      "kernel": k0 + i, "executed": comp.executed,
+                                      "t_start": tt[2 * i], "t_end": tt[2 * i + 1],
+                                      "t_stop": math.nan})
+            task.outstanding -= 1
+            if k0 + i == task.done:
+                if task.done == 0 and math.isnan(tm.first_kernel_start):
+                    tm.first_kernel_start = tt[2 * i]
+                task.done += 1
+                while task.done in task.pad_full:  # the rest already ran as padding
+                    task.done += 1
+        # the last launch's tail in on_complete (running, executed, unpadded)
+        if task.done >= task.n and not task.answered:
+            self._finish(task, comp.t_end)
+        elif task.done < task.n and task.outstanding > 0 and s.outstanding > 0:
             self._schedule(settled=True)
             return
         self._schedule()

@@ -244,6 +244,8 @@ def _late_completions_device(hold_from: int, ready_at: int):
     from av_infer.devices.cuda import CudaDevice
 
     class LateCompletions(CudaDevice):
+        coalesces = False  # it holds and releases single records (kernel by kernel)
+
         def __init__(self) -> None:
             super().__init__(emulate=True)
             self._late_lock = threading.RLock()  # the poster may run the scheduler inline
