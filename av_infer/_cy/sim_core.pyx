@@ -324,6 +324,7 @@ cdef class _Stream:
     #: would run into one; ``hold_at``: when the pending release fires
     cdef list quiet
     cdef double hold_at
+    cdef double last_arrive  # host model: when its last transmitted launch lands
 
     def __cinit__(self, int sid, int priority, int c):
         self.id = sid
@@ -336,6 +337,7 @@ cdef class _Stream:
         self.pads = {}
         self.quiet = []
         self.hold_at = -1.0
+        self.last_arrive = 0.0
 
 
 cdef class _KRun:
@@ -419,6 +421,8 @@ cdef class SimCore:
     cdef list _order, _rev_order
     cdef object _on_complete
     cdef bint _closed, _reserved
+    cdef bint _host_on  # host model (devices.sim_host): launches wait for their task's
+    cdef dict _host_ready  # task -> end of its host start work (virtual s)
     cdef int _c, _n_sms
     cdef double flag_s, launch_s, evict_s, _interference, _jitter, _pad_factor
     cdef object _rng
@@ -456,6 +460,19 @@ cdef class SimCore:
         self._rng = rng
         self._pad_factor = 1.0 + pad_overhead
         self.timeline = [] if record else None
+        self._host_on = False
+        self._host_ready = {}
+
+    def _set_host_ready(self, task, double t):
+        """Host model (``devices.sim_host``): ``task``'s launches are transmitted no
+        earlier than ``t`` (its host start work ends then). The first call turns the rule
+        on for the device: from then on a stream's launches also land in transmit order
+        (a later task's launch never overtakes an earlier one still on the host)."""
+        self._host_on = True
+        self._host_ready[task] = t
+
+    def _forget_host(self, task):
+        self._host_ready.pop(task, None)
 
     @property
     def stats(self):
@@ -599,9 +616,18 @@ cdef class SimCore:
         cdef VHQ vhq = s.vhq
         cdef int64_t task
         cdef int32_t kernel
+        cdef double ta
         while vhq.transmit_c(&task, &kernel):
             parts = pads.pop((task, kernel), ()) if pads else ()
-            self._at(t, EV_ARRIVE, s, (task, kernel, parts))
+            if self._host_on:  # host model: not before the task's host work ended
+                r = self._host_ready.get(task)
+                ta = t if r is None else max(t, <double>r + self.launch_s)
+                if ta < s.last_arrive:
+                    ta = s.last_arrive
+                s.last_arrive = ta
+                self._at(ta, EV_ARRIVE, s, (task, kernel, parts))
+            else:
+                self._at(t, EV_ARRIVE, s, (task, kernel, parts))
         return 0
 
     cdef int _on_flag(self, _Stream s, bint flag) except -1:

@@ -45,6 +45,10 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "streams on DISB A at REEF's 1.84x), bandwidth (uncalibrated), none (SM "
                    "sharing only), beta=X, or a parameter FILE.json from "
                    "--refit-contention (docs/bench.md, docs/sim_fidelity.md)")
+    p.add_argument("--host", default=None, metavar="FILE.json",
+                   help="sim: host model (per-request start work and one busy host, "
+                   "devices/sim_host.py) from a parameter FILE.json of --refit-host; "
+                   "default none (launches cost GpuSpec.launch_us only)")
     p.add_argument("--profiles", metavar="DIR",
                    help="sim: measured kernel profiles (DIR of <model>.profile.json or a "
                    "bundle FILE.json, e.g. from "
@@ -65,10 +69,18 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "(default none)")
     g2.add_argument("--refit-contention", metavar="GPU_JSON",
                     help="write the fitted contention parameters to --params-out")
-    g2.add_argument("--params-out", metavar="FILE.json", default="contention_fit.json",
-                    help="parameter file of --refit-contention (%(default)s)")
-    g2.add_argument("--fit-policies", default="streams,reef_dkp",
-                    help="policies whose rows the refit uses (%(default)s)")
+    g2.add_argument("--refit-host", metavar="GPU_JSON",
+                    help="fit the host model (start work from standalone and rt_only "
+                    "first_kernel_us, completion work from the co-running policies' "
+                    "first_kernel_us) and write it to --params-out")
+    g2.add_argument("--host-no-complete", action="store_true",
+                    help="--refit-host: fit the start work only (complete_us = 0)")
+    g2.add_argument("--params-out", metavar="FILE.json", default=None,
+                    help="parameter file of --refit-contention (default "
+                    "contention_fit.json) or --refit-host (default host_fit.json)")
+    g2.add_argument("--fit-policies", default=None,
+                    help="policies whose rows the refit uses (default streams,reef_dkp; "
+                    "--refit-host: streams,reef,reef_dkp)")
     g2.add_argument("--fit-workloads", default=None, metavar="W1,W2",
                     help="workloads of GPU_JSON the refit uses (default: all); judge the "
                     "others held out with --compare-sim --contention FILE.json")
@@ -305,14 +317,25 @@ def cmd_compare_sim(args: argparse.Namespace) -> int:
     gpu = args.gpu  # None: the GPU the results name
     pols = None if args.policy == "all" else [x.strip() for x in args.policy.split(",")]
     opts = compare_sim.CompareOptions(
-        gpu=gpu, contention=args.contention, profiles=args.profiles,
+        gpu=gpu, contention=args.contention, host=args.host, profiles=args.profiles,
         calibrate=args.calibrate, progress=not args.no_progress, policies=pols)
+    fit_wls = None if args.fit_workloads is None else [
+        x.strip() for x in args.fit_workloads.split(",") if x.strip()]
+    fit_pols = None if args.fit_policies is None else [
+        x.strip() for x in args.fit_policies.split(",") if x.strip()]
     try:
-        if args.refit_contention:
-            fit_pols = [x.strip() for x in args.fit_policies.split(",") if x.strip()]
-            fit_wls = None if args.fit_workloads is None else [
-                x.strip() for x in args.fit_workloads.split(",") if x.strip()]
-            doc = contention_fit.refit(args.refit_contention, opts, fit_pols,
+        if args.refit_host:
+            from av_infer.bench import host_fit
+
+            args.params_out = args.params_out or "host_fit.json"
+            doc = host_fit.refit_host(args.refit_host, opts, args.params_out,
+                                      policies=fit_pols, workloads=fit_wls,
+                                      complete=not args.host_no_complete)
+            text = host_fit.format_fit(doc)
+        elif args.refit_contention:
+            args.params_out = args.params_out or "contention_fit.json"
+            doc = contention_fit.refit(args.refit_contention, opts,
+                                       fit_pols or ["streams", "reef_dkp"],
                                        out=args.params_out, workloads=fit_wls)
             text = contention_fit.format_fit(doc)
         else:
@@ -362,14 +385,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_peer_torch(args)
     if args.peer:
         return cmd_peer(args)
-    if args.compare_sim or args.refit_contention:
+    if args.compare_sim or args.refit_contention or args.refit_host:
         return cmd_compare_sim(args)
     args.gpu = args.gpu or "mi50"
     cfg = BenchConfig(device=args.device, duration=args.duration, seed=args.seed,
                       scale=args.scale, c=args.c, preempt_drain=args.preempt_drain,
                       gpu=args.gpu, deadline_ms=args.deadline_ms,
                       standalone_n=args.standalone_n, progress=not args.no_progress,
-                      contention=args.contention, dkp_placement=args.dkp_placement,
+                      contention=args.contention, host=args.host,
+                      dkp_placement=args.dkp_placement,
                       be_min_share=args.be_min_share, rt_forecast=args.rt_forecast,
                       profiles=args.profiles, sim_models=args.sim_models,
                       precision=args.precision)
@@ -382,11 +406,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise SystemExit("bench: --be-min-share must be in [0, 1)")
     if args.device == "sim":
         from av_infer.devices.sim_contention import check_model
+        from av_infer.devices.sim_host import check_host
 
         try:
             check_model(args.contention, args.gpu)
         except ValueError as e:
             raise SystemExit(f"bench: --contention: {e}") from None
+        try:
+            check_host(args.host, args.gpu)
+        except (ValueError, FileNotFoundError) as e:
+            raise SystemExit(f"bench: --host: {e}") from None
+    elif args.host not in (None, "none"):
+        raise SystemExit("bench: --host applies to --device sim only")
     sweep = _parse_sweep(args.sweep) if args.sweep else None
     policies = _policies(args.sweep_policy if sweep else args.policy, args.device)
     try:

@@ -9,6 +9,8 @@ per workload and policy the simulated and measured values of
 * ``throughput_rps`` (RT + BE requests completed in the window per second),
 * ``rt_p50_ms``, ``rt_p99_ms`` (RT latency over all RT clients),
 * ``be_throughput_rps`` (reported, no target),
+* ``rt_first_kernel_p50_us``, ``rt_first_kernel_p99_us`` (RT arrival to its first kernel;
+  reported, no target: what the host model, ``host``, is fitted to),
 
 with ``rel_err = (sim - gpu) / gpu`` (None where the GPU value is 0) and ``within``: the
 issue's targets, |rel_err| <= 10 % for throughput and RT p50, <= 20 % for RT p99.
@@ -47,6 +49,8 @@ METRICS: dict[str, tuple[tuple[str, ...], float | None]] = {
     "rt_p50_ms": (("rt", "p50_ms"), 0.10),
     "rt_p99_ms": (("rt", "p99_ms"), 0.20),
     "be_throughput_rps": (("be", "throughput_rps"), None),
+    "rt_first_kernel_p50_us": (("first_kernel_us", "p50"), None),
+    "rt_first_kernel_p99_us": (("first_kernel_us", "p99"), None),
 }
 
 SCHEMA_VERSION = 1
@@ -58,6 +62,7 @@ class CompareOptions:
 
     gpu: str | None = None  # simulated GPU; None: from the profiles or the GPU file
     contention: str = "calibrated"  # sim_contention model name or parameter file
+    host: str | None = None  # sim_host parameter file (None: no host model)
     profiles: str | None = None  # directory of measured profiles
     calibrate: str = "none"  # "none" | "standalone"
     standalone_n: int | None = None  # None: the GPU run's own
@@ -158,7 +163,8 @@ def twin_bench(doc: dict[str, Any], opts: CompareOptions, gpu: str
         preempt_drain=bool(doc.get("preempt_drain")), gpu=gpu,
         deadline_ms=doc.get("deadline_ms"),
         standalone_n=opts.standalone_n or _standalone_n(doc), progress=opts.progress,
-        contention=opts.contention, profiles=opts.profiles, sim_models="zoo")
+        contention=opts.contention, host=opts.host, profiles=opts.profiles,
+        sim_models="zoo")
     if opts.calibrate == "standalone":
         cfg = replace(cfg, profile_scale=_standalone_scale(wl, cfg, doc))
     elif opts.calibrate != "none":
@@ -183,6 +189,10 @@ def run_twin(bench: Bench, labels: list[tuple[str, int]]) -> dict[str, Any]:
         runs.append(bench.run_policy(pol, c=c, rt_forecast=extra == "forecast"))
     out = build_report(bench, runs)
     out["contention_model"] = _contention_desc(bench.cfg.contention, bench.cfg.gpu)
+    if bench.cfg.host not in (None, "none"):
+        from av_infer.devices import sim_host
+
+        out["host_model"] = sim_host.describe(bench.cfg.host, bench.cfg.gpu)
     return out
 
 
@@ -297,6 +307,7 @@ def run_compare(gpu_file: str | Path, opts: CompareOptions) -> dict[str, Any]:
         twins[short_name(str(doc["workload"]))] = {
             "profiles": twin.get("profiles"), "models": twin.get("models"),
             "contention_model": twin.get("contention_model"),
+            "host_model": twin.get("host_model"),
             "duration_s": twin["duration_s"], "rate_scale": twin["rate_scale"]}
         rows += compare_docs(doc, twin)
     judged = [r for r in rows if r["within"] is not None]
@@ -305,6 +316,7 @@ def run_compare(gpu_file: str | Path, opts: CompareOptions) -> dict[str, Any]:
         "gpu_file": str(gpu_file),
         "gpu": gpu,
         "contention": opts.contention,
+        "host": opts.host,
         "profiles_dir": opts.profiles,
         "calibrate": opts.calibrate,
         "limits": {m: lim for m, (_, lim) in METRICS.items()},
@@ -321,7 +333,8 @@ def format_table(doc: dict[str, Any]) -> str:
     by: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for r in doc["rows"]:
         by.setdefault((r["workload"], r["policy"]), {})[r["metric"]] = r
-    lines = [f"simulator ({doc['gpu']}, contention {doc['contention']}, calibrate "
+    host = f", host {doc['host']}" if doc.get("host") not in (None, "none") else ""
+    lines = [f"simulator ({doc['gpu']}, contention {doc['contention']}{host}, calibrate "
              f"{doc['calibrate']}) vs GPU ({doc['gpu_file']}); cells: sim / gpu (rel err)"]
     for wl, tw in doc["sim"].items():
         profs = (tw.get("profiles") or {}).get("by_model", {})

@@ -150,6 +150,7 @@ def refit(gpu_file: str | Path, opts: CompareOptions, policies: list[str],
     info = {"from": str(gpu_file), "workloads": [short_name(str(d["workload"])) for d in docs],
             "policies": fit["policies"], "metrics": fit["metrics"],
             "profiles_dir": opts.profiles, "calibrate": opts.calibrate,
+            **({"host": str(opts.host)} if opts.host not in (None, "none") else {}),
             "loss_mean_sq_log": round(fit["loss"], 8),
             "rms_factor": round(math.exp(rms), 6), "evaluations": fit["evaluations"],
             "rows": fit["rows"], "command": _command()}

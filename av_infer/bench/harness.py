@@ -73,6 +73,9 @@ class BenchConfig:
     timeline: bool = True  # capture kernels around one preemption
     #: sim: memory-side contention model (devices.sim_contention.MODELS)
     contention: str = "calibrated"
+    #: sim: host model (devices.sim_host): None/"none" off, a parameter FILE.json (or a
+    #: sim_host.HostModel)
+    host: str | None = None
     #: sim: where a padded grid's blocks go ("faithful"; "reserved" is a what-if)
     dkp_placement: str = "faithful"
     #: Runtime(be_min_share=...): 0 is REEF's strict RT priority (what DISB compares);
@@ -313,7 +316,7 @@ class Bench:
 
             profs = {m: s.profile for m, s in self.sources.items()}
             sim = SimDevice(gpu=self.cfg.gpu, profiles=profs, seed=self.cfg.seed,
-                            contention=self.cfg.contention,
+                            contention=self.cfg.contention, host=self.cfg.host,
                             dkp_placement=self.cfg.dkp_placement, record_residency=True)
             rt = Runtime(device=sim, policy=policy, c=c, preempt_drain=self.cfg.preempt_drain,
                          be_min_share=self.cfg.be_min_share)

@@ -55,6 +55,8 @@ def build_report(bench: Bench, runs: list[PolicyRun]) -> dict[str, Any]:
         "precision": cfg.precision,
         "preempt_drain": cfg.preempt_drain,
         "contention": cfg.contention if cfg.device == "sim" else None,
+        **({"host": _host_desc(cfg)} if cfg.device == "sim" and cfg.host not in (None, "none")
+           else {}),
         "dkp_placement": cfg.dkp_placement if cfg.device == "sim" else None,
         "scale": cfg.variant if cfg.device != "sim" else cfg.scale,
         "deadline_ms": cfg.deadline_ms,
@@ -75,6 +77,13 @@ def _profiles_used(bench: Bench) -> dict[str, Any] | None:
         return None
     return {"dir": cfg.profiles, "sim_models": cfg.sim_models,
             "by_model": {m: s.profile_source for m, s in bench.sources.items()}}
+
+
+def _host_desc(cfg: Any) -> dict[str, Any]:
+    """The sim's host model of a run (devices.sim_host): its name and costs."""
+    from av_infer.devices import sim_host
+
+    return sim_host.describe(cfg.host, cfg.gpu)
 
 
 def _summary(run: PolicyRun, ref: dict[str, dict[str, float]]) -> dict[str, Any]:

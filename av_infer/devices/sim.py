@@ -48,6 +48,10 @@ The model, per launch (a ``(task, kernel)`` of a stream):
 7. Memory-side contention (``contention``, :mod:`devices.sim_contention`): a batch also
    slows down by the DRAM bandwidth other resident kernels hold ("none" by default here;
    the benchmark harness uses "calibrated").
+9. Host work (``host``, :mod:`devices.sim_host`; off by default): a started request's
+   launches are transmitted only once its host start work (``start_us + per_kernel_us x
+   kernels``) is done, on one FIFO host that also spends ``complete_us`` per kernel
+   completion; a stream's launches still land in transmit order.
 
 Everything happens inside :meth:`SimDevice.run` (the event loop); callbacks scheduled with
 :meth:`SimDevice.call_at` (request arrivals, the runtime's handlers) run inline, so a run
@@ -77,7 +81,7 @@ from typing import Any
 import numpy as np
 
 from av_infer._cy.sim_core import QUIET_MARGIN, SimCore, U
-from av_infer.devices import sim_contention
+from av_infer.devices import sim_contention, sim_host
 from av_infer.devices.base import Device
 from av_infer.errors import DeviceFaultError
 from av_infer.model.plan import Plan
@@ -154,6 +158,7 @@ class SimDevice(SimCore, Device):
         contention: str = "none",
         dkp_placement: str = "faithful",
         record_residency: bool = False,
+        host: str | sim_host.HostModel | None = None,
     ) -> None:
         """``flag_us``: latency of the flag write (a stream memory op); ``jitter``: relative
         standard deviation of block times (0: exact profile), drawn from ``seed``;
@@ -165,9 +170,14 @@ class SimDevice(SimCore, Device):
         ``dkp_placement``: one of
         :data:`DKP_PLACEMENTS` ("reserved" is a what-if CUDA cannot do);
         ``record_residency``: keep every block batch's ``[start, end)`` per stream
-        (:meth:`residency`, what the benchmark's preemption latency is measured from).
+        (:meth:`residency`, what the benchmark's preemption latency is measured from);
+        ``host``: the host model (point 9; None/"none": off, a :class:`sim_host.HostModel`
+        or a parameter file ``FILE.json`` from ``av-infer bench --refit-host``).
         ValueError for an unknown name, before anything is set up."""
         self._beta = sim_contention.check_model(contention, gpu)
+        self._host = sim_host.check_host(host, gpu)
+        self.host = host
+        self._host_free = 0.0  # host model: when the host has done all it was asked
         if dkp_placement not in DKP_PLACEMENTS:
             raise ValueError(f"unknown dkp_placement {dkp_placement!r}; choose one of "
                              f"{', '.join(DKP_PLACEMENTS)}")
@@ -230,10 +240,30 @@ class SimDevice(SimCore, Device):
     def new_task(self, handle: Any, task: int) -> None:
         self._tasks[task] = handle
         self._failed.pop(task, None)
+        if self._host is not None:  # its start work queues on the one host (point 9)
+            done = max(self._t, self._host_free) + self._host.start_s(len(handle.consts))
+            self._host_free = done
+            self._set_host_ready(task, done)
 
     def release_task(self, task: int) -> None:
         self._tasks.pop(task, None)
         self._failed.pop(task, None)
+        if self._host is not None:
+            self._forget_host(task)
+
+    def start(self, on_complete: Any) -> None:
+        """Start dispatching; with a host model whose ``complete_us`` > 0 each completion
+        also keeps the host busy that long (point 9)."""
+        if self._host is None or self._host.complete_us <= 0:
+            SimCore.start(self, on_complete)
+            return
+        cost = self._host.complete_us * 1e-6
+
+        def completed(*args: Any, **kw: Any) -> Any:
+            self._host_free = max(self._t, self._host_free) + cost
+            return on_complete(*args, **kw)
+
+        SimCore.start(self, completed)
 
     def write_inputs(self, task: int, inputs: dict[str, np.ndarray]) -> None:
         """Nothing to copy: the simulator models time, not values."""
@@ -266,7 +296,9 @@ class SimDevice(SimCore, Device):
         return {
             "device": self.name, "gpu": self.gpu.name, "sms": self.gpu.sms,
             "virtual_time_s": self._t, "contention": self.contention,
-            "dkp_placement": self.dkp_placement, **self.stats,
+            "dkp_placement": self.dkp_placement,
+            **({"host": sim_host.describe(self._host, self.gpu)} if self._host else {}),
+            **self.stats,
             "streams": self.stream_states(),
         }
 

@@ -42,14 +42,15 @@ def wl_file(tmp_path_factory) -> Path:
 
 
 def _gpu_doc(wl_file: Path, policies: list[str], contention: str, *, duration: float = 0.4,
-             rate_scale: float = 1.0, profiles_dir: str | None = None) -> dict:
+             rate_scale: float = 1.0, profiles_dir: str | None = None,
+             host: object = None) -> dict:
     """A simulator run dressed as a GPU result (what gpu_check.sh's DISB step writes)."""
     wl = load_workload(str(wl_file))
     if rate_scale != 1.0:
         wl = wl.scaled(rate_scale)
     cfg = BenchConfig(device="sim", duration=duration, gpu="h100", scale="scaled",
                       sim_models="zoo", contention=contention, progress=False,
-                      standalone_n=5, profiles=profiles_dir)
+                      standalone_n=5, profiles=profiles_dir, host=host)
     bench = Bench(wl, cfg)
     doc = build_report(bench, [bench.run_policy(p) for p in policies])
     doc.update(device="cuda", gpu=None, contention=None, dkp_placement=None)
@@ -441,3 +442,59 @@ def test_gpu_sim_steps_disb_dry_run_keeps_what_finished(tmp_path) -> None:
     assert "== gpu_sim_steps: disb A rc 0 in " in res.stdout
     assert "== gpu_sim_steps: disb no_such_workload rc 2 in " in res.stdout
     assert not list(tmp_path.glob("gpu_sim_parts.*"))  # the parts folder is removed
+
+
+def test_host_refit_recovers_the_start_work_of_a_synthetic_gpu(wl_file, tmp_path, capsys) -> None:
+    """A "GPU" whose requests start 800 us + 6 us per kernel after they are started (the
+    simulator with that host model): --refit-host finds both numbers from the standalone
+    and rt_only rows; comparing with the file reproduces the GPU's RT rows exactly."""
+    from av_infer.bench import host_fit
+    from av_infer.devices import sim_host
+
+    true = sim_host.HostModel(800.0, 6.0, 0.0, "h100")
+    gdoc = _gpu_doc(wl_file, ["rt_only", "streams"], "beta=150", duration=0.3, host=true)
+    f = tmp_path / "disb_cuda.json"
+    f.write_text(json.dumps({"policies": {"synth": gdoc}}))
+    out = tmp_path / "host.json"
+    opts = compare_sim.CompareOptions(gpu="h100", contention="beta=150")
+    doc = host_fit.refit_host(f, opts, out, complete=False)
+    assert doc["start_us"] == pytest.approx(800.0, abs=0.5)
+    assert doc["per_kernel_us"] == pytest.approx(6.0, abs=0.01)
+    assert doc["complete_us"] == 0.0 and doc["complete"]["fitted"] is False
+    assert {p["what"] for p in doc["start"]["points"]} == {"standalone_p50",
+                                                           "rt_only first_kernel_p50"}
+    assert sim_host.load_params(out).gpu == "h100"
+    assert "us/kernel" in host_fit.format_fit(doc)
+    rc = main(["bench", "--compare-sim", str(f), "--gpu", "h100", "--contention", "beta=150",
+               "--host", str(out), "--no-progress", "--json", str(tmp_path / "fid.json")])
+    assert rc == 0
+    fid = json.loads((tmp_path / "fid.json").read_text())
+    assert fid["host"] == str(out) and fid["sim"]["synth"]["host_model"]["start_us"] > 0
+    rt = [r for r in fid["rows"] if r["metric"] in ("rt_p50_ms", "rt_first_kernel_p50_us")]
+    assert rt and all(abs(r["rel_err"]) < 1e-3 for r in rt), rt
+    # without the host model the same rows are off by the start work
+    plain = compare_sim.run_compare(f, opts)
+    fk = [r for r in plain["rows"] if r["metric"] == "rt_first_kernel_p50_us"]
+    assert fk and all(r["rel_err"] < -0.9 for r in fk)
+
+
+def test_host_refit_completion_term_searches_and_writes_its_file(wl_file, tmp_path) -> None:
+    from av_infer.bench import host_fit
+    from av_infer.devices import sim_host
+
+    gdoc = _gpu_doc(wl_file, ["rt_only", "streams"], "beta=150", duration=0.3,
+                    host=sim_host.HostModel(500.0, 4.0, 20.0, "h100"))
+    f = tmp_path / "disb_cuda.json"
+    f.write_text(json.dumps({"policies": {"synth": gdoc}}))
+    out = tmp_path / "host.json"
+    doc = host_fit.refit_host(f, compare_sim.CompareOptions(gpu="h100", contention="beta=150"),
+                              out, policies=["streams"], grid=4, refine=2, hi=50.0)
+    evals = doc["complete"]["evaluations"]
+    assert [e[0] for e in evals][:1] == [0.0] and len(evals) == 4 + 2 + 2
+    assert 0.0 <= doc["complete_us"] <= 50.0
+    assert {r["policy"] for r in doc["complete"]["rows"]} == {"streams"}
+    assert sim_host.load_params(out).complete_us == doc["complete_us"]
+    with pytest.raises(ValueError, match="nothing to fit complete_us"):
+        host_fit.refit_host(f, compare_sim.CompareOptions(gpu="h100"), tmp_path / "n.json",
+                            policies=["reef_dkp"])
+    assert not (tmp_path / "n.json").exists()
