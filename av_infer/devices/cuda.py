@@ -935,7 +935,8 @@ class CudaDevice(Device):
                 if not pending:
                     if self.poll_pause_s > 0:
                         time.sleep(self.poll_pause_s)
-                    pending.extend(self._disp.poll(4096, 0.05, True, coalesce))
+                    pending.extend(self._disp.poll(4096, 0.05, executed=True, coalesce=True)
+                                   if coalesce else self._disp.poll(4096, 0.05, executed=True))
                 while pending:
                     held = pending.popleft()
                     faults = self.faults

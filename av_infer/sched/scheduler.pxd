@@ -109,12 +109,10 @@ cdef class Scheduler:
     cdef _emit(self, str kind, dict payload)
     @cython.locals(task=Task)
     cpdef on_arrival(self, req, entry)
-    @cython.locals(s=StreamState, task=Task)
+    @cython.locals(s=StreamState, task=Task, k0=int, i=int, be=bint)
     cpdef on_complete(self, comp)
     @cython.locals(s=StreamState, task=Task, n=int, k0=int, done=int, i=int)
     cdef bint _coalescible(self, comp) except -1
-    @cython.locals(s=StreamState, task=Task, n=int, k0=int, i=int, be=bint)
-    cdef _apply_coalesced(self, comp)
     @cython.locals(s=StreamState)
     cdef _apply_capacity(self, int c, policy)
     cdef _schedule(self, bint settled=*)

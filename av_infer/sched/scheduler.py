@@ -547,15 +547,48 @@ class Scheduler:
     def on_complete(self, comp: Completion) -> None:
         """One launch left the device (ran or evicted itself), or ``comp.count`` launches
         of one task, consecutive on one stream (a coalesced record): applied exactly as
-        that many single records (``_coalescible``), else split into them."""
+        that many single records where ``_coalescible`` holds, else split into them.
+
+        Applied at once, each launch's counts, "kernel" event and progress are done in
+        order, as single records do them, then the last one's tail (``_finish`` or a
+        decision) once: the launches but the last take no decision of their own, each
+        would repeat the one before it (the settled path)."""
         if comp.count != 1:
-            if self._coalescible(comp):
-                self.coalesced_applied += 1
-                self._apply_coalesced(comp)
-            else:
+            if not self._coalescible(comp):
                 self.coalesced_split += 1
                 for one in comp.singles():
                     self.on_complete(one)
+                return
+            self.coalesced_applied += 1
+            s = self.streams[comp.stream]
+            task = self.tasks[comp.task]
+            tt = comp.times
+            k0 = comp.kernel
+            be = s.kind == "be"
+            tm = task.req.timings
+            for i in range(comp.count):
+                s.outstanding -= 1
+                if be:
+                    self._be_seen = tt[2 * i + 1]  # BE progressed
+                if self.listeners:
+                    self._emit("kernel", {"stream": comp.stream, "task": comp.task,
+                                          "kernel": k0 + i, "executed": comp.executed,
+                                          "t_start": tt[2 * i], "t_end": tt[2 * i + 1],
+                                          "t_stop": math.nan})
+                task.outstanding -= 1
+                if k0 + i == task.done:
+                    if task.done == 0 and math.isnan(tm.first_kernel_start):
+                        tm.first_kernel_start = tt[2 * i]
+                    task.done += 1
+                    while task.done in task.pad_full:  # the rest already ran as padding
+                        task.done += 1
+            # the last launch's tail, as a single record's below (running, executed, unpadded)
+            if task.done >= task.n and not task.answered:
+                self._finish(task, comp.t_end)
+            elif task.done < task.n and task.outstanding > 0 and s.outstanding > 0:
+                self._schedule(settled=True)
+                return
+            self._schedule()
             return
         s = self.streams.get(comp.stream)
         if s is not None:
@@ -618,7 +651,7 @@ class Scheduler:
         stream in flight: no decision compares what it changed, so the decision after it
         is the one before it) and none would record a preemption latency. Then the n
         records leave the same state as one pass over their counts followed by the last
-        one's decision, which is what ``_apply_coalesced`` does. Reads, changes nothing."""
+        one's decision, which is what ``on_complete`` then does. Reads, changes nothing."""
         n = comp.count
         s = self.streams.get(comp.stream)
         if s is None or comp.parts or s.stop_from is not None:
@@ -638,42 +671,6 @@ class Scheduler:
             if done >= task.n:
                 return False
         return True
-
-    def _apply_coalesced(self, comp: Completion) -> None:
-        """What ``comp.count`` single records do where ``_coalescible`` holds: each
-        launch's counts, "kernel" event and progress in order, then the last one's tail
-        (``_finish`` or a decision). The launches but the last take no decision of their
-        own: each would repeat the one before (the settled path)."""
-        s = self.streams[comp.stream]
-        task = self.tasks[comp.task]
-        n = comp.count
-        tt = comp.times
-        k0 = comp.kernel
-        be = s.kind == "be"
-        tm = task.req.timings
-        for i in range(n):
-            s.outstanding -= 1
-            if be:
-                self._be_seen = tt[2 * i + 1]  # BE progressed
-            if self.listeners:
-                self._emit("kernel", {"stream": comp.stream, "task": comp.task,
-                                      "kernel": k0 + i, "executed": comp.executed,
-                                      "t_start": tt[2 * i], "t_end": tt[2 * i + 1],
-                                      "t_stop": math.nan})
-            task.outstanding -= 1
-            if k0 + i == task.done:
-                if task.done == 0 and math.isnan(tm.first_kernel_start):
-                    tm.first_kernel_start = tt[2 * i]
-                task.done += 1
-                while task.done in task.pad_full:  # the rest already ran as padding
-                    task.done += 1
-        # the last launch's tail in on_complete (running, executed, unpadded)
-        if task.done >= task.n and not task.answered:
-            self._finish(task, comp.t_end)
-        elif task.done < task.n and task.outstanding > 0 and s.outstanding > 0:
-            self._schedule(settled=True)
-            return
-        self._schedule()
 
     # -- control (called through post(("control", fn, fut))) ----------------------------------
     def set_policy(self, pol: Policy) -> None:
