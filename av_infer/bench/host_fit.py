@@ -264,6 +264,9 @@ def format_fit(doc: dict[str, Any]) -> str:
     for p in doc["start"]["points"]:
         lines.append(f"    {p['workload']:<8}{p['model']:<14}{p['what']:<26}"
                      f"n={p['kernels']:<5} {p['gap_us']:>9.1f}  model {p['model_us']:.1f}")
+    if not c.get("fitted", True):
+        lines.append("  complete_us not fitted (--host-no-complete): 0")
+        return "\n".join(lines)
     lines.append(f"  first-kernel rows at the optimum (typical error factor "
                  f"{c['rms_factor']:.3f}, {len(c['evaluations'])} evaluations):")
     for r in c["rows"]:
