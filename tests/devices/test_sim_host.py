@@ -128,3 +128,14 @@ def test_start_line_fit_is_exact_on_a_line_and_robust_to_one_outlier() -> None:
     a, b = _l1_line(pts + [(124.0, 900 + 7 * 124), (158.0, 300.0)])
     assert (a, b) == (pytest.approx(900), pytest.approx(7))
     assert _l1_line([(10.0, -5.0), (20.0, -1.0)]) == (0.0, 0.0)  # never negative
+
+
+def test_bench_cli_refuses_a_host_model_off_the_simulator_or_for_another_gpu(tmp_path) -> None:
+    from av_infer.cli import main
+
+    p = tmp_path / "host.json"
+    sim_host.save_params(p, HostModel(900.0, 7.5, 0.0, "h200"), {})
+    with pytest.raises(SystemExit, match="--host applies to --device sim only"):
+        main(["bench", "--workload", "A", "--device", "cpu", "--host", str(p)])
+    with pytest.raises(SystemExit, match="fitted on h200, the simulated GPU is h100"):
+        main(["bench", "--workload", "A", "--device", "sim", "--gpu", "h100", "--host", str(p)])
