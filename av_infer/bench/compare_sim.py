@@ -40,7 +40,8 @@ from typing import Any
 from av_infer.bench.harness import Bench, BenchConfig, available_policies
 from av_infer.bench.workload import Workload, WorkloadError, load_workload
 
-__all__ = ["METRICS", "CompareOptions", "compare_docs", "format_table", "load_gpu_results",
+__all__ = ["METRICS", "CompareOptions", "compare_docs", "fit_documents", "format_table",
+           "load_gpu_results",
            "run_compare", "sim_twin"]
 
 #: metric -> (how to read it from a policy section, the issue's |rel_err| limit or None)
@@ -68,6 +69,23 @@ class CompareOptions:
     standalone_n: int | None = None  # None: the GPU run's own
     progress: bool = False
     policies: list[str] | None = None  # subset of the GPU run's policies
+
+
+def fit_documents(path: str | Path, workloads: list[str] | None = None
+                  ) -> list[dict[str, Any]]:
+    """The documents of a GPU result file a fit reads (``--refit-contention``,
+    ``--refit-host``): all of them, or only those of ``workloads`` (short names) so the
+    others can be judged held out. ValueError, before anything runs, naming what the file
+    has when a workload is not in it."""
+    docs = load_gpu_results(path)
+    if workloads is None:
+        return docs
+    have = [short_name(str(d["workload"])) for d in docs]
+    missing = [w for w in workloads if w not in have]
+    if missing or not workloads:
+        raise ValueError(f"{path}: no workload {', '.join(missing) or '(none named)'}"
+                         f" in it (it has {', '.join(have)})")
+    return [d for d, w in zip(docs, have, strict=True) if w in workloads]
 
 
 def load_gpu_results(path: str | Path) -> list[dict[str, Any]]:

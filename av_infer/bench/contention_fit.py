@@ -36,8 +36,8 @@ from typing import Any
 from av_infer.bench.compare_sim import (
     CompareOptions,
     compare_docs,
+    fit_documents,
     gpu_of,
-    load_gpu_results,
     run_twin,
     short_name,
     twin_bench,
@@ -136,14 +136,7 @@ def refit(gpu_file: str | Path, opts: CompareOptions, policies: list[str],
     the parameter file). ValueError, before anything runs, when the file has none of them."""
     from av_infer.devices import sim_contention
 
-    docs = load_gpu_results(gpu_file)
-    if workloads is not None:
-        have = [short_name(str(d["workload"])) for d in docs]
-        missing = [w for w in workloads if w not in have]
-        if missing or not workloads:
-            raise ValueError(f"{gpu_file}: no workload {', '.join(missing) or '(none named)'}"
-                             f" in it (it has {', '.join(have)})")
-        docs = [d for d, w in zip(docs, have, strict=True) if w in workloads]
+    docs = fit_documents(gpu_file, workloads)
     gpu = gpu_of(docs, opts, Path(gpu_file))
     fit = fit_beta(docs, opts, gpu, policies, **kw)
     rms = math.sqrt(fit["loss"])

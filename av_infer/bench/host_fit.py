@@ -46,8 +46,8 @@ from typing import Any
 
 from av_infer.bench.compare_sim import (
     CompareOptions,
+    fit_documents,
     gpu_of,
-    load_gpu_results,
     run_twin,
     short_name,
     twin_bench,
@@ -221,14 +221,7 @@ def refit_host(gpu_file: str | Path, opts: CompareOptions, out: str | Path, *,
     all) restricts the fit to those workloads so the others can be judged held out;
     ``complete=False`` skips step 2 (``complete_us`` = 0: start work on the FIFO host only).
     ValueError, before anything runs, when the file has none of them."""
-    docs = load_gpu_results(gpu_file)
-    if workloads is not None:
-        have = [short_name(str(d["workload"])) for d in docs]
-        missing = [w for w in workloads if w not in have]
-        if missing or not workloads:
-            raise ValueError(f"{gpu_file}: no workload {', '.join(missing) or '(none named)'}"
-                             f" in it (it has {', '.join(have)})")
-        docs = [d for d, w in zip(docs, have, strict=True) if w in workloads]
+    docs = fit_documents(gpu_file, workloads)
     gpu = gpu_of(docs, opts, Path(gpu_file))
     pols = list(policies or FIT_POLICIES)
     st = fit_start(docs, opts, gpu)
