@@ -21,6 +21,7 @@ from av_infer.errors import (  # noqa: F401
     InvalidInputError,
     InvalidParameterError,
     ModelLoadError,
+    ModelNameInUseError,
     ModelTooLargeError,
     NotAllowedError,
     RejectedError,

@@ -18,10 +18,10 @@ from av_infer import (
     AvInferError,
     DeviceUnavailableError,
     InvalidParameterError,
+    ModelNameInUseError,
     UnknownModelError,
     device_class,
 )
-from av_infer.errors import ModelNameInUseError
 
 
 def _wall_clock(name: str) -> bool:
