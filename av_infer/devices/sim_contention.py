@@ -40,11 +40,11 @@ blocks launched in the same grid (they arrive together by construction).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
+from av_infer.devices import sim_params
 from av_infer.profiles import GpuSpec, gpu_spec
 
 #: The traffic multiplier of the ``"calibrated"`` model per GPU, each fitted so that
@@ -57,7 +57,7 @@ CALIBRATED_BETA = {"mi50": 55.0, "h100": 180.0}
 MODELS = ("none", "bandwidth", "calibrated", "paper")
 
 #: ``format`` of a contention parameter file (:func:`load_params`).
-PARAMS_FORMAT = 1
+PARAMS_FORMAT = sim_params.FORMAT
 
 
 def calibrated_beta(gpu: GpuSpec) -> float:
@@ -101,18 +101,7 @@ def load_params(path: str | Path) -> dict[str, Any]:
     how it was obtained; informative). ValueError naming the file and the field when it is
     not one; FileNotFoundError when it does not exist."""
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"contention parameter file {p} does not exist")
-    try:
-        doc = json.loads(p.read_text())
-    except ValueError as e:
-        raise ValueError(f"{p}: not JSON ({e})") from None
-    if not isinstance(doc, dict) or doc.get("kind") != "contention":
-        raise ValueError(f"{p}: not a contention parameter file (kind must be 'contention')")
-    if doc.get("format") != PARAMS_FORMAT:
-        raise ValueError(f"{p}: format {doc.get('format')!r} is not {PARAMS_FORMAT}")
-    if doc.get("model") != "bandwidth-share":
-        raise ValueError(f"{p}: model {doc.get('model')!r} is not 'bandwidth-share'")
+    doc = sim_params.read(p, "contention", "bandwidth-share")
     beta = doc.get("beta")
     if not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta <= 0:
         raise ValueError(f"{p}: beta must be a number > 0, got {beta!r}")
@@ -125,12 +114,8 @@ def load_params(path: str | Path) -> dict[str, Any]:
 
 def save_params(path: str | Path, gpu: str, beta: float, fit: dict[str, Any]) -> Path:
     """Write a parameter file :func:`load_params` reads (atomic)."""
-    from av_infer.profiles import atomic_write_text
-
-    doc = {"format": PARAMS_FORMAT, "kind": "contention", "model": "bandwidth-share",
-           "gpu": gpu_spec(gpu).name, "beta": float(beta), "fit": fit}
-    atomic_write_text(path, json.dumps(doc, indent=1))
-    return Path(path)
+    return sim_params.write(path, "contention", "bandwidth-share", gpu,
+                            {"beta": float(beta)}, fit)
 
 
 def describe(name: str, gpu: GpuSpec | str = "mi50") -> dict[str, Any]:

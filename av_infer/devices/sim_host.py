@@ -33,19 +33,19 @@ argument-packing fix of 1ac6b47): a newer tree needs a new GPU run and fit.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from av_infer.devices import sim_params
 from av_infer.profiles import gpu_spec
 
 __all__ = ["PARAMS_FORMAT", "HostModel", "check_host", "describe", "load_params",
            "save_params"]
 
 #: ``format`` of a host parameter file (:func:`load_params`).
-PARAMS_FORMAT = 1
+PARAMS_FORMAT = sim_params.FORMAT
 
 _FIELDS = ("start_us", "per_kernel_us", "complete_us")
 
@@ -96,18 +96,7 @@ def load_params(path: str | Path) -> HostModel:
     how it was obtained; informative). ValueError naming the file and the field when it is
     not one; FileNotFoundError when it does not exist."""
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"host parameter file {p} does not exist")
-    try:
-        doc = json.loads(p.read_text())
-    except ValueError as e:
-        raise ValueError(f"{p}: not JSON ({e})") from None
-    if not isinstance(doc, dict) or doc.get("kind") != "host":
-        raise ValueError(f"{p}: not a host parameter file (kind must be 'host')")
-    if doc.get("format") != PARAMS_FORMAT:
-        raise ValueError(f"{p}: format {doc.get('format')!r} is not {PARAMS_FORMAT}")
-    if doc.get("model") != "fifo-host":
-        raise ValueError(f"{p}: model {doc.get('model')!r} is not 'fifo-host'")
+    doc = sim_params.read(p, "host", "fifo-host")
     try:
         gpu = gpu_spec(str(doc.get("gpu"))).name
         return HostModel(**{f: doc.get(f) for f in _FIELDS}, gpu=gpu)
@@ -117,15 +106,10 @@ def load_params(path: str | Path) -> HostModel:
 
 def save_params(path: str | Path, model: HostModel, fit: dict[str, Any]) -> Path:
     """Write a parameter file :func:`load_params` reads (atomic)."""
-    from av_infer.profiles import atomic_write_text
-
     if model.gpu is None:
         raise ValueError("a host parameter file names the GPU it was fitted on")
-    doc = {"format": PARAMS_FORMAT, "kind": "host", "model": "fifo-host",
-           **{k: v for k, v in asdict(model).items() if k in _FIELDS},
-           "gpu": gpu_spec(model.gpu).name, "fit": fit}
-    atomic_write_text(path, json.dumps(doc, indent=1))
-    return Path(path)
+    return sim_params.write(path, "host", "fifo-host", model.gpu,
+                            {k: v for k, v in asdict(model).items() if k in _FIELDS}, fit)
 
 
 def describe(host: str | HostModel | None, gpu: str | Any = "mi50") -> dict[str, Any]:
