@@ -11,6 +11,7 @@ import pytest
 
 from av_infer.kernels.cuda.samples import chain_plan, samples
 from av_infer.kernels.cuda.sources import ArgTemplate, build_plan_source, slot_address
+from tests.checks import require
 
 
 def _plans() -> list:
@@ -54,8 +55,7 @@ def test_device_tasks_run_from_the_template_on_the_emulator():
     from av_infer.devices.cuda import CudaDevice, availability
 
     ok, why = availability(emulate=True)
-    if not ok:
-        pytest.skip(f"the CUDA emulator cannot run: {why}")
+    require("ok" if ok else None, f"the CUDA emulator cannot run: {why}")
     import onnxruntime as ort
 
     from av_infer.model import zoo
