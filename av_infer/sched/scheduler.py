@@ -546,19 +546,14 @@ class Scheduler:
 
     def on_complete(self, comp: Completion) -> None:
         """One launch left the device (ran or evicted itself), or ``comp.count`` launches
-        of one task, consecutive on one stream (a coalesced record): applied exactly as
-        that many single records where ``_coalescible`` holds, else split into them.
+        of one task, consecutive on one stream (a coalesced record, which ``post`` has
+        checked with ``_coalescible`` and otherwise split into its single records).
 
         Applied at once, each launch's counts, "kernel" event and progress are done in
         order, as single records do them, then the last one's tail (``_finish`` or a
         decision) once: the launches but the last take no decision of their own, each
         would repeat the one before it (the settled path)."""
         if comp.count != 1:
-            if not self._coalescible(comp):
-                self.coalesced_split += 1
-                for one in comp.singles():
-                    self.on_complete(one)
-                return
             self.coalesced_applied += 1
             s = self.streams[comp.stream]
             task = self.tasks[comp.task]
