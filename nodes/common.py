@@ -257,6 +257,17 @@ def describe_model(rt: Any, name: str) -> dict[str, Any]:
     return {"inputs": spec(rt.input_spec(name)), "outputs": spec(rt.output_spec(name))}
 
 
+def describe_loaded_model(rt: Any, name: str) -> dict[str, Any]:
+    """``describe_model`` of a loaded model (not a variant group) with what it was loaded
+    with (``Runtime.model_info``): ``precision`` (``Plan.precision``), ``pinned``,
+    ``weight_bytes`` and ``kernels``, as a ``ModelInfo`` message gives them. All fixed at
+    load, so the latched table stays true until the model is unloaded."""
+    info = rt.model_info(name)
+    return {**describe_model(rt, name), "precision": str(info.plan.precision),
+            "pinned": bool(info.pinned), "weight_bytes": int(info.weight_bytes),
+            "kernels": int(info.kernels)}
+
+
 def error_code(exc: BaseException) -> str:
     return codec.error_code(exc)
 
@@ -551,6 +562,12 @@ class RemoteRuntimeClient(RuntimeClient):
         if m is None:
             return None
         return {k: (list(v["shape"]), str(v["dtype"])) for k, v in m["inputs"].items()}
+
+    def model_precision(self, model: str) -> str | None:
+        """The precision the host's model table gives ``model`` (None: not in the table,
+        a variant group, or a host whose table names no precision)."""
+        prec = (self._models.get(model) or {}).get("precision")
+        return prec if isinstance(prec, str) else None
 
     def submit(self, ctrl: codec.RequestControl, inputs: Mapping[str, np.ndarray],
                run_here: bool = False) -> Future:

@@ -20,6 +20,12 @@ executor (``Handoff``).
 runtime host in another process over /av_infer/request|response; ``auto`` picks local when
 the container hands the node a Runtime.
 
+``precision`` (read-only): in-process, the precision the model is loaded (or shared) at,
+through the runtime host's one check (``runtime_build.check_models``: a precision the
+device does not run, or a model held at another, fails configure with the typed error);
+``auto`` asks for none (a held model as it is held, a missing one at fp32). Remote: while
+the host's model table gives ``model`` another precision, images are dropped as not ready.
+
 QoS (paper 001, docs/qos.md): ``relative_deadline_ms`` is the soft deadline and
 ``hard_deadline_ms`` the hard one (0: none); ``variant_group`` names a variant group of
 the runtime that serves ``model`` (the group or one of its variants). Each request carries
@@ -79,7 +85,7 @@ from rclpy.qos import QoSProfile, qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, CompressedImage, Image
 from vision_msgs.msg import Detection2DArray
 
-from av_infer import AvInferError, InvalidParameterError
+from av_infer import PRECISIONS, AvInferError, InvalidParameterError
 from av_infer import tensor_codec as codec
 from av_infer.detect import BOX_FORMATS, DECODERS, NMS_BACKENDS, Decoder, Fit, fit
 
@@ -169,6 +175,9 @@ def missed_deadline(reply: Reply) -> bool | None:
         return None
     return end > reply.deadline
 
+
+#: What the ``precision`` parameter accepts: auto or a precision (``av_infer.PRECISIONS``).
+PRECISION_CHOICES = ("auto", *PRECISIONS)
 
 #: Parameters that make up the client's configuration in an in-process runtime.
 CLIENT_CONFIG = ("relative_deadline_ms", "hard_deadline_ms", "variant_group", "drop_late")
@@ -266,6 +275,10 @@ class ImageInferenceNode(LifecycleNode):
         try:
             if (why := _deadlines_conflict(self.p)) is not None:
                 raise InvalidParameterError(why)
+            if self.p["precision"] not in PRECISION_CHOICES:
+                raise InvalidParameterError(
+                    f"precision {self.p['precision']!r} is not one of "
+                    f"{', '.join(PRECISION_CHOICES)}")
             if self.mode == "local":
                 self.client = LocalRuntimeClient(self, self._runtime)
                 self._ensure_local_model(self.p["model"])
@@ -322,6 +335,12 @@ class ImageInferenceNode(LifecycleNode):
             "model_variant": declare(self, "model_variant", "scaled",
                                      "Zoo variant loaded on demand in local mode.",
                                      read_only=True),
+            "precision": declare(self, "precision", "auto",
+                                 "Numeric precision of `model`: auto (in-process: the one "
+                                 "the runtime holds it at, fp32 when this node loads it; "
+                                 "remote: the host's) or one the device runs; a model held "
+                                 "at another precision is refused.", read_only=True,
+                                 constraints="one of " + ", ".join(PRECISION_CHOICES)),
             "client": declare(self, "client", self.get_name(),
                               "Client id in runtime statistics; in remote mode also the "
                               "name of this node's response topic (/av_infer/response/"
@@ -580,16 +599,33 @@ class ImageInferenceNode(LifecycleNode):
             variant_group=p["variant_group"] or None)
 
     def _ensure_local_model(self, model: str) -> None:
-        rt = self._runtime
-        if model in rt.models() or model in rt.variant_groups():
-            return
-        from av_infer_nodes.runtime_node import model_source
+        """In-process: ``model`` (a model or variant group the runtime holds, else a zoo
+        name or ONNX path loaded now) at ``precision``. The runtime host's check
+        (``runtime_build.check_models``) refuses, before anything loads, a precision the
+        device does not run (InvalidParameterError) and a model (or a group's variant)
+        held at another precision (ModelNameInUseError); ``auto`` asks for none. Image
+        nodes ask for no pin: they share a held model pinned or not, and load unpinned."""
+        from av_infer_nodes.runtime_build import check_models, model_source
 
-        name, source = model_source(model, self.p["model_variant"])
-        if name not in rt.models():
-            self.get_logger().info(f"loading model {name} from {source}")
-            rt.load_model(name, source)
-        if name != model:
+        rt = self._runtime
+        prec = self.p["precision"]
+        want = None if prec == "auto" else prec
+        groups = rt.variant_groups()
+        source = None
+        if model in groups:
+            names = list(groups[model])
+        elif model in rt.models():
+            names = [model]
+        else:
+            name, source = model_source(model, self.p["model_variant"])
+            names = [name]
+        check_models(rt, {n: (want, None) for n in names}, "precision")
+        name = names[0]
+        if source is not None and name not in rt.models():
+            self.get_logger().info(f"loading model {name} from {source}"
+                                   + (f" at {want}" if want else ""))
+            rt.load_model(name, source, precision=want)
+        if source is not None and name != model:
             raise ValueError(f"use the model name {name!r} (file stem), not {model!r}")
 
     # -- data path -----------------------------------------------------------------------
@@ -651,6 +687,11 @@ class ImageInferenceNode(LifecycleNode):
                 return
         if not client.ready(model):
             self._not_ready(f"runtime not reachable or model {model!r} not loaded yet")
+            return
+        if p["precision"] != "auto" and isinstance(client, RemoteRuntimeClient) and (
+                (held := client.model_precision(model)) not in (None, p["precision"])):
+            self._not_ready(f"the runtime host serves model {model!r} at {held}, not "
+                            f"{p['precision']} (parameter precision)")
             return
         spec = client.input_spec(model) or {}
         rid = str(uuid.uuid4())

@@ -1,6 +1,8 @@
 """How the runtime host builds its Runtime: which devices a live ROS graph may run on,
 ``device=auto``'s choice with its reason, the cpu device options from the ``cpu_*``
-parameters, and where a ``models`` entry comes from (zoo name or ONNX path).
+parameters, where a ``models`` entry comes from (zoo name or ONNX path), and the one
+check of what a node asks of its models (precision, pin) against a runtime that may
+already hold them (``check_models``: the host's ``models`` and the image nodes' ``model``).
 
 ROS-free apart from the package it lives in: nothing here creates a node, so the
 construction rules are tested without a graph (tests/nodes/test_nodes_runtime_api.py).
@@ -8,6 +10,7 @@ construction rules are tested without a graph (tests/nodes/test_nodes_runtime_ap
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -111,37 +114,84 @@ def model_source(entry: str, variant: str) -> tuple[str, Any]:
     return entry, zoo_path(entry, variant)
 
 
-def check_precisions(runtime: Any, wanted: dict[str, str], variant: str = "scaled") -> None:
-    """Refuses ``models`` entries (entry -> precision, ``runtime_params.model_precisions``)
-    that cannot be served at their precision; called before any model is loaded, so a
-    refusal leaves nothing loaded. InvalidParameterError naming every entry whose
-    precision ``runtime``'s device does not run (``Runtime.precision_unavailable``); then
-    ModelNameInUseError (a subclass, code ``name_in_use``) naming every entry whose model
-    the runtime already holds at another precision (``held_precision``): a runtime shared
-    in the container holds one plan per model name, so serving it would silently run
-    another precision than asked."""
-    bad = [f"{entry}: {why}" for entry, prec in wanted.items()
-           if (why := runtime.precision_unavailable(prec))]
+def check_models(runtime: Any, wanted: Mapping[str, tuple[str | None, bool | None]],
+                 params: str, name_of: Callable[[str], str] = str) -> None:
+    """The one check of what a node asks of its models against the runtime it loads them
+    into, called before any of them loads, so a refusal leaves nothing loaded.
+
+    ``wanted``: entry -> (precision, pin), each None for "whatever the runtime holds"
+    (an image node with ``precision`` auto; image nodes name no pin); ``name_of``: an
+    entry's model name in the runtime (looked up only after the first check passed);
+    ``params``: the parameters the refusal names. Raises InvalidParameterError naming
+    every entry whose precision ``runtime``'s device does not run
+    (``Runtime.precision_unavailable``); then ModelNameInUseError (a subclass, code
+    ``name_in_use``) naming every entry whose model the runtime already holds with other
+    settings (``held_difference``: another precision, pinned where unpinned was asked or
+    the reverse): a runtime shared in the container holds one plan per model name, so
+    serving it would silently run with the settings of whichever node loaded it first."""
+    bad = [f"{entry}: {why}" for entry, (prec, _pin) in wanted.items()
+           if prec is not None and (why := runtime.precision_unavailable(prec))]
     if bad:
-        raise InvalidParameterError("; ".join(bad) + " (parameters precision, "
-                                    "model_precisions)")
-    held = [(entry, name, prec, have) for entry, prec in wanted.items()
-            if (have := held_precision(runtime, name := model_source(entry, variant)[0]))
-            not in (None, prec)]
+        raise InvalidParameterError("; ".join(bad) + f" (parameters {params})")
+    held = [(entry, name, diff) for entry, (prec, pin) in wanted.items()
+            if (diff := held_difference(runtime, name := name_of(entry), prec, pin))]
     if held:
         raise ModelNameInUseError(
-            "; ".join(f"{entry}: model {name!r} is already loaded in this runtime at {have}, "
-                      f"not {prec}" for entry, name, prec, have in held)
-            + " (parameters precision, model_precisions; a runtime holds one precision per "
-              "model name: ask for the one it holds, or load the file under another name)")
+            "; ".join(f"{entry}: model {name!r} is already loaded in this runtime {have}, "
+                      f"not {want}" for entry, name, (have, want) in held)
+            + f" (parameters {params}; a runtime holds one plan per model name, at one "
+              "precision, pinned or not: ask for what it holds, or load the file under "
+              "another name)")
 
 
-def held_precision(runtime: Any, name: str) -> str | None:
-    """The precision (``Plan.precision``) of the model ``name`` that ``runtime`` holds;
-    None when it holds none of that name."""
+def check_precisions(runtime: Any, wanted: dict[str, str], variant: str = "scaled",
+                     pinned: Collection[str] | None = None) -> None:
+    """``check_models`` for the runtime host's ``models`` entries: entry -> precision
+    (``runtime_params.model_precisions``), each pinned iff in ``pinned`` (the
+    ``pinned_models`` parameter; None: pins not compared)."""
+    check_models(runtime, {e: (prec, None if pinned is None else e in pinned)
+                           for e, prec in wanted.items()},
+                 "precision, model_precisions" + ("" if pinned is None else ", pinned_models"),
+                 name_of=lambda entry: model_source(entry, variant)[0])
+
+
+def held_settings(runtime: Any, name: str) -> tuple[str, bool] | None:
+    """(precision, pinned) of the model ``name`` that ``runtime`` holds (``Plan.precision``,
+    ``ModelInfo.pinned``); None when it holds none of that name."""
     if name not in runtime.models():
         return None
     try:
-        return str(runtime.model_info(name).plan.precision)
+        info = runtime.model_info(name)
     except UnknownModelError:  # unloaded meanwhile
         return None
+    return str(info.plan.precision), bool(info.pinned)
+
+
+def held_precision(runtime: Any, name: str) -> str | None:
+    """The precision of the model ``name`` that ``runtime`` holds; None when none."""
+    held = held_settings(runtime, name)
+    return None if held is None else held[0]
+
+
+def held_difference(runtime: Any, name: str, precision: str | None,
+                    pin: bool | None) -> tuple[str, str] | None:
+    """How the model ``name`` that ``runtime`` holds differs from what was asked
+    (``precision``, ``pin``; None: not asked): (what it holds, what was asked) as words,
+    e.g. ("at tf32 and pinned", "fp16 and unpinned"); None when it holds no such model or
+    holds it as asked."""
+    held = held_settings(runtime, name)
+    if held is None:
+        return None
+    have: list[str] = []
+    want: list[str] = []
+    if precision is not None and held[0] != precision:
+        have.append(f"at {held[0]}")
+        want.append(precision)
+    if pin is not None and held[1] != pin:
+        have.append(_pinned(held[1]))
+        want.append(_pinned(pin))
+    return (" and ".join(have), " and ".join(want)) if have else None
+
+
+def _pinned(pin: bool) -> str:
+    return "pinned" if pin else "unpinned"

@@ -29,7 +29,8 @@ dropped):
   ``model_dirs`` and bounds them; each failure answers its typed error's code; a load
   compiles on the loader thread, so requests and the other services are answered meanwhile;
 * /av_infer/models (latched ``std_msgs/String``, JSON): loaded models' input/output specs,
-  for nodes in other processes to preprocess for;
+  precision, pinned, weight_bytes and kernels, for nodes in other processes to preprocess
+  for (and check the precision they ask for);
 * /diagnostics every ``diagnostics_period_s`` (the runtime with its batch mode, each client,
   each model, each variant group: share per variant, mean utility);
   ``~/debug/processing_time_ms`` and
@@ -67,6 +68,7 @@ from av_infer_nodes.common import (
     ROUTINGS,
     SUB_EVENTS,
     debug_publishers,
+    describe_loaded_model,
     describe_model,
     spin_nodes,
 )
@@ -226,7 +228,8 @@ class RuntimeNode(RequestEndpoint, ModelServices, LifecycleNode):
                 raise InvalidParameterError("; ".join(self._param_errors))
             precisions = model_precisions(p)
             self._create_runtime(p)
-            check_precisions(self.runtime, precisions, p["model_variant"])  # before loads
+            check_precisions(self.runtime, precisions, p["model_variant"],  # before loads
+                             pinned=p["pinned_models"])
             for entry in p["models"]:
                 self.load_model(entry, p["model_variant"], pin=entry in p["pinned_models"],
                                 precision=precisions[entry])
@@ -540,16 +543,21 @@ class RuntimeNode(RequestEndpoint, ModelServices, LifecycleNode):
         return name
 
     def _publish_models(self) -> None:
-        """The latched model table: each model's specs, and each variant group's variants
-        (model -> kappa) and specs, so remote clients can name a group."""
+        """The latched model table: each model's specs and what it was loaded with
+        (``describe_loaded_model``: precision, pinned, weight_bytes, kernels), and each
+        variant group's variants (model -> kappa) and specs, so remote clients can name a
+        group."""
         rt = self.runtime
         names = tuple(sorted(rt.models())) if rt is not None else ()
         groups = rt.variant_groups() if rt is not None else {}
-        key = (names, tuple(sorted((g, tuple(v.items())) for g, v in groups.items())))
+        models = {n: describe_loaded_model(rt, n) for n in names}
+        # a model unloaded and loaded again under its name with other settings republishes
+        key = (tuple((n, m["precision"], m["pinned"]) for n, m in models.items()),
+               tuple(sorted((g, tuple(v.items())) for g, v in groups.items())))
         if key == self._published_models:
             return
         table = {"device": self.device, "response_routing": self.p["response_routing"],
-                 "models": {n: describe_model(rt, n) for n in names},
+                 "models": models,
                  "variant_groups": {g: {"variants": v, **describe_model(rt, g)}
                                     for g, v in groups.items()}}
         self._models_pub.publish(String(data=json.dumps(table)))
