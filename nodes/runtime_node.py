@@ -122,7 +122,7 @@ from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackRet
 from rclpy.parameter import Parameter
 from std_msgs.msg import String
 
-from av_infer import DEFAULT_QOS_POLICY, InvalidParameterError
+from av_infer import DEFAULT_QOS_POLICY, InvalidParameterError, UnknownModelError
 from av_infer import tensor_codec as codec
 
 
@@ -550,7 +550,12 @@ class RuntimeNode(RequestEndpoint, ModelServices, LifecycleNode):
         rt = self.runtime
         names = tuple(sorted(rt.models())) if rt is not None else ()
         groups = rt.variant_groups() if rt is not None else {}
-        models = {n: describe_loaded_model(rt, n) for n in names}
+        models = {}
+        for n in names:
+            try:
+                models[n] = describe_loaded_model(rt, n)
+            except UnknownModelError:  # unloaded since models(): not in this table
+                continue
         # a model unloaded and loaded again under its name with other settings republishes
         key = (tuple((n, m["precision"], m["pinned"]) for n, m in models.items()),
                tuple(sorted((g, tuple(v.items())) for g, v in groups.items())))

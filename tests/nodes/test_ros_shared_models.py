@@ -212,9 +212,10 @@ def test_hosts_on_one_runtime_refuse_a_pin_mismatch(first_pins, second_pins, wor
                                                                           bool(first_pins))
 
 
-def test_host_refuses_to_pin_what_an_image_node_loaded_unpinned():
+def test_host_refuses_to_pin_what_an_image_node_loaded_unpinned(capfd):
     """The case that was silent: an image node loads its model first (unpinned), then a
-    host whose pinned_models names it configures on the same runtime."""
+    host whose pinned_models names it configures on the same runtime: refused, typed and
+    logged (rclpy's logger writes to stderr)."""
     rt = Runtime(device="cpu")
     try:
         with RosHarness() as h:
@@ -226,6 +227,10 @@ def test_host_refuses_to_pin_what_an_image_node_loaded_unpinned():
             err = host._configure_error
             assert isinstance(err, ModelNameInUseError), err
             assert "already loaded in this runtime unpinned, not pinned" in str(err)
+            logged = capfd.readouterr().err
+            assert "[late_host]: configure failed" in logged
+            assert "ModelNameInUseError: tiny_cnn: model 'tiny_cnn' is already loaded in " \
+                   "this runtime unpinned, not pinned" in logged
             assert rt.models() == ["tiny_cnn"] and _held(rt, "tiny_cnn") == ("fp32", False)
             # unpinned, as held: shared
             ok = _host(h, "late_ok", runtime=rt, device="cpu", models=["tiny_cnn"])
