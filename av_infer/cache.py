@@ -258,7 +258,9 @@ class ModelCache:
         or None, retaining nothing, when it is not resident (ask ``ensure_resident``).
         ``count`` records the hit or miss (the scheduler's one look per task start)."""
         with self._lock:
-            e = self._get(name)
+            e = self._entries.get(name)  # ``_get``, inline: once per request
+            if e is None:
+                raise UnknownModelError(f"model {name!r} is not registered with the cache")
             if e.state != "resident":
                 self._misses += count
                 return None
@@ -276,7 +278,9 @@ class ModelCache:
             e.refs -= 1
             # the loader has work only if a load waits for room or the cache is over its
             # limits (waking it on every request costs a thread hand-off per request)
-            work = e.refs == 0 and (bool(self._pending) or self._over_limits())
+            work = e.refs == 0 and (bool(self._pending) or (
+                (self._budget is not None or self._max_models is not None)
+                and self._over_limits()))  # no limits (the default): nothing to trim
             if work:
                 self._mark()
         if work:

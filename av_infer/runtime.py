@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -541,7 +542,7 @@ class Runtime:
             fut.add_done_callback(lambda f, c=req.client: self._record_utility(c, f))
         if entry.variants is not None:
             fut.add_done_callback(lambda f, g=req.model: self._record_quality(g, f))
-        fut.helper = lambda f, r=req: self._help(r, f)
+        fut.helper = partial(self._help, req)  # called as helper(fut): C, no frame
         # caller_runs: an enqueue made on this thread while it handles its own arrival skips
         # the worker's wake-up, since this thread runs the launches right after (a start on
         # any other thread, or later, wakes a worker: nothing is left unrun)
@@ -554,10 +555,7 @@ class Runtime:
         """A caller blocks on ``fut``: run its request's launches on this thread while no
         lane thread is (``Device.run_pending``), instead of waking one."""
         run = self._device.run_pending
-
-        def done() -> bool:
-            return fut.resolved
-
+        done = partial(getattr, fut, "resolved")  # ``until()``: a C call, no Python frame
         while not fut.resolved:
             s = req.stream
             if s < 0 or not run(s, done):

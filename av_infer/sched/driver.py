@@ -27,6 +27,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import concurrent.futures._base as _fb
 import logging
 import math
 import threading
@@ -37,8 +38,24 @@ from queue import SimpleQueue
 from typing import Any
 
 log = logging.getLogger(__name__)
+_get_ident = threading.get_ident
 
 __all__ = ["Driver", "RequestFuture"]
+
+
+#: ``concurrent.futures.Future``'s own attributes (CPython 3.8-3.13), which
+#: ``RequestFuture`` sets itself; if a Python changes them it falls back to
+#: ``Future.__init__`` and ``Future``'s own methods (slower, the same behaviour)
+_FUTURE_FIELDS = frozenset({"_condition", "_done_callbacks", "_exception", "_result",
+                            "_state", "_waiters"})
+_LEAN = frozenset(vars(Future())) == _FUTURE_FIELDS and all(
+    hasattr(_fb, n) for n in ("PENDING", "FINISHED", "InvalidStateError"))
+_PENDING, _FINISHED = _fb.PENDING, _fb.FINISHED
+_DONE_STATES = frozenset({_fb.CANCELLED, _fb.CANCELLED_AND_NOTIFIED, _fb.FINISHED})
+#: guards the creation of a future's condition against its resolution (see
+#: ``RequestFuture``); held for a few attribute operations, never while waiting or
+#: running callbacks
+_COND_LOCK = threading.Lock()
 
 
 class RequestFuture(Future):
@@ -47,23 +64,113 @@ class RequestFuture(Future):
 
     A thread that blocks on it (``result``/``exception``) first *helps*: ``helper(self)``
     runs the request's queued launches on that thread when no lane is running them (the
-    device's ``run_pending``), so a caller that waits anyway costs no thread hand-off."""
+    device's ``run_pending``), so a caller that waits anyway costs no thread hand-off.
+
+    Lean (one per request, docs/request_path.md): a ``Future`` makes a
+    ``threading.Condition`` over an ``RLock`` when it is built and takes it on every
+    ``set_result``, ``result`` and ``done``, about 29 k instructions per request. Most
+    requests are resolved before anyone waits on them (``infer``'s caller runs its own
+    launch), so the condition is made only when something needs it: a thread that waits
+    (``result``/``exception`` before it is done, ``concurrent.futures.wait``,
+    ``as_completed``), ``add_done_callback``, ``cancel``, ``set_running_or_notify_cancel``
+    or ``repr`` (every ``Future`` method that reads ``_condition`` makes it).
+    ``_COND_LOCK`` orders its creation against the resolution: a resolver that finds no
+    condition resolves under that lock, so a condition made later sees the result (and
+    nobody can be waiting on one that does not exist yet); one that finds a condition
+    resolves as ``Future`` does (waiters, ``notify_all``, callbacks). ``done``,
+    ``result`` and ``exception`` of a resolved future read its state without the lock
+    (the result is written before the state). Everything else is ``Future``'s own, so
+    ``concurrent.futures.wait``/``as_completed`` and ``asyncio.wrap_future`` work on it
+    (tests/sched/test_request_future.py)."""
 
     def __init__(self, driver: Driver) -> None:
-        super().__init__()
+        if _LEAN:
+            self._cond: threading.Condition | None = None
+            self._state = _PENDING
+            self._result = None
+            self._exception: BaseException | None = None
+            self._waiters: list = []
+            self._done_callbacks: list = []
+        else:
+            super().__init__()
         self._driver = driver
         self.helper: Callable[[RequestFuture], None] | None = None
         #: set once a result or an exception is in (a plain read, unlike ``done()``,
         #: which takes the future's lock: helpers poll it between launches)
         self.resolved = False
 
-    def set_result(self, result: Any) -> None:
-        super().set_result(result)
-        self.resolved = True
+    if _LEAN:
+        @property  # type: ignore[override]
+        def _condition(self) -> threading.Condition:
+            c = self._cond
+            if c is None:
+                with _COND_LOCK:
+                    c = self._cond
+                    if c is None:
+                        c = self._cond = threading.Condition()
+            return c
 
-    def set_exception(self, exception: BaseException | None) -> None:
-        super().set_exception(exception)
-        self.resolved = True
+        def set_result(self, result: Any) -> None:
+            if self._cond is None:
+                with _COND_LOCK:
+                    if self._cond is None and self._state not in _DONE_STATES:
+                        # nobody waits, no callbacks: resolved here (see the class)
+                        self._result = result
+                        self._state = _FINISHED
+                        self.resolved = True
+                        return
+            super().set_result(result)  # waiters, callbacks; or InvalidStateError
+            self.resolved = True
+
+        def set_exception(self, exception: BaseException | None) -> None:
+            if self._cond is None:
+                with _COND_LOCK:
+                    if self._cond is None and self._state not in _DONE_STATES:
+                        # nobody waits, no callbacks: resolved here (see the class)
+                        self._exception = exception
+                        self._state = _FINISHED
+                        self.resolved = True
+                        return
+            super().set_exception(exception)  # waiters, callbacks; or InvalidStateError
+            self.resolved = True
+
+        def done(self) -> bool:
+            return self._state in _DONE_STATES
+
+        def result(self, timeout: float | None = None) -> Any:
+            self._help()
+            if self._state == _FINISHED:
+                exc = self._exception
+                if exc is None:
+                    return self._result
+                try:
+                    raise exc
+                finally:  # no reference cycle through the traceback
+                    exc = None
+                    self = None  # noqa: PLW0642
+            return super().result(timeout)
+
+        def exception(self, timeout: float | None = None) -> BaseException | None:
+            self._help()
+            if self._state == _FINISHED:
+                return self._exception
+            return super().exception(timeout)
+    else:
+        def set_result(self, result: Any) -> None:
+            super().set_result(result)
+            self.resolved = True
+
+        def set_exception(self, exception: BaseException | None) -> None:
+            super().set_exception(exception)
+            self.resolved = True
+
+        def result(self, timeout: float | None = None) -> Any:
+            self._help()
+            return super().result(timeout)
+
+        def exception(self, timeout: float | None = None) -> BaseException | None:
+            self._help()
+            return super().exception(timeout)
 
     def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
         deliver = self._driver.deliver
@@ -71,16 +178,9 @@ class RequestFuture(Future):
 
     def _help(self) -> None:
         h = self.helper
-        if h is not None and not self.resolved and not self._driver.holds():
+        # not on the thread inside the scheduler (``Driver.holds``, inline)
+        if h is not None and not self.resolved and self._driver._holder != _get_ident():
             h(self)
-
-    def result(self, timeout: float | None = None) -> Any:
-        self._help()
-        return super().result(timeout)
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        self._help()
-        return super().exception(timeout)
 
 
 class Driver:
@@ -120,9 +220,14 @@ class Driver:
         while pending:
             if not lock.acquire(blocking=False):
                 return  # the thread inside handles it before it leaves (re-check below)
-            self._holder = threading.get_ident()
+            self._holder = _get_ident()
             try:
-                due = self.step()
+                # do what is due: every queued event (the scheduler's non-blocking
+                # handlers), then arm a timer for the next timed decision (inf: none)
+                handle, take = sched.post, pending.popleft
+                while pending:
+                    handle(take())
+                due = sched.next_timer()
                 if due < self._armed and not sched.stopped:
                     self._arm(due)
             finally:
@@ -175,18 +280,9 @@ class Driver:
             if not math.isinf(due):
                 self._fire()
 
-    def step(self) -> float:
-        """Do what is due: handle every queued event (the scheduler's non-blocking
-        handlers); return the device time of the next timed decision (inf if none), which
-        the caller arms a timer for. Only the thread holding the driver's lock calls it."""
-        pending, sched = self._pending, self.sched
-        while pending:
-            sched.post(pending.popleft())
-        return sched.next_timer()
-
     def holds(self) -> bool:
         """True on the thread that is inside the scheduler now."""
-        return self._holder == threading.get_ident()
+        return self._holder == _get_ident()
 
     def call(self, fn: Callable[[], Any], wait: bool = True) -> Any:
         """Run ``fn`` inside the scheduler (between events) and return its result.

@@ -513,9 +513,16 @@ class Scheduler:
         if entry.handle is None:
             self._fail(task, UnknownModelError(f"model {req.model!r} was unloaded"))
             return
-        with self.stats.lock:
-            self.stats.client(req.client, _PRIO[task.rt]).submitted += 1
-            self.stats.model(req.model)["submitted"] += 1
+        st = self.stats
+        with st.lock:  # the tables' dicts read inline: Stats.client/model only to add one
+            cs = st.clients.get(req.client)
+            if cs is None:
+                cs = st.client(req.client, _PRIO[task.rt])
+            cs.submitted += 1
+            mc = st.models.get(req.model)
+            if mc is None:
+                mc = st.model(req.model)
+            mc["submitted"] += 1
         if self.listeners:
             self._emit("arrival", {"request_id": req.id, "model": req.model,
                                    "client": req.client, "priority": _PRIO[task.rt],
@@ -1328,15 +1335,21 @@ class Scheduler:
         t.answered = True
         req = t.req
         tm = req.timings
-        with self.stats.lock:
-            cs = self.stats.client(req.client, _PRIO[t.rt])
+        st = self.stats
+        with st.lock:  # as in on_arrival
+            cs = st.clients.get(req.client)
+            if cs is None:
+                cs = st.client(req.client, _PRIO[t.rt])
             cs.completed += 1
             cs.latency.add(tm.end - tm.arrival)
             if not math.isnan(tm.first_kernel_start):
                 cs.preemption_latency.add(tm.first_kernel_start - tm.arrival)
             if tm.end > req.deadline:
                 cs.deadline_misses += 1
-            self.stats.model(req.model)["completed"] += 1
+            mc = st.models.get(req.model)
+            if mc is None:
+                mc = st.model(req.model)
+            mc["completed"] += 1
         self._unref(t.entry)
         self._answers.append((req.future, result, False))
         if self.listeners:
