@@ -27,22 +27,29 @@ class LatencyRecorder:
     ``add`` is O(1); ``sample`` copies the ring (a memcpy) so callers holding the stats lock
     keep it for microseconds and compute percentiles after releasing it."""
 
-    __slots__ = ("_ring", "_cap", "count", "total", "max")
+    __slots__ = ("_ring", "_size", "_cap", "count", "total", "max")
 
     def __init__(self, cap: int = SAMPLE_CAP) -> None:
         self._cap = int(cap)
         self._ring = np.empty(0, dtype=np.float64)  # grows to cap
+        self._size = 0  # len(self._ring), kept (add reads it on every sample)
         self.count = 0
         self.total = 0.0
         self.max = -math.inf
 
     def add(self, seconds: float) -> None:
         n = self.count
-        if n < self._cap and n >= len(self._ring):
-            grown = np.empty(min(self._cap, max(64, 2 * len(self._ring))), dtype=np.float64)
-            grown[:n] = self._ring[:n]
+        ring = self._ring
+        if n < self._size:
+            ring[n] = seconds  # filling (the common case: one store, no modulo)
+        elif n >= self._cap:
+            ring[n % self._cap] = seconds
+        else:  # full below the cap: grow (doubling, at most to the cap)
+            grown = np.empty(min(self._cap, max(64, 2 * n)), dtype=np.float64)
+            grown[:n] = ring[:n]
+            grown[n] = seconds
             self._ring = grown
-        self._ring[n % self._cap] = seconds
+            self._size = len(grown)
         self.count = n + 1
         self.total += seconds
         if seconds > self.max:

@@ -89,8 +89,10 @@ class RequestFuture(Future):
             self._state = _PENDING
             self._result = None
             self._exception: BaseException | None = None
-            self._waiters: list = []
-            self._done_callbacks: list = []
+            # made with the condition (``_condition``): every Future method that reads
+            # them holds it first; a missed one fails loudly (a tuple has no append)
+            self._waiters: list | tuple = ()
+            self._done_callbacks: list | tuple = ()
         else:
             super().__init__()
         self._driver = driver
@@ -107,6 +109,7 @@ class RequestFuture(Future):
                 with _COND_LOCK:
                     c = self._cond
                     if c is None:
+                        self._waiters, self._done_callbacks = [], []
                         c = self._cond = threading.Condition()
             return c
 

@@ -85,8 +85,9 @@ class ModelEntry:
     variants: Any = None
     _dkp: list[tuple[float, int, int, float, float]] | None = None
 
-    @property
+    @functools.cached_property
     def n_kernels(self) -> int:
+        """Kernels of the plan (read on every arrival: cached, the plan never changes)."""
         return len(self.plan.kernels)
 
     @functools.cached_property
