@@ -168,3 +168,26 @@ def test_many_threads_race_resolution_against_waiting(rt) -> None:
         fut.set_result(1)
         w.join(60)
         assert got == [1]
+
+
+def test_a_request_leaves_no_reference_cycle(rt, x) -> None:
+    # the future's helper holds the request, which holds the future: dropped once
+    # resolved, so requests are freed by reference counting, not the cycle collector
+    import gc
+
+    for _ in range(5):
+        rt.infer("m", x)
+    gc.collect()
+    gc.disable()
+    try:
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        for _ in range(20):
+            rt.infer("m", x)
+            rt.submit("m", x).result()
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert "RequestFuture" not in left and "Request" not in left, left
