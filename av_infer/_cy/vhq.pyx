@@ -261,6 +261,25 @@ cdef class VHQ:
             return (t, k)
         return None
 
+    def transmit_into(self, dq):
+        """``transmit`` until nothing more may go, appending each ``(task, kernel)`` to
+        ``dq`` (anything with ``append``, in transmission order); returns how many. One
+        call instead of a Python loop of ``transmit`` calls: what a CPU lane does after
+        every enqueue and completion. The lock is not held while ``dq.append`` runs."""
+        cdef int64_t t
+        cdef int32_t k
+        cdef int rc
+        cdef Py_ssize_t n = 0
+        put = dq.append
+        while True:
+            _lock_gil(self._lock)
+            rc = self._transmit_locked(&t, &k)
+            PyThread_release_lock(self._lock)
+            if not rc:
+                return n
+            put((t, k))
+            n += 1
+
     def complete(self):
         """The oldest in-flight launch finished (streams complete in order): its (task, kernel)."""
         cdef int64_t t

@@ -104,9 +104,14 @@ class _Bound:
     (reused by the model's next task, so a request builds nothing per launch)."""
 
     arena: np.ndarray
+    #: what launch k calls: the runner's C-level callable where it has one
+    #: (``_SegmentFn.call``, a partial over ORT's pybind run: no Python frame per launch),
+    #: else the bound launch itself
     fns: list
     inputs: dict[str, np.ndarray]
     outputs: dict[str, np.ndarray]
+    #: the runner's bound launches (``runner.bind``), what ``runner.rebind`` re-points
+    binds: list = field(default_factory=list)
     #: segment plans, tensors of ``ZERO_COPY_BYTES`` or more (fixed per model, shapes are
     #: static): inputs bound to the request's own arrays, outputs to a fresh array per task
     #: that is handed to the caller without a copy
@@ -128,16 +133,17 @@ _NAN = float("nan")
 _clocks = threading.local()
 
 
-def _thread_clock() -> int:
-    """The calling thread's CPU-time clock id (cached per thread); 0 where unsupported."""
-    clk = getattr(_clocks, "clk", None)
-    if clk is None:
+def _thread_ids() -> tuple[int, int]:
+    """The calling thread's CPU-time clock id (0 where unsupported) and native id, read once
+    per thread and cached (a lane's drain reads both at every entry)."""
+    ids = getattr(_clocks, "ids", None)
+    if ids is None:
         try:
             clk = time.pthread_getcpuclockid(threading.get_ident())
         except (AttributeError, OSError):
             clk = 0
-        _clocks.clk = clk
-    return clk
+        ids = _clocks.ids = (clk, threading.get_native_id())
+    return ids
 
 
 def _cpu_time(clk: int) -> float:
@@ -326,6 +332,9 @@ class CpuDevice(Device):
         self._started = False
         self._closed = False
         self._lock = threading.Lock()
+        #: the device clock as the C function itself: the scheduler reads it several times
+        #: a request, and the method below would add a Python frame to each read
+        self.now = time.perf_counter  # type: ignore[method-assign]
 
     # -- clock ----------------------------------------------------------------------------
     def now(self) -> float:
@@ -372,9 +381,10 @@ class CpuDevice(Device):
         if b is None:
             r = handle.runner
             arena = r.new_arena()
-            b = _Bound(arena, r.bind(arena),
+            binds = r.bind(arena)
+            b = _Bound(arena, [getattr(f, "call", f) for f in binds],
                        {n: r.view(arena, n) for n in handle.plan.inputs},
-                       {n: r.view(arena, n) for n in handle.plan.outputs})
+                       {n: r.view(arena, n) for n in handle.plan.outputs}, binds)
             if handle.killable:
                 b.zero_in = frozenset(n for n, v in b.inputs.items()
                                       if v.nbytes >= ZERO_COPY_BYTES)
@@ -382,7 +392,7 @@ class CpuDevice(Device):
                                        if v.nbytes >= ZERO_COPY_BYTES)
         for name in b.zero_out:  # the previous task's arrays were handed over
             v = b.outputs[name] = np.empty(b.outputs[name].shape, b.outputs[name].dtype)
-            handle.runner.rebind(b.fns, name, v)
+            handle.runner.rebind(b.binds, name, v)
         self._tasks[task] = _Task(handle, b)
 
     def release_task(self, task: int) -> None:
@@ -403,7 +413,7 @@ class CpuDevice(Device):
         for name, v in inputs.items():
             if name in b.zero_in:  # the segments read the request's (private) array
                 if b.held.get(name) is not v:
-                    t.model.runner.rebind(b.fns, name, v)
+                    t.model.runner.rebind(b.binds, name, v)
                     b.held[name] = v
             elif v is not b.inputs[name]:
                 np.copyto(b.inputs[name], v)
@@ -419,7 +429,10 @@ class CpuDevice(Device):
         # zero-copy outputs are fresh per task (new_task): handed over as they are; the
         # rest are arena views: copied
         zero = t.bound.zero_out
-        return {name: v if name in zero else v.copy() for name, v in t.bound.outputs.items()}
+        out = {}
+        for name, v in t.bound.outputs.items():  # a loop, not a comprehension: no frame
+            out[name] = v if name in zero else v.copy()
+        return out
 
     # -- streams --------------------------------------------------------------------------
     def open_stream(self, priority: int) -> int:
@@ -435,7 +448,8 @@ class CpuDevice(Device):
         lane = self._lanes[stream]
         with lane.lock:
             lane.vhq.push(task, first, last)
-            self._transmit(lane, wake)
+            if lane.vhq.transmit_into(lane.dq) and wake:  # _transmit, inline
+                _signal(lane.wake)
 
     def reset(self, stream: int) -> ResetInfo | None:
         lane = self._lanes[stream]
@@ -635,15 +649,7 @@ class CpuDevice(Device):
         (caller holds ``lane.lock``, so launches reach the queue in vHQ order); ``wake``:
         signal the worker (not needed when the thread running the lane will go on, or a
         caller is about to: whoever gives up ``lane.token`` signals what it leaves)."""
-        vhq, put = lane.vhq, lane.dq.append
-        sent = False
-        while True:
-            x = vhq.transmit()
-            if x is None:
-                break
-            put(x)
-            sent = True
-        if sent and wake:
+        if lane.vhq.transmit_into(lane.dq) and wake:
             _signal(lane.wake)
 
     def run_pending(self, stream: int, until: Any) -> bool:
@@ -661,8 +667,11 @@ class CpuDevice(Device):
             return False
         own = None if lane.nice is None else os_priority.enter_lane(lane.nice)
         try:
-            ran = self._drain(lane, until)
-        except Exception as e:  # noqa: BLE001 - its launch was answered (_drain)
+            ran = self._drain_loop(lane, until)
+        except BaseException as e:
+            self._fail_hand(lane, e)  # its launch is answered first
+            if not isinstance(e, Exception):
+                raise
             # the caller's thread survives a death while it ran the lane (the worker
             # takes over); it must not raise out of Future.result
             log.error("cpu device: lane %d failed while a caller ran it (%s: %s)",
@@ -693,34 +702,31 @@ class CpuDevice(Device):
             if not token.acquire(blocking=False):
                 continue  # a caller is helping: it signals again if it leaves work
             try:
-                self._drain(lane, None)
+                self._drain_loop(lane, None)
+            except BaseException as e:
+                self._fail_hand(lane, e)  # its launch is answered; the thread dies
+                raise
             finally:
                 token.release()
             if lane.dq:
                 _signal(wake)
 
-    def _drain(self, lane: _Lane, until: Any) -> bool:
-        """Run transmitted launches in order (caller holds ``lane.token``). An exception
-        out of it (outside the per-launch handler) first answers the launch in hand."""
-        try:
-            return self._drain_loop(lane, until)
-        except BaseException as e:
-            self._fail_hand(lane, e)
-            raise
-
     def _drain_loop(self, lane: _Lane, until: Any) -> bool:
-        lock, dq = lane.lock, lane.dq
-        now = time.perf_counter
+        """Run transmitted launches in order (caller holds ``lane.token``). Its callers
+        answer the launch in hand (``_fail_hand``) before anything that escapes it
+        (outside the per-launch handler) goes on."""
+        lock, dq, vhq = lane.lock, lane.dq, lane.vhq
+        now, clock_gettime = time.perf_counter, time.clock_gettime
         tasks = self._tasks
         ran = False
-        clk = _thread_clock()
+        clk, tid = _thread_ids()
         # RT launches report their thread's CPU time (Completion.cpu_s): two clock reads,
         # kept off the BE lanes' many short launches
         measure = lane.priority > 0 and clk != 0
         run_nice = lane.run_nice  # niced only while a model runs: back to `own` after it
         own = 0  # the thread's own nice value, read before its first reniced run
         read_own = run_nice is not None
-        tid = threading.get_native_id()
+        renice: Any = None  # os_priority.nice_setter(tid), made at the first reniced run
         while dq and not self._stopping and (until is None or not until()):
             with lock:
                 if not dq:
@@ -744,21 +750,24 @@ class CpuDevice(Device):
                 if faults is not None:
                     # outside the per-launch handler: the thread running the lane dies
                     faults.check("lane", rec.model.plan.name, k)
-                if measure:
-                    cpu0 = _cpu_time(clk)
-                if run_nice is not None and self._worth_killing(rec.model.est_s[k]):
+                if measure:  # this thread's own clock (clk != 0): it cannot be gone
+                    cpu0 = clock_gettime(clk)
+                # _worth_killing, inline (once per launch)
+                if run_nice is not None and ((est := rec.model.est_s[k]) <= 0
+                                             or est >= self.kill_below_s):
                     # a run too short to kill is not reniced either: two setpriority calls
                     # (3-7 µs) would cost more than it can keep a core from a waking RT thread
                     if read_own:
                         own, read_own = os_priority.current_nice(), False
+                        renice = os_priority.nice_setter(tid)
                     # not under `lock`: a thread that lowers its own priority may be switched
                     # out at once, and set_preempt (RT's arrival) must not wait for it. A
                     # kill sets `terminate`, then renices the run to 19 if `niced` is up; one
                     # landing before our renice is caught by the check after it
                     lane.niced = True
-                    os_priority.set_nice(run_nice)  # own priority back under `lock` below
+                    renice(run_nice)  # own priority back under `lock` below
                     if ro is not None and ro.terminate:
-                        os_priority.set_nice(os_priority.KILLED_NICE)
+                        renice(os_priority.KILLED_NICE)
                 try:
                     if faults is not None:
                         faults.check("kernel", rec.model.plan.name, k)
@@ -772,12 +781,12 @@ class CpuDevice(Device):
                     else:
                         rec.error, rec.error_kernel = e, k
             t1 = now()
-            cpu_s = _cpu_time(clk) - cpu0 if executed and cpu0 >= 0.0 else _NAN
+            cpu_s = clock_gettime(clk) - cpu0 if executed and cpu0 >= 0.0 else _NAN
             t_stop = _NAN
             with lock:
                 if lane.niced:
                     # under the lock set_preempt renices a killed run in: nothing after this
-                    os_priority.set_nice(own)
+                    renice(own)
                     lane.niced = False
                 lane.running = None
                 if ro is not None and not ro.terminate:  # never killed: reusable
@@ -795,9 +804,9 @@ class CpuDevice(Device):
                             self._kill_latency.add(t_stop - mark[0])
                 else:
                     lane.evicted += 1
-                lane.vhq.complete()
+                vhq.complete()
                 lane.hand = None
-                self._transmit(lane, False)  # this thread goes on draining
+                vhq.transmit_into(dq)  # _transmit without a wake: this thread goes on
             cb = self._on_complete
             if cb is not None and not self._stopping:
                 cb(Completion(lane.id, task, k, executed, t0, t1, t_stop=t_stop, cpu_s=cpu_s))

@@ -26,13 +26,14 @@ In that mode a killed run's thread is also dropped to ``KILLED_NICE`` until ORT 
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 __all__ = ["RT_PRIORITIES", "apply", "as_lane", "can_restore", "current_nice", "enter_lane",
-           "leave_lane", "nice_during_runs", "set_nice", "set_thread_nice"]
+           "leave_lane", "nice_during_runs", "nice_setter", "set_nice", "set_thread_nice"]
 
 #: ``rt_priority`` values: leave RT lanes alone, nice -5, or SCHED_FIFO priority 10.
 RT_PRIORITIES = ("off", "nice", "fifo")
@@ -121,6 +122,13 @@ def nice_during_runs(be_nice: int) -> int | None:
 def set_nice(nice: int) -> None:
     """Set the calling thread's nice value (one syscall; the caller knows it may)."""
     os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+
+
+def nice_setter(tid: int) -> Callable[[int], None]:
+    """``set(nice)`` for thread ``tid`` (native id) as one C call: what a lane running on
+    that thread calls around each run, without a Python frame or a thread-id read per
+    call. Raises OSError as ``set_nice`` does."""
+    return functools.partial(os.setpriority, os.PRIO_PROCESS, tid)
 
 
 def set_thread_nice(tid: int, nice: int) -> bool:

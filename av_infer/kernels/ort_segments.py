@@ -17,6 +17,7 @@ both kinds of plan through one lane loop. Differences that matter to the device:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -169,7 +170,7 @@ class _SegmentFn:
     ``IOBinding._iobinding``) when present: the public wrappers cost ~20 us of Python per
     call, a large share of a 1 ms model; the public API is used where those are missing."""
 
-    __slots__ = ("_run", "_io", "_bin", "_bout", "_cdev", "io", "inputs", "outputs")
+    __slots__ = ("_run", "_io", "_bin", "_bout", "_cdev", "io", "inputs", "outputs", "call")
 
     def __init__(self, sess: Any, io: Any, inputs: tuple[str, ...],
                  outputs: tuple[str, ...]) -> None:
@@ -187,6 +188,10 @@ class _SegmentFn:
         else:  # public API
             self._run, self._io, self._cdev = sess.run_with_iobinding, io, None
             self._bin, self._bout = io.bind_input, io.bind_output
+        #: ``call(run_options)`` runs the segment with no Python frame of ours in between
+        #: (a C partial over the pybind call; what the cpu device's lanes call per launch).
+        #: Re-binding mutates the same IOBinding, so it stays valid after ``rebind``
+        self.call = functools.partial(self._run, self._io)
 
     def bind_input(self, name: str, dtype: Any, shape: list[int], ptr: int) -> None:
         if self._cdev is None:

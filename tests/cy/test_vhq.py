@@ -10,7 +10,7 @@ from collections import deque
 
 import pytest
 from av_infer._cy.vhq import VHQ
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -42,6 +42,41 @@ def test_push_is_one_range_and_transmit_is_c_bounded():
     assert q.current == (7, 1, 1)
     assert q.transmit() == (7, 2)
     assert q.inflight() == [(7, 1), (7, 2)]
+
+
+def _transmit_loop(q: VHQ) -> list:
+    out = []
+    while (x := q.transmit()) is not None:
+        out.append(x)
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 8), st.lists(st.tuples(st.sampled_from(["push", "tx", "done", "reset", "c"]),
+                                           st.integers(1, 9)), max_size=40))
+def test_transmit_into_is_transmit_until_none(c, ops):
+    """``transmit_into`` (what the cpu lanes call) sends exactly what repeated ``transmit``
+    calls would, in order, and leaves the queue in the same state."""
+    a, b = VHQ(c=c), VHQ(c=c)
+    task = 0
+    for op, n in ops:
+        if op == "push":
+            task += 1
+            a.push(task, 0, n - 1)
+            b.push(task, 0, n - 1)
+        elif op == "tx":
+            got = deque()
+            assert a.transmit_into(got) == len(got)
+            assert list(got) == _transmit_loop(b)
+        elif op == "done":
+            for _ in range(min(n, a.in_flight)):
+                assert a.complete() == b.complete()
+        elif op == "reset":
+            assert a.reset() == b.reset()
+        else:
+            a.c = b.c = n % 8 + 1
+        assert (a.queued, a.in_flight, a.ranges, a.current, a.inflight()) == \
+            (b.queued, b.in_flight, b.ranges, b.current, b.inflight())
 
 
 def test_adjacent_ranges_merge_and_others_do_not():
