@@ -416,7 +416,7 @@ class CpuDevice(Device):
                     t.model.runner.rebind(b.binds, name, v)
                     b.held[name] = v
             elif v is not b.inputs[name]:
-                np.copyto(b.inputs[name], v)
+                b.inputs[name][...] = v  # np.copyto of an exact match, without its wrapper
 
     def read_outputs(self, task: int) -> dict[str, np.ndarray]:
         t = self._tasks[task]
@@ -678,7 +678,8 @@ class CpuDevice(Device):
                       lane.id, type(e).__name__, e)
             ran = True
         finally:
-            os_priority.leave_lane(own)
+            if own is not None:
+                os_priority.leave_lane(own)
             lane.token.release()
         if lane.dq:  # left for the worker (the token was ours when it was signalled)
             _signal(lane.wake)
@@ -719,7 +720,7 @@ class CpuDevice(Device):
         now, clock_gettime = time.perf_counter, time.clock_gettime
         tasks = self._tasks
         ran = False
-        clk, tid = _thread_ids()
+        clk, tid = getattr(_clocks, "ids", None) or _thread_ids()
         # RT launches report their thread's CPU time (Completion.cpu_s): two clock reads,
         # kept off the BE lanes' many short launches
         measure = lane.priority > 0 and clk != 0
