@@ -277,8 +277,11 @@ class ModelCache:
                 raise InvalidParameterError(f"release of model {name!r} that is not retained")
             e.refs -= 1
             # the loader has work only if a load waits for room or the cache is over its
-            # limits (waking it on every request costs a thread hand-off per request)
-            work = e.refs == 0 and (bool(self._pending) or (
+            # limits (waking it on every request costs a thread hand-off per request), and
+            # only if this model may now go: a pinned one is never evicted, so its release
+            # frees no room (an RT model's releases never wake the loader, even while BE
+            # loads wait)
+            work = e.refs == 0 and not e.pinned and (bool(self._pending) or (
                 (self._budget is not None or self._max_models is not None)
                 and self._over_limits()))  # no limits (the default): nothing to trim
             if work:

@@ -134,6 +134,49 @@ def test_pinned_never_evicted_and_in_use_not_evicted() -> None:
     assert c.stats()["pinned_bytes"] == MB
 
 
+def test_pinned_release_keeps_hold_and_lru_and_wakes_no_loader() -> None:
+    """A pinned model's retain/release (every RT request) still counts, holds and touches
+    the LRU order, but its release frees no room, so it does not wake the loader even while
+    a load waits for room; the release of the unpinned model in use does."""
+    dev = FakeDevice()
+    c = manual(dev, 2 * MB)
+    c.register("rt", plan("rt", MB), pin=True)
+    c.register("a", plan("a", MB))
+    c.register("b", plan("b", MB))
+    c.ensure_resident("a")
+    c.run_pending()
+    assert c.retain("a") is not None  # a in use, rt pinned: b has no victim
+    fb = c.ensure_resident("b")
+    c.run_pending()
+    assert not fb.done()
+    assert c.retain("rt", True) is not None
+    assert c.stats()["models"]["rt"]["in_use"] == 1
+    assert c.stats()["resident_models"] == ["a", "rt"]  # retain touched the LRU order
+    with pytest.raises(InvalidParameterError, match="in use"):
+        c.unregister("rt")  # held: never unloaded mid-request
+    c._dirty = False
+    c.release("rt")
+    assert not c._dirty  # nothing for the loader: rt may not go
+    assert c.run_pending() == 0 and not fb.done()
+    assert c.stats()["models"]["rt"]["in_use"] == 0 and c.stats()["hits"] == 1
+    c.release("a")
+    assert c._dirty  # a may go now: the waiting load gets its room
+    c.run_pending()
+    assert fb.result(0) is not None and dev.unloads == ["a"]
+    c.register("c", plan("c", MB))
+    c.unpin("rt")
+    c.retain("rt")
+    c.retain("b")
+    fc = c.ensure_resident("c")
+    c.run_pending()
+    assert not fc.done()  # rt and b in use
+    c._dirty = False
+    c.release("rt")  # unpinned now: its release makes room again
+    assert c._dirty
+    c.run_pending()
+    assert fc.result(0) is not None and dev.unloads == ["a", "rt"]
+
+
 def test_oversized_refused_with_clear_message() -> None:
     dev = FakeDevice()
     c = manual(dev, 4 * MB)

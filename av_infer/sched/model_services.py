@@ -196,9 +196,12 @@ class ModelServices:
     def acquire(self, t: Task) -> Any | None:
         """The device handle for ``t`` (its model retained), or None: ``t`` is parked."""
         name = t.entry.name
-        retry = t.tid in self._counted  # a parked task's second look is not a new hit
-        self._counted.discard(t.tid)
-        h = self.cache.retain(name, count=not retry)
+        counted = self._counted
+        if counted and t.tid in counted:  # a parked task's second look is not a new hit
+            counted.discard(t.tid)
+            h = self.cache.retain(name, False)
+        else:  # the request path: nothing parked (no set.discard call)
+            h = self.cache.retain(name, True)
         if h is None:
             fut = self.cache.ensure_resident(name, count=False)
             if fut.done() and fut.exception() is None:  # inline mode: loaded already
@@ -234,7 +237,7 @@ class ModelServices:
         if name is None:
             return
         self.cache.release(name)
-        if name in self._unload_later:
+        if self._unload_later and name in self._unload_later:
             self._try_unregister(name)
 
     def unload(self, entry: ModelEntry) -> None:
