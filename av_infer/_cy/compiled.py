@@ -23,7 +23,9 @@ from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 #: dotted names below ``av_infer`` (``sched.scheduler`` -> av_infer/sched/scheduler.py)
-PURE_MODULES: tuple[str, ...] = ("sched.scheduler",)
+#: (dependencies first: ``use_interpreted`` loads them in this order, and the scheduler
+#: imports the request module)
+PURE_MODULES: tuple[str, ...] = ("sched.request", "sched.scheduler")
 
 _PKG = Path(__file__).resolve().parents[1]
 

@@ -1,11 +1,16 @@
-"""Requests, their priorities, timings and results: what flows through the scheduler."""
+# cython: annotation_typing=False, language_level=3
+"""Requests, their priorities, timings and results: what flows through the scheduler.
+
+Compiled with request.pxd where built (Cython's pure-Python mode, av_infer/_cy/compiled.py):
+``Timings`` and ``Request`` are then ``cdef class``es whose fields the compiled scheduler
+reads as C struct members; this file stays the one source and runs interpreted elsewhere."""
 
 from __future__ import annotations
 
 import enum
 import math
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,28 +35,54 @@ class Priority(enum.IntEnum):
         return cls(int(value))
 
 
-@dataclass
 class Timings:
     """Timestamps on the device clock (seconds) and preemption counters of one request.
 
     ``arrival`` is the scheduled arrival (what latency is measured from, docs/design.md);
     ``start`` when the scheduler first gave it to a stream; ``first_kernel_start`` when its
     first kernel started on the device (preemption latency = this - arrival, for RT);
-    ``end`` when its last kernel completed.
+    ``end`` when its last kernel completed; ``preempted`` how often it was preempted;
+    ``kernels_padded`` its BE kernel launches that ran as padding (DKP); ``received`` when
+    the runtime took the request (``submit``: later than ``arrival`` by whatever delayed
+    the caller, a client thread waking late, before it could submit); ``run_cpu`` the CPU
+    seconds its launches used on the threads that ran them, where the device measures it
+    (``Completion.cpu_s``: the cpu device's RT lanes), NaN otherwise.
+
+    Written by hand, not a dataclass, with the dataclass's constructor, ``repr`` and
+    field-wise ``==``: compiled, it is a ``cdef class`` with C double/integer fields
+    (request.pxd, docs/request_path.md "Requests compiled") that the scheduler reads as
+    struct members; interpreted, a plain class with the same names.
     """
 
-    arrival: float
-    start: float = math.nan
-    first_kernel_start: float = math.nan
-    end: float = math.nan
-    preempted: int = 0
-    kernels_padded: int = 0  # BE kernel launches that ran as padding (DKP)
-    #: when the runtime took the request (``submit``): later than ``arrival`` by whatever
-    #: delayed the caller (a client thread waking late) before it could submit
-    received: float = math.nan
-    #: CPU seconds its launches used on the threads that ran them, where the device
-    #: measures it (``Completion.cpu_s``: the cpu device's RT lanes); NaN otherwise
-    run_cpu: float = math.nan
+    def __init__(self, arrival: float, start: float = math.nan,
+                 first_kernel_start: float = math.nan, end: float = math.nan,
+                 preempted: int = 0, kernels_padded: int = 0, received: float = math.nan,
+                 run_cpu: float = math.nan) -> None:
+        self.arrival = arrival
+        self.start = start
+        self.first_kernel_start = first_kernel_start
+        self.end = end
+        self.preempted = preempted
+        self.kernels_padded = kernels_padded
+        self.received = received
+        self.run_cpu = run_cpu
+
+    def _astuple(self) -> tuple:
+        return (self.arrival, self.start, self.first_kernel_start, self.end, self.preempted,
+                self.kernels_padded, self.received, self.run_cpu)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._astuple() == other._astuple()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value (as the dataclass)
+
+    def __repr__(self) -> str:
+        return (f"Timings(arrival={self.arrival!r}, start={self.start!r}, "
+                f"first_kernel_start={self.first_kernel_start!r}, end={self.end!r}, "
+                f"preempted={self.preempted!r}, kernels_padded={self.kernels_padded!r}, "
+                f"received={self.received!r}, run_cpu={self.run_cpu!r})")
 
     @property
     def latency(self) -> float:
@@ -94,26 +125,48 @@ class Result:
         return self.kappa * (hard - end) / (hard - soft)
 
 
-@dataclass(eq=False)
-class Request:
-    """One inference call as the scheduler holds it. Users never build these directly."""
+#: ``Request(future=...)`` left out: a new ``Future`` (``None`` given stays ``None``: the
+#: runtime sets its own future after building the request)
+_NEW_FUTURE = object()
 
-    id: int
-    model: str
-    inputs: dict[str, np.ndarray]
-    priority: Priority
-    client: str
-    deadline: float  # absolute, device clock; math.inf when none
-    drop_late: bool
-    timings: Timings
-    future: Future = field(default_factory=Future)
-    #: the stream the scheduler last enqueued it on (-1: none yet); written by the scheduler
-    #: only, read by a waiting caller as a hint of which lane to help (``Device.run_pending``)
-    stream: int = -1
-    #: ``Runtime.infer``: the thread (ident) that waits for this request and runs its
-    #: launches itself (0: none). An enqueue made *on that thread* while it handles the
-    #: arrival need not wake a lane worker: the thread helps right after.
-    caller_runs: int = 0
-    #: absolute hard deadline (device clock; inf: none): a BE request still unanswered then
-    #: is dropped wherever it is (DeadlineMissedError); ``deadline`` is the soft one
-    hard_deadline: float = math.inf
+
+class Request:
+    """One inference call as the scheduler holds it. Users never build these directly.
+
+    ``deadline`` is absolute on the device clock (``math.inf``: none); ``stream`` the
+    stream the scheduler last enqueued it on (-1: none yet), written by the scheduler only
+    and read by a waiting caller as a hint of which lane to help (``Device.run_pending``);
+    ``caller_runs`` (``Runtime.infer``) the thread (ident) that waits for this request and
+    runs its launches itself (0: none): an enqueue made *on that thread* while it handles
+    the arrival need not wake a lane worker, the thread helps right after;
+    ``hard_deadline`` the absolute hard deadline (device clock; inf: none): a BE request
+    still unanswered then is dropped wherever it is (DeadlineMissedError).
+
+    Written by hand (compared by identity, as the ``eq=False`` dataclass it was): compiled,
+    a ``cdef class`` with C fields (request.pxd) that the scheduler reads as struct members.
+    """
+
+    def __init__(self, id: int, model: str, inputs: dict[str, np.ndarray],
+                 priority: Priority, client: str, deadline: float, drop_late: bool,
+                 timings: Timings, future: Future | None = _NEW_FUTURE,  # type: ignore[assignment]
+                 stream: int = -1, caller_runs: int = 0,
+                 hard_deadline: float = math.inf) -> None:
+        self.id = id
+        self.model = model
+        self.inputs = inputs
+        self.priority = priority
+        self.client = client
+        self.deadline = deadline
+        self.drop_late = drop_late
+        self.timings = timings
+        self.future = Future() if future is _NEW_FUTURE else future
+        self.stream = stream
+        self.caller_runs = caller_runs
+        self.hard_deadline = hard_deadline
+
+    def __repr__(self) -> str:
+        return (f"Request(id={self.id!r}, model={self.model!r}, inputs={self.inputs!r}, "
+                f"priority={self.priority!r}, client={self.client!r}, "
+                f"deadline={self.deadline!r}, drop_late={self.drop_late!r}, "
+                f"timings={self.timings!r}, future={self.future!r}, stream={self.stream!r}, "
+                f"caller_runs={self.caller_runs!r}, hard_deadline={self.hard_deadline!r})")

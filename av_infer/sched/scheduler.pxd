@@ -6,7 +6,8 @@ declarations by ``setup.py``).
 What the types buy: ``Task`` and ``StreamState`` are ``cdef class``es with C fields, the
 scheduler's decision routines are ``cdef`` methods called as C functions, and their
 ``Task``/``StreamState`` locals read fields as struct members instead of through the
-interpreter (docs/request_path.md, "The compiled core"). Every name Python code reads
+interpreter (docs/request_path.md, "The compiled core"); the same for ``Task.req``, a
+``Request``, and its ``Timings`` (request.pxd, cimported). Every name Python code reads
 (tests, ``ModelServices``, the engine, the listeners' payloads) keeps its name: fields are
 ``public``; entry points stay ``def``/``cpdef``. ``nonecheck`` is on (scheduler.py's first
 line): a ``None`` where a task or stream is expected raises instead of crashing.
@@ -14,12 +15,14 @@ line): a ``None`` where a task or stream is expected raises instead of crashing.
 
 cimport cython
 
+from av_infer.sched.request cimport Request, Timings
+
 cdef int QUEUED, RUNNING, PAUSED, PREEMPTED, ABORTING, DONE
 
 
 @cython.final
 cdef class Task:
-    cdef public object req
+    cdef public Request req
     cdef public object entry
     cdef public int n
     cdef public int state
@@ -103,13 +106,15 @@ cdef class Scheduler:
     cdef bint _be_granted(self)
     @cython.locals(t=Task, b=Task)
     cdef _expire_late(self)
+    @cython.locals(req=Request)
     cdef _miss_error(self, Task t, now, deadline, str where)
+    @cython.locals(req=Request)
     cdef _miss(self, Task t, now, deadline=*, str where=*)
     cdef _queue(self, Task t, bint front=*)
     cdef _emit(self, str kind, dict payload)
     @cython.locals(task=Task)
-    cpdef on_arrival(self, req, entry)
-    @cython.locals(s=StreamState, task=Task, k0=int, i=int, be=bint)
+    cpdef on_arrival(self, Request req, entry)
+    @cython.locals(s=StreamState, task=Task, k0=int, i=int, be=bint, tm=Timings)
     cpdef on_complete(self, comp)
     @cython.locals(s=StreamState, task=Task, n=int, k0=int, done=int, i=int)
     cdef bint _coalescible(self, comp) except -1
@@ -136,8 +141,9 @@ cdef class Scheduler:
     cdef _schedule_be(self, bint granted=*)
     @cython.locals(rp=int)
     cdef _restore(self, Task t, StreamState s)
-    @cython.locals(first=int)
+    @cython.locals(first=int, req=Request)
     cdef bint _start(self, Task t, StreamState s) except -1
+    @cython.locals(req=Request)
     cdef _enqueue(self, Task t, StreamState s, int first, bint wake=*)
     cdef _enqueue_from(self, Task t, StreamState s, int first, bint wake)
     cdef _count(self, Task t, StreamState s, int n)
@@ -156,12 +162,13 @@ cdef class Scheduler:
     cdef _detach(self, Task t)
     @cython.locals(s=StreamState)
     cdef _release(self, Task t)
+    @cython.locals(req=Request)
     cdef _finish(self, Task t, double t_end)
     @cython.locals(s=StreamState)
     cpdef _abort(self, Task t, err)
-    @cython.locals(m=Task)
+    @cython.locals(m=Task, req=Request, tm=Timings)
     cdef _answer(self, Task t, result)
-    @cython.locals(m=Task)
+    @cython.locals(m=Task, req=Request)
     cdef _fail(self, Task t, err)
     cdef _unref(self, entry)
     cdef _unload(self, entry)
