@@ -548,7 +548,9 @@ class Scheduler:
             heapq.heappush(self._late, (req.deadline, task.tid, False, task))
         if req.hard_deadline < math.inf and not task.rt:
             heapq.heappush(self._late, (req.hard_deadline, task.tid, True, task))
-        if not task.rt and self.ext is not None:  # batching observes BE arrivals
+        # batching observes BE arrivals (ModelServices.on_arrival does nothing else, so
+        # without batching neither it nor the clock read is called)
+        if not task.rt and self.ext is not None and self.ext.batching:
             self.ext.on_arrival(task, self.device.now())
         self._schedule()
 
@@ -983,7 +985,9 @@ class Scheduler:
                 if self._past_hard_deadline(t, now):
                     self._miss(t, now, t.req.hard_deadline)
                     continue
-                if self.ext is not None:  # batching: a request transform ahead of dispatch
+                # batching or a variant group: a request transform ahead of dispatch
+                # (ModelServices.maybe_batch returns a BE task unchanged without either)
+                if self.ext is not None and (self.ext.batching or self.ext.groups):
                     t = self.ext.maybe_batch(t, now, self._be_queued_of, self._be_take_of)
                 if self._start(t, s):
                     break
