@@ -70,12 +70,13 @@ class Completion:
     #: back, i.e. the flag time plus the CPU time it used after it (its thread's CPU clock),
     #: so the wait of that thread for the GIL or a core before it could report is not
     #: counted; NaN otherwise (then ``t_end`` is the stop)
-    t_stop: float = float("nan")
+    #: (the one NaN object ``_NAN``, as ``__init__``: records sim_core builds compare equal)
+    t_stop: float = _NAN
     #: CPU seconds the launch used on the thread that ran it (its thread's CPU clock), where
     #: the device measures it (cpu, RT lanes); NaN otherwise. Beside ``t_end - t_start`` it
     #: tells a launch slowed by the machine (CPU time grows with it: caches, memory) from one
     #: that waited (for a core or the GIL: CPU time does not grow)
-    cpu_s: float = float("nan")
+    cpu_s: float = _NAN
     #: launches this record stands for: kernels ``kernel .. kernel + count - 1`` of
     #: ``task``, consecutive on ``stream`` (a *coalesced* record, only from a device started
     #: with ``coalesce=True``, see ``Device.coalesces``). ``t_start`` is the first one's,
