@@ -156,19 +156,6 @@ def _cpu_time(clk: int) -> float:
         return 0.0
 
 
-def _exact(views: dict[str, np.ndarray], inputs: dict[str, Any]) -> bool:
-    """``inputs`` are what ``Runtime.submit`` lets through for these regions: the same
-    names, C-contiguous arrays of the exact shape and dtype."""
-    if inputs.keys() != views.keys():
-        return False
-    for n, v in inputs.items():
-        dst = views[n]
-        if not (isinstance(v, np.ndarray) and v.shape == dst.shape and v.dtype == dst.dtype
-                and v.flags.c_contiguous):
-            return False
-    return True
-
-
 def _locked() -> threading.Lock:
     lk = threading.Lock()
     lk.acquire()
@@ -405,7 +392,18 @@ class CpuDevice(Device):
     def write_inputs(self, task: int, inputs: dict[str, np.ndarray]) -> None:
         t = self._tasks[task]
         b = t.bound
-        if not _exact(b.inputs, inputs):
+        views = b.inputs
+        # exact: what Runtime.submit lets through for these regions (the same names,
+        # C-contiguous arrays of the exact shape and dtype); checked inline, once a request
+        exact = inputs.keys() == views.keys()
+        if exact:
+            for n, v in inputs.items():
+                dst = views[n]
+                if not (isinstance(v, np.ndarray) and v.shape == dst.shape
+                        and v.dtype == dst.dtype and v.flags.c_contiguous):
+                    exact = False
+                    break
+        if not exact:
             # not what Runtime.submit validates: the runner's checks raise the typed error
             # or copy with a safe cast into the arena, whose regions the task then reads
             t.model.runner.write_inputs(b.arena, inputs)
