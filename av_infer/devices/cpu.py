@@ -751,9 +751,7 @@ class CpuDevice(Device):
                     faults.check("lane", rec.model.plan.name, k)
                 if measure:  # this thread's own clock (clk != 0): it cannot be gone
                     cpu0 = clock_gettime(clk)
-                # _worth_killing, inline (once per launch)
-                if run_nice is not None and ((est := rec.model.est_s[k]) <= 0
-                                             or est >= self.kill_below_s):
+                if run_nice is not None and self._worth_killing(rec.model.est_s[k]):
                     # a run too short to kill is not reniced either: two setpriority calls
                     # (3-7 µs) would cost more than it can keep a core from a waking RT thread
                     if read_own:

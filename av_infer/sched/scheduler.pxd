@@ -106,6 +106,8 @@ cdef class Scheduler:
     cdef bint _be_granted(self)
     @cython.locals(t=Task, b=Task)
     cdef _expire_late(self)
+    cdef _client_stats(self, client, bint rt)
+    cdef dict _model_stats(self, model)
     @cython.locals(req=Request)
     cdef _miss_error(self, Task t, now, deadline, str where)
     @cython.locals(req=Request)

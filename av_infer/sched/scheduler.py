@@ -458,7 +458,19 @@ class Scheduler:
                 where = "while preempted" if t.state in (PREEMPTED, PAUSED) else "while running"
             self._evict(t, self._miss_error(t, now, deadline, where))
             with self.stats.lock:
-                self.stats.client(t.req.client, _PRIO[t.rt]).deadline_misses += 1
+                self._client_stats(t.req.client, t.rt).deadline_misses += 1
+
+    def _client_stats(self, client: str, rt: bool) -> Any:
+        """``client``'s statistics (caller holds ``stats.lock``): the table's entry read
+        directly, ``Stats.client`` (which adds one, or the overflow row) only when it is
+        missing. Compiled, a C call: every request counts twice through it."""
+        cs = self.stats.clients.get(client)
+        return cs if cs is not None else self.stats.client(client, _PRIO[rt])
+
+    def _model_stats(self, model: str) -> dict[str, int]:
+        """``model``'s counters (caller holds ``stats.lock``), as ``_client_stats``."""
+        mc = self.stats.models.get(model)
+        return mc if mc is not None else self.stats.model(model)
 
     def _miss_error(self, t: Task, now: float, deadline: float,
                     where: str) -> DeadlineMissedError:
@@ -472,7 +484,7 @@ class Scheduler:
               where: str = "before it could start") -> None:
         req = t.req
         with self.stats.lock:
-            self.stats.client(req.client, _PRIO[t.rt]).deadline_misses += 1
+            self._client_stats(req.client, t.rt).deadline_misses += 1
         self._fail(t, self._miss_error(t, now, req.deadline if deadline is None else deadline,
                                        where))
 
@@ -514,16 +526,9 @@ class Scheduler:
         if entry.handle is None:
             self._fail(task, UnknownModelError(f"model {req.model!r} was unloaded"))
             return
-        st = self.stats
-        with st.lock:  # the tables' dicts read inline: Stats.client/model only to add one
-            cs = st.clients.get(req.client)
-            if cs is None:
-                cs = st.client(req.client, _PRIO[task.rt])
-            cs.submitted += 1
-            mc = st.models.get(req.model)
-            if mc is None:
-                mc = st.model(req.model)
-            mc["submitted"] += 1
+        with self.stats.lock:
+            self._client_stats(req.client, task.rt).submitted += 1
+            self._model_stats(req.model)["submitted"] += 1
         if self.listeners:
             self._emit("arrival", {"request_id": req.id, "model": req.model,
                                    "client": req.client, "priority": _PRIO[task.rt],
@@ -1340,21 +1345,15 @@ class Scheduler:
         t.answered = True
         req = t.req
         tm = req.timings
-        st = self.stats
-        with st.lock:  # as in on_arrival
-            cs = st.clients.get(req.client)
-            if cs is None:
-                cs = st.client(req.client, _PRIO[t.rt])
+        with self.stats.lock:
+            cs = self._client_stats(req.client, t.rt)
             cs.completed += 1
             cs.latency.add(tm.end - tm.arrival)
             if not math.isnan(tm.first_kernel_start):
                 cs.preemption_latency.add(tm.first_kernel_start - tm.arrival)
             if tm.end > req.deadline:
                 cs.deadline_misses += 1
-            mc = st.models.get(req.model)
-            if mc is None:
-                mc = st.model(req.model)
-            mc["completed"] += 1
+            self._model_stats(req.model)["completed"] += 1
         self._unref(t.entry)
         self._answers.append((req.future, result, False))
         if self.listeners:
@@ -1376,11 +1375,11 @@ class Scheduler:
         req = t.req
         req.inputs = {}
         with self.stats.lock:
-            cs = self.stats.client(req.client, _PRIO[t.rt])
+            cs = self._client_stats(req.client, t.rt)
             cs.failed += 1
             code = err.code
             cs.errors[code] = cs.errors.get(code, 0) + 1
-            self.stats.model(req.model)["failed"] += 1
+            self._model_stats(req.model)["failed"] += 1
         self._unref(t.entry)
         self._answers.append((req.future, err, True))
         if self.listeners:
