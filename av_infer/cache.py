@@ -258,9 +258,8 @@ class ModelCache:
         or None, retaining nothing, when it is not resident (ask ``ensure_resident``).
         ``count`` records the hit or miss (the scheduler's one look per task start)."""
         with self._lock:
-            e = self._entries.get(name)  # ``_get``, inline: once per request
-            if e is None:
-                raise UnknownModelError(f"model {name!r} is not registered with the cache")
+            # the table read directly (once per request); ``_get`` only to raise
+            e = self._entries.get(name) or self._get(name)
             if e.state != "resident":
                 self._misses += count
                 return None
