@@ -131,20 +131,6 @@ class RequestFuture(Future):
             self.resolved = True
             self.helper = None
 
-        def set_exception(self, exception: BaseException | None) -> None:
-            if self._cond is None:
-                with _COND_LOCK:
-                    if self._cond is None and self._state not in _DONE_STATES:
-                        # nobody waits, no callbacks: resolved here (see the class)
-                        self._exception = exception
-                        self._state = _FINISHED
-                        self.resolved = True
-                        self.helper = None
-                        return
-            super().set_exception(exception)  # waiters, callbacks; or InvalidStateError
-            self.resolved = True
-            self.helper = None
-
         def done(self) -> bool:
             return self._state in _DONE_STATES
 
@@ -172,11 +158,6 @@ class RequestFuture(Future):
             self.resolved = True
             self.helper = None
 
-        def set_exception(self, exception: BaseException | None) -> None:
-            super().set_exception(exception)
-            self.resolved = True
-            self.helper = None
-
         def result(self, timeout: float | None = None) -> Any:
             self._help()
             return super().result(timeout)
@@ -184,6 +165,14 @@ class RequestFuture(Future):
         def exception(self, timeout: float | None = None) -> BaseException | None:
             self._help()
             return super().exception(timeout)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        # ``Future``'s own resolution in both forms: failures are the rare path, so the
+        # lean form makes its condition here (``_condition``) rather than keep a second
+        # lock-free copy of ``set_result``'s
+        super().set_exception(exception)  # waiters, callbacks; or InvalidStateError
+        self.resolved = True
+        self.helper = None
 
     def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
         deliver = self._driver.deliver
