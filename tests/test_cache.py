@@ -193,6 +193,8 @@ def test_oversized_refused_with_clear_message() -> None:
     assert "rt2" not in c.stats()["models"]
     with pytest.raises(UnknownModelError):
         c.ensure_resident("nope")
+    with pytest.raises(UnknownModelError, match="not registered"):
+        c.retain("nope")  # the request path's look-up refuses as ensure_resident does
 
 
 def test_measured_size_larger_than_estimate() -> None:
