@@ -73,8 +73,12 @@
 # (never pip install), PY (the interpreter: default .venv/bin/python if present, else
 # python3, which on the GPU image has cupy, torch and onnxruntime and cannot fetch).
 # The DISB steps read the workloads from shared/disb beside the checkout or inside it: a
-# device machine that gets the checkout alone needs `cp -r ../shared/disb shared/` first.
-# Exit: 0 every step that ran passed; 1 a step failed or timed out; 2 no GPU.
+# device machine that gets the checkout alone needs `mkdir -p shared && cp -r ../shared/disb
+# shared/disb` first (shared/disb/workloads/A.json must exist: a bare `cp -r ../shared/disb
+# shared/` into a checkout with no shared/ makes shared/workloads instead, and on 2026-11-27
+# (H200, second lease) that cost a 185 s call whose DISB workloads all failed to load).
+# Exit: 0 every step that ran passed; 1 a step failed or timed out; 2 no GPU; 3 DISB steps
+# selected but no workloads.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -100,11 +104,20 @@ export PARTS
 T0=$SECONDS
 rc=0
 
+# Steps that read the DISB workloads refuse to start without them, before any device time
+# is spent on a build (exit 3).
+case ",$STEPS," in
+    *,sim_disb,*|*,disb_*|*,sweep_*)
+        if ! "$PY" -c "from av_infer.bench.workload import workload_path; workload_path('A')" \
+            2>/dev/null; then
+            echo "gpu_check: no DISB workloads (shared/disb/workloads/A.json beside or inside" \
+                "the checkout), and steps $STEPS read them: mkdir -p shared && cp -r" \
+                "../shared/disb shared/disb before sending the tree, or leave those steps out" >&2
+            exit 3
+        fi ;;
+esac
 nvidia-smi || { echo "gpu_check: nvidia-smi failed: no GPU here" >&2; exit 2; }
 echo "gpu_check: PY=$PY budget=${BUDGET_S}s steps=$STEPS rate_scale=$RATE_SCALE"
-"$PY" -c "from av_infer.bench.workload import workload_path; workload_path('A')" 2>/dev/null \
-    || echo "gpu_check: no DISB workloads (shared/disb beside or inside the checkout): the" \
-        "disb and sweep steps will fail; cp -r ../shared/disb shared/ before sending the tree"
 
 # disb_cuda.json from the DISB parts (policies.<W>, sweep_c.<policy>.<W>), and
 # gpu_check_steps.json from the step log; rewritten after every step.
