@@ -206,6 +206,11 @@ def model_rows(emulate: bool, models: list[str], precisions: list[str], scale: s
                             us[r.get("call", "?")] += r["vendor_us"]
                     if us:
                         row["vendor_us_by_call"] = {k: round(v, 1) for k, v in sorted(us.items())}
+                    # auto mode: ops whose path was measured at this load / read from the
+                    # recorded choices (devices/cuda_choices.py)
+                    chosen = Counter(r["chosen"] for r in rep if "chosen" in r)
+                    if chosen:
+                        row["vendor_chosen"] = dict(sorted(chosen.items()))
                     row["own_conv_gemm"] = sorted({r["reason"] for r in rep
                                                    if r["path"] == "own"})
                     row["kernels"] = len(plan.kernels)

@@ -80,7 +80,9 @@ from typing import Any
 
 import numpy as np
 
+from av_infer.devices import cuda_choices
 from av_infer.devices.base import Completion, CompletionCallback, Device, ResetInfo
+from av_infer.devices.cuda_choices import CHOICE_MODES
 from av_infer.devices.cuda_memory import CupyMemory, HostMemory
 from av_infer.devices.cuda_padcache import PadModuleCache
 from av_infer.devices.cuda_profiling import DriverTiming
@@ -215,7 +217,8 @@ class CudaDevice(Device):
                  emulate: bool = False, sms: int = 16, vendor: str | None = None,
                  workspace_mb: int | None = None, graphs: str | None = None,
                  pad_select: str | None = None, graph_ops: int | None = None,
-                 pad_levels: str | Sequence[int] | None = None) -> None:
+                 pad_levels: str | Sequence[int] | None = None,
+                 vendor_choices: str | None = None) -> None:
         """``emulate``: run on the CPU emulator (docs/cuda_emu.md); ``sms`` is then the
         SM count padding selection assumes (a real GPU reports its own).
 
@@ -226,6 +229,10 @@ class CudaDevice(Device):
         else :class:`VendorLibraryError`.
         ``workspace_mb``: vendor workspace per stream (default
         ``$AV_INFER_VENDOR_WORKSPACE_MB``, else 32 on a GPU, 1 on the emulator).
+        ``vendor_choices``: ``cache`` | ``measure`` (default
+        ``$AV_INFER_CUDA_VENDOR_CHOICES``, else ``cache``): under ``auto``, ``cache`` runs a
+        model's ops on the paths recorded the first time it was measured on this GPU with
+        these libraries, ``measure`` times every op at every load (``cuda_choices``).
         ``graphs``: ``off`` | ``be`` (default ``$AV_INFER_CUDA_GRAPHS``, else ``off``):
         ``be`` launches the kernels of ours on BE streams as gated CUDA graphs (a gate
         kernel reads the flag, an IF node runs the op or skips it, a record says which;
@@ -270,6 +277,11 @@ class CudaDevice(Device):
         mode = mode.strip().lower() or "off"
         if mode not in MODES:
             raise ValueError(f"vendor must be one of {MODES}, got {mode!r}")
+        cmode = vendor_choices if vendor_choices is not None else os.environ.get(
+            "AV_INFER_CUDA_VENDOR_CHOICES", "")
+        cmode = cmode.strip().lower() or "cache"
+        if cmode not in CHOICE_MODES:
+            raise ValueError(f"vendor_choices must be one of {CHOICE_MODES}, got {cmode!r}")
         ws_mb = workspace_mb if workspace_mb is not None else int(
             os.environ.get("AV_INFER_VENDOR_WORKSPACE_MB", "1" if emulate else "32"))
         if ws_mb < 0:
@@ -311,6 +323,10 @@ class CudaDevice(Device):
         self._pads = PadModuleCache(self._disp, self._cache, self._compiler, self.arch, plev)
         self._timing = DriverTiming(self._driver_path, self._mem, self._errstr)
         self.vendor_mode = mode
+        #: ``auto``'s per-op choices: ``cache`` | ``measure``; models whose choices came
+        #: from the record / were measured at load (telemetry)
+        self.vendor_choices = cmode
+        self._choice_stats = {"cached": 0, "measured": 0}
         self._ws_bytes = int(ws_mb) << 20
         self._vendor: Any = None
         #: plan name -> {"precision", "vendor", "own"}: conv/gemm kernels per path (telemetry)
@@ -481,6 +497,15 @@ class CudaDevice(Device):
         have = {"cublaslt": v.has_cublaslt, "cudnn": v.has_cudnn}
         m.vendor = [None] * len(m.src.specs)
         launch = v.launch_address
+        auto = self.vendor_mode == "auto"
+        eligible = {k.index for k in m.plan.kernels if k.kind in ("conv", "gemm",
+                                                                   "conv_transpose")}
+        key, known = "", None
+        if auto and self.vendor_choices == "cache":
+            key = cuda_choices.choice_key(m.src.source, m.precision, self._gpu_identity(),
+                                          v.versions(), self._ws_bytes)
+            known = cuda_choices.load(self._cache, key, eligible)
+        measured: dict[int, dict[str, Any]] = {}
         for k, spec in zip(m.plan.kernels, m.src.specs, strict=True):
             if k.kind not in ("conv", "gemm", "conv_transpose"):
                 continue
@@ -507,15 +532,28 @@ class CudaDevice(Device):
             info = v.op_info(op)
             row.update(op=info["kind"], call=info["call"], algo=info["algo"],
                        workspace=info["workspace"])
-            if self.vendor_mode == "auto":
-                own = self.time_kernel(m, k.index, 3)
-                ven = self._time_vendor(m, k.index, op, 3)
-                row["own_us"], row["vendor_us"] = round(own, 2), round(ven, 2)
-                if ven > own:
+            if auto:
+                if known is not None and k.index in known:
+                    rec = known[k.index]
+                    row["chosen"] = "cached"
+                else:
+                    own = self.time_kernel(m, k.index, cuda_choices.AUTO_REPEATS)
+                    ven = self._time_vendor(m, k.index, op, cuda_choices.AUTO_REPEATS)
+                    rec = {"path": cuda_choices.decide(own, ven), "own_us": round(own, 2),
+                           "vendor_us": round(ven, 2)}
+                    measured[k.index] = rec
+                    row["chosen"] = "measured"
+                row["own_us"], row["vendor_us"] = rec["own_us"], rec["vendor_us"]
+                if rec["path"] == "own":
                     row["reason"] = "ours measured faster"
                     continue
             row["path"], row["reason"] = "vendor", ""
             m.vendor[k.index] = (launch, op)
+        if auto:
+            self._choice_stats["measured" if measured else "cached"] += 1
+            if key and measured:
+                cuda_choices.store(self._cache, key, {**(known or {}), **measured},
+                                   m.plan.name)
         if not any(m.vendor):
             m.vendor = []
         n = sum(1 for r in m.vendor_report if r["path"] == "vendor")
@@ -523,6 +561,17 @@ class CudaDevice(Device):
                                             "own": len(m.vendor_report) - n}
         log.info("%s: %d of %d conv/gemm kernels on vendor ops (%s, %s)", m.plan.name, n,
                  len(m.vendor_report), self.vendor_mode, m.precision)
+
+    def _gpu_identity(self) -> dict[str, Any]:
+        """What identifies the GPU for recorded choices: architecture, SMs and name."""
+        out: dict[str, Any] = {"arch": self.arch, "sms": self.sms, "emulated": self.emulated}
+        if not self.emulated:
+            import cupy
+
+            props = cupy.cuda.runtime.getDeviceProperties(self.device_id)
+            name = props.get("name", b"")
+            out["name"] = name.decode() if isinstance(name, bytes) else str(name)
+        return out
 
     def _time_vendor(self, m: _Model, k: int, op: int, repeats: int) -> float:
         spec = m.src.specs[k]
@@ -1069,7 +1118,8 @@ class CudaDevice(Device):
                           "launches_by_variant": dict(self._pad_variants),
                           **self._pads.stats()}
         out["graphs"] = {**self._graphs, "plans": dict(self._graphs["plans"])}
-        out["vendor"] = {"mode": self.vendor_mode}
+        out["vendor"] = {"mode": self.vendor_mode, "choices": self.vendor_choices,
+                         "models_by_choice": dict(self._choice_stats)}
         if self._vendor is not None:
             out["vendor"].update(
                 cublaslt=self._vendor.cublaslt_path, cudnn=self._vendor.cudnn_path,
