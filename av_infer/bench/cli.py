@@ -62,14 +62,16 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--compare-sim: re-run a GPU DISB result in the simulator and write sim_fidelity "
         "rows (--json OUT, default sim_fidelity.json; '-': stdout); --refit-contention: "
         "fit the contention model's beta to the GPU's streams/reef_dkp rows")
-    g2.add_argument("--compare-sim", metavar="GPU_JSON",
-                    help="a bench JSON measured on cuda, or gpu_check.sh's disb_cuda.json")
+    g2.add_argument("--compare-sim", metavar="GPU_JSON", nargs="+",
+                    help="a bench JSON measured on cuda, or gpu_check.sh's disb_cuda.json; "
+                    "several files are read as one result (rows name their gpu_file)")
     g2.add_argument("--calibrate", choices=["none", "standalone"], default="none",
                     help="derived profiles scaled per model to the GPU run's standalone p50 "
                     "(default none)")
-    g2.add_argument("--refit-contention", metavar="GPU_JSON",
-                    help="write the fitted contention parameters to --params-out")
-    g2.add_argument("--refit-host", metavar="GPU_JSON",
+    g2.add_argument("--refit-contention", metavar="GPU_JSON", nargs="+",
+                    help="write the fitted contention parameters to --params-out (several "
+                    "files: one fit over all their rows)")
+    g2.add_argument("--refit-host", metavar="GPU_JSON", nargs="+",
                     help="fit the host model (start work from standalone and rt_only "
                     "first_kernel_us, completion work from the co-running policies' "
                     "first_kernel_us) and write it to --params-out")

@@ -25,7 +25,12 @@ list stays derived). The document says which profile each model used.
 
 Input (``load_gpu_results``): a bench JSON document (``schema`` 1), a list of them, or the
 bundle ``scripts/gpu_check.sh`` writes (``disb_cuda.json``: ``{"policies": {W: doc},
-"sweep_c": ...}``; the sweeps are not compared).
+"sweep_c": ...}``; the sweeps are not compared). Several files (``load_gpu_files``; the
+CLI's ``--compare-sim F1 F2 ...``) are read as one result: the windows of one GPU lease
+that wrote its workloads in several calls, or of several leases of the same GPU model.
+Each row says which file it came from (``gpu_file``); a workload measured in more than one
+file keeps one row set per file (its twin is keyed ``W@FILE`` in ``sim``). Files naming
+different GPUs are refused unless ``--gpu`` says which one to simulate.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -41,8 +47,14 @@ from av_infer.bench.harness import Bench, BenchConfig, available_policies
 from av_infer.bench.workload import Workload, WorkloadError, load_workload
 
 __all__ = ["METRICS", "CompareOptions", "compare_docs", "fit_documents", "format_table",
-           "load_gpu_results",
+           "load_gpu_files", "load_gpu_results",
            "run_compare", "sim_twin"]
+
+#: One GPU result file or several read as one (``load_gpu_files``).
+GpuFiles = str | Path | Sequence[str | Path]
+
+#: Key under which ``load_gpu_files`` records a document's file (not part of the schema).
+SOURCE_KEY = "_gpu_file"
 
 #: metric -> (how to read it from a policy section, the issue's |rel_err| limit or None)
 METRICS: dict[str, tuple[tuple[str, ...], float | None]] = {
@@ -71,19 +83,52 @@ class CompareOptions:
     policies: list[str] | None = None  # subset of the GPU run's policies
 
 
-def fit_documents(path: str | Path, workloads: list[str] | None = None
+def gpu_file_list(files: GpuFiles) -> list[Path]:
+    """``files`` as a list of paths (one path or several). ValueError for none or a file
+    named twice (its rows would count twice)."""
+    paths = [Path(files)] if isinstance(files, (str, Path)) else [Path(f) for f in files]
+    if not paths:
+        raise ValueError("no GPU result file given")
+    seen = [str(p.resolve()) for p in paths]
+    dup = sorted({str(p) for p, r in zip(paths, seen, strict=True) if seen.count(r) > 1})
+    if dup:
+        raise ValueError(f"GPU result file named twice: {', '.join(dup)}")
+    return paths
+
+
+def files_label(files: GpuFiles) -> str | list[str]:
+    """How a document names its GPU files: the path for one file (the form written before
+    several were accepted), the list of paths for several."""
+    paths = gpu_file_list(files)
+    return str(paths[0]) if len(paths) == 1 else [str(p) for p in paths]
+
+
+def load_gpu_files(files: GpuFiles) -> list[dict[str, Any]]:
+    """The bench documents of one GPU result file or several (:func:`load_gpu_results` on
+    each, in order), each marked with its file under :data:`SOURCE_KEY`. Every file is
+    read before anything runs; ValueError names the first one that holds no result."""
+    docs: list[dict[str, Any]] = []
+    for p in gpu_file_list(files):
+        for d in load_gpu_results(p):
+            docs.append({**d, SOURCE_KEY: str(p)})
+    return docs
+
+
+def fit_documents(files: GpuFiles, workloads: list[str] | None = None
                   ) -> list[dict[str, Any]]:
-    """The documents of a GPU result file a fit reads (``--refit-contention``,
-    ``--refit-host``): all of them, or only those of ``workloads`` (short names) so the
-    others can be judged held out. ValueError, before anything runs, naming what the file
-    has when a workload is not in it."""
-    docs = load_gpu_results(path)
+    """The documents of one GPU result file or several a fit reads (``--refit-contention``,
+    ``--refit-host``): all of them, or only those of ``workloads`` (short names; a
+    workload in several files is taken from each) so the others can be judged held out.
+    ValueError, before anything runs, naming what the files have when a workload is not
+    in them."""
+    docs = load_gpu_files(files)
     if workloads is None:
         return docs
     have = [short_name(str(d["workload"])) for d in docs]
     missing = [w for w in workloads if w not in have]
     if missing or not workloads:
-        raise ValueError(f"{path}: no workload {', '.join(missing) or '(none named)'}"
+        where = ", ".join(str(p) for p in gpu_file_list(files))
+        raise ValueError(f"{where}: no workload {', '.join(missing) or '(none named)'}"
                          f" in it (it has {', '.join(have)})")
     return [d for d, w in zip(docs, have, strict=True) if w in workloads]
 
@@ -139,9 +184,10 @@ def _workload(doc: dict[str, Any]) -> Workload:
     return wl.scaled(rs) if rs != 1.0 else wl
 
 
-def gpu_of(docs: list[dict[str, Any]], opts: CompareOptions, gpu_file: Path) -> str:
+def gpu_of(docs: list[dict[str, Any]], opts: CompareOptions, gpu_file: GpuFiles) -> str:
     """The simulated GPU: ``opts.gpu``, else the measured profiles' GPU, else the GPU named
-    in the result file or in ``gpu_check.json`` beside it."""
+    in the result files or in ``gpu_check.json`` beside them. ValueError when none says,
+    or when the result files name different GPUs (one simulated GPU cannot twin both)."""
     from av_infer import profiles
 
     if opts.gpu:
@@ -150,22 +196,37 @@ def gpu_of(docs: list[dict[str, Any]], opts: CompareOptions, gpu_file: Path) -> 
     if opts.profiles:
         for prof in profiles.load_profile_dir(opts.profiles).values():
             names.append(str((prof.gpu or {}).get("name") or prof.device))
-    for d in docs:
-        g = d.get("gpu")
-        names.append(str(g.get("name") if isinstance(g, dict) else g or ""))
-    beside = gpu_file.with_name("gpu_check.json")
-    if beside.is_file():
-        try:
-            tele = json.loads(beside.read_text()).get("telemetry", {})
-            g = tele.get("gpu", {})
-            names.append(str(g.get("name", "") if isinstance(g, dict) else g))
-        except (ValueError, AttributeError):
-            pass
+    measured: dict[str, str] = {}  # GPU key -> the file that names it
+    for f in gpu_file_list(gpu_file):
+        found: list[str] = []
+        for d in docs:
+            if d.get(SOURCE_KEY, str(f)) != str(f):
+                continue
+            g = d.get("gpu")
+            found.append(str(g.get("name") if isinstance(g, dict) else g or ""))
+        beside = f.with_name("gpu_check.json")
+        if beside.is_file():
+            try:
+                tele = json.loads(beside.read_text()).get("telemetry", {})
+                g = tele.get("gpu", {})
+                found.append(str(g.get("name", "") if isinstance(g, dict) else g))
+            except (ValueError, AttributeError):
+                pass
+        for n in found:
+            key = profiles.gpu_key(n) if n else None
+            if key:
+                measured.setdefault(key, str(f))
+        names += found
+    if len(measured) > 1:
+        raise ValueError("the GPU result files were measured on different GPUs ("
+                         + ", ".join(f"{k}: {f}" for k, f in measured.items())
+                         + "); compare them one at a time or pass --gpu")
     for n in names:
         key = profiles.gpu_key(n) if n else None
         if key:
             return key
-    raise ValueError(f"{gpu_file}: cannot tell which GPU it was measured on; pass --gpu")
+    where = ", ".join(str(p) for p in gpu_file_list(gpu_file))
+    raise ValueError(f"{where}: cannot tell which GPU it was measured on; pass --gpu")
 
 
 def twin_bench(doc: dict[str, Any], opts: CompareOptions, gpu: str
@@ -309,29 +370,32 @@ def _row(wl: str, policy: str, metric: str, sim: float | None, gpu: float | None
             "within": None if limit is None or err is None else abs(err) <= limit}
 
 
-def run_compare(gpu_file: str | Path, opts: CompareOptions) -> dict[str, Any]:
-    """Everything: the GPU documents, their simulator twins, the rows (``sim_fidelity``)."""
-    gpu_file = Path(gpu_file)
-    docs = load_gpu_results(gpu_file)
+def run_compare(gpu_file: GpuFiles, opts: CompareOptions) -> dict[str, Any]:
+    """Everything: the GPU documents of one result file or several (read as one, see the
+    module docstring), their simulator twins, the rows (``sim_fidelity``)."""
+    docs = load_gpu_files(gpu_file)
     gpu = gpu_of(docs, opts, gpu_file)
     rows: list[dict[str, Any]] = []
     twins: dict[str, Any] = {}
     skipped: list[str] = []
     sim_pols = set(available_policies("sim"))
-    for doc in docs:
+    names = [short_name(str(d["workload"])) for d in docs]
+    for doc, wl in zip(docs, names, strict=True):
         skipped += [f"{doc['workload']}:{p}" for p in doc["policies"]
                     if p.partition("+")[0] not in sim_pols]
         twin = sim_twin(doc, opts, gpu)
-        twins[short_name(str(doc["workload"]))] = {
+        key = wl if names.count(wl) == 1 else f"{wl}@{doc[SOURCE_KEY]}"
+        twins[key] = {
+            "gpu_file": doc[SOURCE_KEY],
             "profiles": twin.get("profiles"), "models": twin.get("models"),
             "contention_model": twin.get("contention_model"),
             "host_model": twin.get("host_model"),
             "duration_s": twin["duration_s"], "rate_scale": twin["rate_scale"]}
-        rows += compare_docs(doc, twin)
+        rows += [{**r, "gpu_file": doc[SOURCE_KEY]} for r in compare_docs(doc, twin)]
     judged = [r for r in rows if r["within"] is not None]
     return {
         "schema": SCHEMA_VERSION,
-        "gpu_file": str(gpu_file),
+        "gpu_file": files_label(gpu_file),
         "gpu": gpu,
         "contention": opts.contention,
         "host": opts.host,
@@ -348,15 +412,22 @@ def run_compare(gpu_file: str | Path, opts: CompareOptions) -> dict[str, Any]:
 
 def format_table(doc: dict[str, Any]) -> str:
     """One line per (workload, policy): sim / gpu / rel_err of each metric."""
+    files = doc["gpu_file"] if isinstance(doc["gpu_file"], list) else [doc["gpu_file"]]
+    tag = {f: (f"[{i}]" if len(files) > 1 else "") for i, f in enumerate(files, 1)}
     by: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for r in doc["rows"]:
-        by.setdefault((r["workload"], r["policy"]), {})[r["metric"]] = r
+        wl = r["workload"] + tag.get(r.get("gpu_file", files[0]), "")
+        by.setdefault((wl, r["policy"]), {})[r["metric"]] = r
     host = f", host {doc['host']}" if doc.get("host") not in (None, "none") else ""
     lines = [f"simulator ({doc['gpu']}, contention {doc['contention']}{host}, calibrate "
-             f"{doc['calibrate']}) vs GPU ({doc['gpu_file']}); cells: sim / gpu (rel err)"]
+             f"{doc['calibrate']}) vs GPU ({', '.join(files)}); cells: sim / gpu (rel err)"]
+    if len(files) > 1:
+        lines += [f"  {tag[f]} {f}" for f in files]
     for wl, tw in doc["sim"].items():
         profs = (tw.get("profiles") or {}).get("by_model", {})
-        lines.append(f"  {wl}: profiles " + ", ".join(f"{m}={s}" for m, s in profs.items()))
+        name = wl.partition("@")[0] + tag.get(tw.get("gpu_file", files[0]), "")
+        lines.append(f"  {name}: profiles "
+                     + ", ".join(f"{m}={s}" for m, s in profs.items()))
     mets = list(METRICS)
     head = f"{'wl':<8}{'policy':<16}" + "".join(f"{m:>30}" for m in mets)
     lines += [head, "-" * len(head)]

@@ -35,7 +35,9 @@ from typing import Any
 
 from av_infer.bench.compare_sim import (
     CompareOptions,
+    GpuFiles,
     compare_docs,
+    files_label,
     fit_documents,
     gpu_of,
     run_twin,
@@ -125,11 +127,13 @@ def fit_beta(docs: list[dict[str, Any]], opts: CompareOptions, gpu: str,
             "policies": list(policies), "metrics": list(FIT_METRICS)}
 
 
-def refit(gpu_file: str | Path, opts: CompareOptions, policies: list[str],
+def refit(gpu_file: GpuFiles, opts: CompareOptions, policies: list[str],
           out: str | Path, *, workloads: list[str] | None = None,
           **kw: Any) -> dict[str, Any]:
-    """Fit ``beta`` to ``gpu_file``'s rows of ``policies`` and write the parameter file
-    ``out``; the fit's document (``params_file``, ``gpu``, ``beta``, ``loss``, ...).
+    """Fit ``beta`` to the rows of ``policies`` in ``gpu_file`` (one GPU result file, or
+    several fitted as one: every row of every file counts once) and write the parameter
+    file ``out``; the fit's document (``params_file``, ``gpu``, ``beta``, ``loss``, ...;
+    ``from`` is the path, or the list of paths for several files).
 
     ``workloads`` (short names, e.g. ``["A"]``; None: all) restricts the fit to those
     workloads of the file, so the others can be judged held out (``--compare-sim`` with
@@ -137,10 +141,11 @@ def refit(gpu_file: str | Path, opts: CompareOptions, policies: list[str],
     from av_infer.devices import sim_contention
 
     docs = fit_documents(gpu_file, workloads)
-    gpu = gpu_of(docs, opts, Path(gpu_file))
+    gpu = gpu_of(docs, opts, gpu_file)
     fit = fit_beta(docs, opts, gpu, policies, **kw)
     rms = math.sqrt(fit["loss"])
-    info = {"from": str(gpu_file), "workloads": [short_name(str(d["workload"])) for d in docs],
+    info = {"from": files_label(gpu_file),
+            "workloads": [short_name(str(d["workload"])) for d in docs],
             "policies": fit["policies"], "metrics": fit["metrics"],
             "profiles_dir": opts.profiles, "calibrate": opts.calibrate,
             **({"host": str(opts.host)} if opts.host not in (None, "none") else {}),
@@ -164,7 +169,8 @@ def _command() -> str:
 
 def format_fit(doc: dict[str, Any]) -> str:
     """A few lines: the fitted beta, the loss, the rows at the optimum."""
-    lines = [f"contention refit on {doc['gpu']} from {doc['from']} "
+    src = doc["from"] if isinstance(doc["from"], str) else ", ".join(doc["from"])
+    lines = [f"contention refit on {doc['gpu']} from {src} "
              f"({', '.join(doc.get('workloads') or [])}; {', '.join(doc['policies'])}): "
              f"beta = {doc['beta']:g}, typical error factor "
              f"{doc['rms_factor']:.3f} (exp of the RMS log error), "

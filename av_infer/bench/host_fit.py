@@ -46,6 +46,8 @@ from typing import Any
 
 from av_infer.bench.compare_sim import (
     CompareOptions,
+    GpuFiles,
+    files_label,
     fit_documents,
     gpu_of,
     run_twin,
@@ -213,16 +215,17 @@ def fit_complete(docs: list[dict[str, Any]], opts: CompareOptions, gpu: str,
             "evaluations": [[k, round(v[0], 8)] for k, v in sorted(evals.items())]}
 
 
-def refit_host(gpu_file: str | Path, opts: CompareOptions, out: str | Path, *,
+def refit_host(gpu_file: GpuFiles, opts: CompareOptions, out: str | Path, *,
                policies: list[str] | None = None, workloads: list[str] | None = None,
                complete: bool = True, **kw: Any) -> dict[str, Any]:
-    """Fit the host model to ``gpu_file`` (both steps) and write the parameter file
-    ``out`` (``--host FILE.json``); the fit's document. ``workloads`` (short names; None:
+    """Fit the host model to ``gpu_file`` (one GPU result file or several read as one;
+    both steps) and write the parameter file ``out`` (``--host FILE.json``); the fit's
+    document. ``workloads`` (short names; None:
     all) restricts the fit to those workloads so the others can be judged held out;
     ``complete=False`` skips step 2 (``complete_us`` = 0: start work on the FIFO host only).
     ValueError, before anything runs, when the file has none of them."""
     docs = fit_documents(gpu_file, workloads)
-    gpu = gpu_of(docs, opts, Path(gpu_file))
+    gpu = gpu_of(docs, opts, gpu_file)
     pols = list(policies or FIT_POLICIES)
     st = fit_start(docs, opts, gpu)
     if complete:
@@ -231,7 +234,8 @@ def refit_host(gpu_file: str | Path, opts: CompareOptions, out: str | Path, *,
         comp = {"complete_us": 0.0, "loss": 0.0, "rows": [], "evaluations": [],
                 "skipped": True}
     model = sim_host.HostModel(st["start_us"], st["per_kernel_us"], comp["complete_us"], gpu)
-    info = {"from": str(gpu_file), "workloads": [short_name(str(d["workload"])) for d in docs],
+    info = {"from": files_label(gpu_file),
+            "workloads": [short_name(str(d["workload"])) for d in docs],
             "profiles_dir": opts.profiles, "calibrate": opts.calibrate,
             "contention": opts.contention,
             "start": {"points": st["points"], "method": "least absolute deviations, a, b >= 0"},
@@ -250,7 +254,8 @@ def refit_host(gpu_file: str | Path, opts: CompareOptions, out: str | Path, *,
 def format_fit(doc: dict[str, Any]) -> str:
     """A few lines: the fitted numbers, the start points, the first-kernel rows."""
     c = doc["complete"]
-    lines = [f"host refit on {doc['gpu']} from {doc['from']} ({', '.join(doc['workloads'])}):"
+    src = doc["from"] if isinstance(doc["from"], str) else ", ".join(doc["from"])
+    lines = [f"host refit on {doc['gpu']} from {src} ({', '.join(doc['workloads'])}):"
              f" start {doc['start_us']:g} us + {doc['per_kernel_us']:g} us/kernel, "
              f"complete {doc['complete_us']:g} us/kernel -> {doc['params_file']}",
              "  start work points (gpu gap vs model, us):"]

@@ -129,7 +129,9 @@ def describe(name: str, gpu: GpuSpec | str = "mi50") -> dict[str, Any]:
         src = "paper: fitted to REEF's streams 1.84x on DISB A"
     elif str(name).endswith(".json"):
         fit = load_params(name).get("fit") or {}
-        src = f"fitted to GPU measurements ({fit.get('from', name)})"
+        frm = fit.get("from", name)  # a path, or the list of paths of a multi-file fit
+        frm = ", ".join(map(str, frm)) if isinstance(frm, list) else frm
+        src = f"fitted to GPU measurements ({frm})"
     else:
         src = "explicit beta"
     return {"name": str(name), "beta": beta, "source": src}

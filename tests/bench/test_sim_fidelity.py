@@ -282,6 +282,61 @@ def test_compare_sim_cli_writes_sim_fidelity_rows(wl_file, tmp_path, capsys) -> 
     assert rc == 2
 
 
+def test_several_gpu_files_are_compared_and_fitted_as_one(wl_file, tmp_path, capsys) -> None:
+    """Two windows of GPU results (e.g. two leases, or two calls of one): --compare-sim
+    F1 F2 gives each file's rows as a comparison of that file alone would, each row naming
+    its file, a workload of both files twice (its twins keyed W@FILE); a refit over both
+    fits every row of both; a file named twice or files of different GPUs are refused
+    before anything runs."""
+    first = _gpu_doc(wl_file, ["rt_only", "streams"], "beta=150", duration=0.3)
+    second = _gpu_doc(wl_file, ["streams"], "beta=150", duration=0.3, rate_scale=0.5)
+    other = {**second, "workload": str(wl_file.with_name("other.json"))}
+    wl_file.with_name("other.json").write_text(wl_file.read_text())
+    f1, f2 = tmp_path / "l1" / "disb_sim.json", tmp_path / "l2" / "disb_sim.json"
+    f1.parent.mkdir()
+    f2.parent.mkdir()
+    f1.write_text(json.dumps({"policies": {"synth": first}}))
+    f2.write_text(json.dumps({"policies": {"synth": second, "other": other}}))
+    opts = compare_sim.CompareOptions(gpu="h100", contention="beta=150")
+    both = compare_sim.run_compare([f1, f2], opts)
+    alone = [compare_sim.run_compare(f, opts) for f in (f1, f2)]
+    assert both["gpu_file"] == [str(f1), str(f2)] and alone[0]["gpu_file"] == str(f1)
+    assert both["rows"] == alone[0]["rows"] + alone[1]["rows"]
+    assert {r["gpu_file"] for r in alone[1]["rows"]} == {str(f2)}
+    assert both["judged"] == 12 and both["within"] == 12  # the truth's own beta: exact
+    assert set(both["sim"]) == {f"synth@{f1}", f"synth@{f2}", "other"}
+    assert both["sim"][f"synth@{f2}"]["rate_scale"] == 0.5
+    text = compare_sim.format_table(both)
+    assert f"[1] {f1}" in text and "synth[2]" in text and "other[2]" in text
+    # one fit over both files: every row of both, and it recovers the truth's beta
+    fit = contention_fit.refit([f1, f2], compare_sim.CompareOptions(gpu="h100"),
+                               ["streams"], tmp_path / "fit.json", lo=10.0, hi=1000.0,
+                               grid=8, refine=10)
+    assert fit["from"] == [str(f1), str(f2)] and fit["workloads"] == ["synth", "synth", "other"]
+    assert len(fit["rows"]) == 3 * 3 and abs(fit["beta"] / 150.0 - 1) < 0.05
+    assert str(f2) in sim_contention.describe(str(tmp_path / "fit.json"), "h100")["source"]
+    assert fit["from"] == sim_contention.load_params(tmp_path / "fit.json")["fit"]["from"]
+    # the CLI takes several files after the flag
+    out = tmp_path / "sf.json"
+    rc = main(["bench", "--compare-sim", str(f1), str(f2), "--gpu", "h100", "--contention",
+               "beta=150", "--json", str(out), "--no-progress"])
+    assert rc == 0 and json.loads(out.read_text())["rows"] == both["rows"]
+    capsys.readouterr()
+    with pytest.raises(ValueError, match="named twice"):
+        compare_sim.run_compare([f1, tmp_path / "l1" / ".." / "l1" / "disb_sim.json"], opts)
+    h200 = {**first, "gpu": H200_NAME}
+    h100 = {**second, "gpu": H100_NAME}
+    f1.write_text(json.dumps(h200))
+    f2.write_text(json.dumps(h100))
+    with pytest.raises(ValueError, match="measured on different GPUs"):
+        compare_sim.gpu_of(compare_sim.load_gpu_files([f1, f2]),
+                           compare_sim.CompareOptions(), [f1, f2])
+    rc = main(["bench", "--refit-contention", str(f1), str(f2), "--params-out",
+               str(tmp_path / "x.json"), "--no-progress"])
+    assert rc == 2 and "different GPUs" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
 # -- contention models ------------------------------------------------------------------
 
 
