@@ -429,15 +429,16 @@ def format_table(doc: dict[str, Any]) -> str:
         lines.append(f"  {name}: profiles "
                      + ", ".join(f"{m}={s}" for m, s in profs.items()))
     mets = list(METRICS)
-    head = f"{'wl':<8}{'policy':<16}" + "".join(f"{m:>30}" for m in mets)
+    w = max([8] + [len(wl) + 1 for wl, _ in by])
+    head = f"{'wl':<{w}}{'policy':<16}" + "".join(f"{m:>30}" for m in mets)
     lines += [head, "-" * len(head)]
     for (wl, pol), cells in by.items():
         if pol == "standalone":
             txt = "  ".join(f"{k.split(':', 1)[1]} {_cell(r)}" for k, r in cells.items())
-            lines.append(f"{wl:<8}{'standalone p50':<16}{txt}")
+            lines.append(f"{wl:<{w}}{'standalone p50':<16}{txt}")
             continue
-        lines.append(f"{wl:<8}{pol:<16}" + "".join(f"{_cell(cells.get(m)):>30}"
-                                                    for m in mets))
+        lines.append(f"{wl:<{w}}{pol:<16}" + "".join(f"{_cell(cells.get(m)):>30}"
+                                                      for m in mets))
     lines.append(f"within the issue's limits: {doc['within']} of {doc['judged']} judged cells")
     return "\n".join(lines)
 
