@@ -12,7 +12,10 @@
 #              graphs at the same precision, host cost per launched op  -> gpu_vendor.json
 #   peer_torch issue 30: av-infer bench --peer torch, DISB A at fp32 then fp16, then C at
 #              fp32 (GPU_CHECK_PEER_S s per system, rates x GPU_CHECK_PEER_RATE_SCALE,
-#              default 1 = REEF's)                                      -> peer_torch.json
+#              default 1 = REEF's), all with av_infer under reef; then A fp32 with av_infer
+#              under prio_streams (BE co-running at low stream priority, as torch's
+#              systems do: is the BE gap, 0.43x on the H200's second lease, REEF's idle
+#              BE during RT or our per-model speed?)              -> peer_torch.json
 #   gil        issue 30/31: scripts/gpu_gil_check.py, is the RT client late because of the
 #              GIL? (H200, 2026-11-27: RT client late p99 2-10 ms under av_infer, 0.1-0.2
 #              ms under torch) the avi system of peer torch A fp32, switch interval 5000
@@ -34,9 +37,10 @@
 #   sweep_A, sweep_C           the same workloads under reef for c = 1, 2, 4
 #   sweep_A_wait, sweep_C_wait the same under wait (last: run only if time is left)
 #   sim_profiles, sim_disb     issue 33, scripts/gpu_sim_steps.sh: measured kernel profiles
-#              of the full-size zoo (~10-90 s) -> sim_profiles.json; DISB D, E, trace, B,
-#              C, A under rt_only/streams/reef/reef_dkp, 2 s each (~35-50 s per workload,
-#              plus ~110 s once to compile the padded module cold; H200, 2026-11-27)
+#              of the full-size zoo (~10-90 s) -> sim_profiles.json; DISB B, C, D, E,
+#              trace, A (least measured first; SIM_WORKLOADS picks) under
+#              rt_only/streams/reef/reef_dkp, 2 s each (~35-50 s per workload, plus
+#              ~110-130 s once to compile the padded module cold; H200, 2026-11-27)
 #              -> disb_sim.json; alone with GPU_CHECK_STEPS=build,sim_profiles,sim_disb
 #              GPU_CHECK_BUDGET_S=540 (~7 min)
 #   graphs     issue 30 item 2: scripts/gpu_graphs_check.py, full-size resnet152 on a BE
@@ -57,7 +61,8 @@
 # 2026-11-26; pad_select, graphs: H200 2026-11-27). The steps above are described in
 # their topic's order, not run order. A 15-minute lease fits about three calls started
 # while the machine is warm (2026-11-27: 425 + 147 + 245 s of commands, 866 s held):
-#   1. GPU_CHECK_STEPS=build,vendor,peer_torch,gil,pytest GPU_CHECK_BUDGET_S=520
+#   1. GPU_CHECK_STEPS=build,vendor,peer_torch,gil,pytest GPU_CHECK_BUDGET_S=540 (timeout_s 590;
+#      H200 2026-11-27 second lease: 447 s before the prio_streams peer run was added, ~50 s)
 #   2. GPU_CHECK_STEPS=build,sim_profiles,sim_disb GPU_CHECK_BUDGET_S=... (what is left)
 # (build is seconds when the tree's extensions are already built there).
 #
@@ -213,13 +218,14 @@ disb() {
     echo "${cmd[*]}"
     "${cmd[@]}"
 }
-# peer WORKLOAD PRECISION: one av-infer bench --peer torch run into $PARTS/peer_<n>.json
+# peer WORKLOAD PRECISION [POLICY]: one av-infer bench --peer torch run into
+# $PARTS/peer_<n>.json (POLICY: av_infer's, default reef)
 peer() {
-    local wl=$1 prec=$2 n
+    local wl=$1 prec=$2 pol=${3:-reef} n
     n=$(ls "$PARTS"/peer_*.json 2>/dev/null | wc -l)
     local cmd=("$PY" -m av_infer.cli bench --peer torch --workload "$wl" --precision "$prec"
                --rate-scale "$PEER_RATE_SCALE" --duration "$PEER_S" --no-progress
-               --json "$PARTS/peer_${n}_${wl}_${prec}.json")
+               --policy "$pol" --json "$PARTS/peer_${n}_${wl}_${prec}_${pol}.json")
     echo "${cmd[*]}"
     "${cmd[@]}"
 }
@@ -233,7 +239,7 @@ if [ "$rc" -ne 0 ]; then
     exit 1
 fi
 step vendor 150 "$PY" -m av_infer.bench.gpu_vendor --out "$OUTDIR"
-step peer_torch 170 bash -c 'peer A fp32 && peer A fp16 && peer C fp32'
+step peer_torch 220 bash -c 'peer A fp32 && peer A fp16 && peer C fp32 && peer A fp32 prio_streams'
 step gil 130 "$PY" scripts/gpu_gil_check.py --workload A --precision fp32 --rounds 2 \
     --out "$PARTS/gil"
 step pytest 150 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/devices/test_cuda_device.py \

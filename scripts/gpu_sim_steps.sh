@@ -51,7 +51,9 @@ PY=${PY:-python3}
 RATE_SCALE=${RATE_SCALE:-${GPU_CHECK_RATE_SCALE:-0.5}}
 SIM_DISB_S=${SIM_DISB_S:-2}
 SIM_POLICIES=${SIM_POLICIES:-rt_only,streams,reef,reef_dkp}
-SIM_WORKLOADS=${SIM_WORKLOADS:-D,E,av_infer/bench/workloads/trace_cams.json,B,C,A}
+# order = what a GPU has measured least (2026-11-27: B never; C on the first H200 lease
+# only; D, E, trace_cams and A on the second)
+SIM_WORKLOADS=${SIM_WORKLOADS:-B,C,D,E,av_infer/bench/workloads/trace_cams.json,A}
 SIM_DEVICE=${SIM_DEVICE:-cuda}
 SIM_MODELS=${SIM_MODELS:-vgg19,resnet152,densenet201,inception_v3,distilbert}
 SIM_VARIANT=${SIM_VARIANT:-full}

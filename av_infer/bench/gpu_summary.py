@@ -12,7 +12,10 @@ The shape is issue 30 item 7's, exactly::
 Sources in ``$OUT``: ``gpu_vendor.json`` (``bench.gpu_vendor``: models, median ms, and
 ``launch_host_us`` = wall µs per launched vendor op on the tiny-GEMM chain) and
 ``peer_torch.json`` (``{"runs": [...]}`` of ``bench --peer torch`` reports; the first run
-whose avi measured preemptions gives ``preemption_us``). A missing source leaves its keys
+whose avi measured preemptions gives ``preemption_us``). ``peer`` rows and
+``preemption_us`` come from the runs with av_infer under ``reef`` (the product's policy,
+and a row's shape has no policy key); runs under another policy (the GPU script's
+``prio_streams`` run) stay in ``peer_torch.json`` only. A missing source leaves its keys
 empty (``[]`` / None); the summary is always written.
 """
 
@@ -44,7 +47,8 @@ def build_summary(out_dir: Path, gpu: str | None, commit: str | None) -> dict[st
                "torch_graphs_ms": r.get("torch_graphs_ms"), "ok": bool(r.get("ok"))}
               for r in vend.get("models", [])]
     hc = (vend.get("host_cost") or {}).get("vendor") or {}
-    runs = [r for r in peer.get("runs", []) if isinstance(r, dict)]
+    runs = [r for r in peer.get("runs", []) if isinstance(r, dict)
+            and (r.get("config") or {}).get("policy", "reef") == "reef"]
     pre: dict[str, Any] = {"p50": None, "p99": None, "n": 0}
     for r in runs:
         p = (r.get("avi") or {}).get("preemption_us") or {}

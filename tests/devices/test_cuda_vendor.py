@@ -401,6 +401,8 @@ def test_peer_torch_avi_side_and_gpu_summary_on_the_emulator(tmp_path):
     the emulator with vendor ops, then gpu_summary.json from both in issue 30 item 7's
     exact shape. Emulated: no figure is GPU speed."""
     require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    import dataclasses
+
     from av_infer.bench.peer_torch import TorchPeerConfig, run_torch_peer, summary_row
 
     cfg = TorchPeerConfig.for_workload("A", rate_scale=0.05, systems=("avi",), emulate=True,
@@ -420,7 +422,13 @@ def test_peer_torch_avi_side_and_gpu_summary_on_the_emulator(tmp_path):
     from av_infer.bench import gpu_vendor
     from av_infer.bench.gpu_summary import main as summary_main
 
-    (tmp_path / "peer_torch.json").write_text(json.dumps({"runs": [doc]}))  # strict: as the CLI
+    # the same avi side under prio_streams (the GPU script's fourth peer run): it runs, and
+    # stays out of the summary's rows (their shape has no policy)
+    other = run_torch_peer(dataclasses.replace(cfg, policy="prio_streams", duration=0.8))
+    assert "error" not in other["avi"], other["avi"]
+    assert other["config"]["policy"] == "prio_streams" and other["avi"]["rt_n"] >= 1
+    assert other["avi"]["preemption_us"]["n"] == 0  # streams never preempt
+    (tmp_path / "peer_torch.json").write_text(json.dumps({"runs": [doc, other]}))
     assert gpu_vendor.main(["--emulate", "--out", str(tmp_path), "--models", "tiny_cnn",
                             "--reps", "1", "--chain-ops", "8"]) == 0
     vend = json.loads((tmp_path / "gpu_vendor.json").read_text())
