@@ -17,9 +17,14 @@ batch at 1 inside it), batch ``b`` is *left out* of that fraction's list: not me
   fraction is refused, never guessed. **This path has not run on a GPU** (no GPU was lent
   to the session that wrote it); the CPU path is what the committed profiles used.
 
-Guarantees: every cell written was timed (median of ``repeats`` runs after ``warmup``); a
-block measuring more than the loader's tolerance faster at a larger batch is re-timed (up
-to 3 times, keeping each cell's minimum median) and refused if it stays so.
+Guarantees: every cell written was timed (median of ``repeats`` runs after ``warmup``,
+the minimum over re-timings) or raised to a smaller batch's cell of the same block; every
+row written is monotone in the batch. A block measuring faster at a larger batch by more
+than the measurement's noise (:mod:`.profile_noise`: 10 %, a 15 us floor, the cells' own
+spread) is re-timed (up to 3 times) and refused (NonMonotoneProfileError) if it stays so;
+a drop within the noise is raised to the running maximum over the smaller batches and
+listed in the file's ``provenance.monotone_adjusted`` (fraction, block, batch, measured
+and written us).
 """
 
 from __future__ import annotations
@@ -40,8 +45,8 @@ import numpy as np
 import onnx
 
 from av_infer.errors import InvalidParameterError
-from av_infer.pipeline.errors import NonMonotoneProfileError
-from av_infer.pipeline.profile_files import MONOTONE_TOLERANCE, MeasuredProfile
+from av_infer.pipeline.profile_files import MeasuredProfile
+from av_infer.pipeline.profile_noise import NOISE_FLOOR_US, NOISE_MADS, Timing, settle_row
 
 DEVICES = ("cpu", "cuda")
 DEFAULT_BATCHES = (1, 2, 4, 8)
@@ -65,15 +70,15 @@ def _providers(device: str) -> list[str]:
 
 
 def _time_session(sess: Any, feeds: dict[str, np.ndarray], repeats: int, warmup: int
-                  ) -> float:
+                  ) -> Timing:
     for _ in range(max(0, warmup)):
         sess.run(None, feeds)
     times = []
     for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
         sess.run(None, feeds)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+        times.append((time.perf_counter() - t0) * 1e6)
+    return Timing.of(times)
 
 
 def _stack(x: np.ndarray, b: int) -> np.ndarray:
@@ -95,7 +100,7 @@ class _BlockRunner:
                                             providers=_providers(device))
 
     def time(self, values: dict[str, np.ndarray], b: int, repeats: int, warmup: int
-             ) -> float | None:
+             ) -> Timing | None:
         sess = self.static if b == 1 else self.dynamic
         feeds = {x.name: _stack(values[x.name], b) for x in sess.get_inputs()}
         try:
@@ -149,31 +154,25 @@ def measure_blocks(pm: Any, device: str = "cpu", batches: Sequence[int] = DEFAUL
     cells: dict[int, dict[int, list[float | None]]] = {1: {b: [None] * n for b in bs}}
     subs = []
     block_inputs = []
+    adjusted: list[dict[str, Any]] = []
     for i in range(n):
         sub = extract_stage(model, pm.blocks, i, i + 1)
         runner = _BlockRunner(sub, device, threads)
         block_inputs.append({x.name: values[x.name] for x in runner.static.get_inputs()})
-        for b in bs:
-            cells[1][b][i] = runner.time(values, b, repeats, warmup)
-        for attempt in range(4):  # re-time a block that measured faster at a larger batch
-            row = [(b, cells[1][b][i]) for b in bs if cells[1][b][i] is not None]
-            bad = any(y < x * (1 - MONOTONE_TOLERANCE) for (_, x), (_, y) in zip(row, row[1:]))
-            if not bad:
-                break
-            if attempt == 3:
-                raise NonMonotoneProfileError(
-                    f"{pm.name} block {i} on {device}: a larger batch stays faster after 3 "
-                    f"re-timings ({row}); the host is too noisy")
-            for b, old in row:
-                new = runner.time(values, b, repeats, warmup)
-                cells[1][b][i] = min(old, new) if new is not None else old
+        row, raised = settle_row(
+            lambda b, runner=runner: runner.time(values, b, repeats, warmup), bs,
+            where=f"{pm.name} block {i} on {device}")
+        for b, x in row.items():
+            cells[1][b][i] = x
+        adjusted += [{"fraction": 1, "block": i, **r} for r in raised]
         outs = runner.static.run(None, block_inputs[-1])
         values.update({o.name: v for o, v in zip(runner.static.get_outputs(), outs)})
         subs.append(sub)
     for v in fr:
         if v == 1:
             continue
-        cells[v] = _measure_mps(subs, block_inputs, v, bs, repeats, warmup, threads)
+        cells[v] = _measure_mps(subs, block_inputs, v, bs, repeats, warmup, threads,
+                                f"{pm.name} on {device} 1/{v}", adjusted)
     table = {v: {b: tuple(float(x) for x in row) for b, row in rows.items()
                  if all(x is not None for x in row)} for v, rows in cells.items()}
     table = {v: rows for v, rows in table.items() if rows}
@@ -186,6 +185,11 @@ def measure_blocks(pm: Any, device: str = "cpu", batches: Sequence[int] = DEFAUL
         "cpu": platform.processor() or platform.machine(),
         "onnxruntime": ort.__version__, "threads": threads, "repeats": repeats,
         "warmup": warmup, "statistic": "median of repeats, min over re-timings",
+        "monotone": f"a cell faster than a smaller batch's of its block within the noise "
+                    f"(max of 10 %, {NOISE_FLOOR_US:g} us, {NOISE_MADS:g} MADs of each "
+                    "cell's repeats or the range of its re-timings) is raised to the "
+                    "running max over the smaller batches; listed in monotone_adjusted",
+        "monotone_adjusted": adjusted,
         "date_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "batches_tried": bs,
         "batch_method": "the block's sub-model with a symbolic leading dim on b stacked "
@@ -227,17 +231,21 @@ for path, inp in zip(spec["models"], spec["inputs"]):
         ts = []
         for _ in range(spec["repeats"]):
             t0 = time.perf_counter(); sess.run(None, feeds); ts.append(time.perf_counter() - t0)
-        row[str(b)] = statistics.median(ts) * 1e6
+        med = statistics.median(ts)
+        row[str(b)] = [med * 1e6, statistics.median(abs(t - med) for t in ts) * 1e6]
     res.append(row)
 print(json.dumps(res))
 """
 
 
 def _measure_mps(subs: list[onnx.ModelProto], inputs: list[dict[str, np.ndarray]], v: int,
-                 bs: list[int], repeats: int, warmup: int, threads: int
-                 ) -> dict[int, list[float | None]]:
+                 bs: list[int], repeats: int, warmup: int, threads: int, where: str,
+                 adjusted: list[dict[str, Any]]) -> dict[int, list[float | None]]:
     """Fraction 1/v on cuda under MPS: v processes at 100/v % of the SMs time every block
-    together (UNTESTED: written without a GPU)."""
+    together (UNTESTED: written without a GPU). Each cell is the median over the processes
+    (its spread: their largest MAD); a row is made monotone within the noise as on 1/1,
+    without re-timing (that would re-run every process), raised cells appended to
+    ``adjusted``."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="av_infer_mps_") as tmp:
@@ -261,7 +269,14 @@ def _measure_mps(subs: list[onnx.ModelProto], inputs: list[dict[str, np.ndarray]
         results = [json.loads(p.communicate(spec, timeout=3600)[0]) for p in procs]
     out: dict[int, list[float | None]] = {b: [None] * len(subs) for b in bs}
     for i in range(len(subs)):
+        got: dict[int, Timing | None] = {}
         for b in bs:
             xs = [r[i][str(b)] for r in results]
-            out[b][i] = None if any(x is None for x in xs) else float(statistics.median(xs))
+            got[b] = None if any(x is None for x in xs) else Timing(
+                float(statistics.median(x[0] for x in xs)), float(max(x[1] for x in xs)))
+        row, raised = settle_row(got.__getitem__, bs, where=f"{where} block {i}",
+                                 retimings=0)
+        for b, x in row.items():
+            out[b][i] = x
+        adjusted += [{"fraction": v, "block": i, **r} for r in raised]
     return out

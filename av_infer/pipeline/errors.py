@@ -66,7 +66,8 @@ class MissingCellError(ProfileFormatError):
 
 class NonMonotoneProfileError(ProfileFormatError):
     """A block that runs faster at a larger batch than at a smaller one (beyond the
-    loader's noise tolerance), or batch lists that are not increasing."""
+    loader's 10 % tolerance, or beyond the profiler's measured noise: :mod:`.profile_noise`),
+    or batch lists that are not increasing."""
 
     code = "bad_profile"
 

@@ -39,7 +39,8 @@ SUFFIX = ".blocks.json"
 LATENCY_UNITS = {"us": 1.0, "ms": 1e3, "s": 1e6}
 BYTES_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2}
 #: a block may measure up to this much faster at a larger batch (timing noise) before the
-#: loader calls the data non-monotone
+#: loader calls the data non-monotone (the profiler's own rule, wider and with a running
+#: max, is :mod:`.profile_noise`'s)
 MONOTONE_TOLERANCE = 0.10
 SOURCES = ("measured", "derived")
 
