@@ -1,42 +1,65 @@
 #!/usr/bin/env python3
-"""Where one image's ROS path spends its time, executor steps included.
+"""Where one image's ROS path spends its time, step by step, beside the direct path.
 
 The demo's graph (runtime host, two perception nodes, a monitoring node and a camera
 node that also subscribes the front output; ``--graph small``: the front perception node
-and the camera node only), one 320x240 rgb8 image to inception_v3 (scaled) at a time,
-``-n`` images after 50 warm-up, 4 ms apart. Timestamps (``perf_counter``) from wrapping
-rclpy's ``WaitSet.wait`` and ``Executor._take_subscription`` and the image node's
-callback and ``_publish``; printed as p50/p90 ms:
+and the camera node only), one 320x240 rgb8 image to inception_v3 (scaled) at a time.
+Each round: 50 warm-up pairs, then ``-n`` pairs of one ROS-path image and one direct
+``Runtime.submit(...).result()`` of the same preprocessed tensor (the demo's two paths,
+interleaved so both see the same machine state), ``--pause-ms`` apart. ``--rounds R``
+repeats that; every round is printed.
 
-* ``publish() call``: the camera's ``Publisher.publish`` of the image (serialisation and
-  the intra-process DDS delivery, on the publishing thread);
-* ``to wake``: its return to the executor's wait returning (the first wait return after
-  it; n/a when the wait had returned before the publish call ended);
-* ``wake to take``: the executor's work between the wait and taking the message;
-* ``take``: ``take_message`` (deserialisation into a Python message);
-* ``take to callback``; ``callback``: the image callback (preprocessing, the inference
-  run in it, building and publishing the output: ``of it build+publish``);
-* ``output hop``: the image callback's end to the output subscriber's callback.
+Timestamps (``perf_counter``) from wrapping rclpy's ``WaitSet.wait``,
+``Executor._take_subscription``, ``Publisher.publish``, the image node's callback,
+``image_to_tensor`` and ``_publish``; per step, p50 (ms) per round:
 
-Then a direct ``submit`` of the same tensor with the same pause. Wall clock on a shared
-machine: compare executors in alternating runs.
+* ``camera publish()``: the camera's ``Publisher.publish`` (serialisation, the DDS write
+  and Fast DDS's intra-process delivery, on the publishing thread);
+* ``DDS -> wait returns``: its return to the executor's wait returning;
+* ``wake -> take``: the executor's work between the wait and taking the image;
+* ``take image``: ``take_message`` (deserialisation into a Python ``Image``);
+* ``take -> callback``: the executor's dispatch to the image callback;
+* ``callback head``: the callback up to preprocessing (checks, bookkeeping);
+* ``preprocess``: ``image_to_tensor``;
+* ``submit + inference``: preprocessing's end to ``_publish`` (the request built, submitted
+  and, with ``run_in_callback``, run on this thread);
+* ``build output``: ``_publish`` to the output's ``publish()`` call (the ``TensorList``);
+* ``output publish()``; ``callback tail``: after it (debug topics, listeners) to the
+  callback's end;
+* ``DDS -> wait returns (out)``, ``wake -> take (out)``, ``take output``,
+  ``take -> subscriber``: the output's way to the subscriber's callback on the same executor.
 
-    scripts/netns_run.sh .venv/bin/python scripts/ros_executor_hops.py --executor single
+``ROS path`` is the camera's publish call to the subscriber's callback (the demo's
+figure), ``direct`` the interleaved ``submit().result()``, ``added`` their difference
+(p50 and p99, as the demo prints them). A step the executor does not go through (rclpy's
+C++ ``EventsExecutor`` calls no Python wait or take) is ``-``.
+
     scripts/netns_run.sh .venv/bin/python scripts/ros_executor_hops.py --executor lean
+    scripts/netns_run.sh .venv/bin/python scripts/ros_executor_hops.py --rounds 3 --json -
+
+Wall clock on a shared machine: compare settings in alternating runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
 import threading
 import time
 
 import numpy as np
 import rclpy.executors as rclpy_executors
+import rclpy.publisher as rclpy_publisher
 from rclpy.impl.implementation_singleton import rclpy_implementation as _real
 
-EV: list[tuple[str, float]] = []
+EV: list[tuple[str, str, float]] = []  # (kind, topic or "", perf_counter)
+IMAGE_TOPIC, OUTPUT_TOPIC = "/front/image_raw", "/perception_front/output/tensors"
+STEPS = ["camera publish()", "DDS -> wait returns", "wake -> take", "take image",
+         "take -> callback", "callback head", "preprocess", "submit + inference",
+         "build output", "output publish()", "callback tail", "DDS -> wait returns (out)",
+         "wake -> take (out)", "take output", "take -> subscriber"]
 
 
 class _WaitSet:
@@ -47,7 +70,7 @@ class _WaitSet:
 
     def wait(self, timeout):  # noqa: ANN001, ANN201
         r = self._w.wait(timeout)
-        EV.append(("woke", time.perf_counter()))
+        EV.append(("woke", "", time.perf_counter()))
         return r
 
     def __getattr__(self, name):  # noqa: ANN001, ANN204
@@ -61,30 +84,123 @@ class _Impl:
         return getattr(_real, name)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--executor", default=None, help="lean, single (default: the default)")
-    ap.add_argument("--graph", default="demo", choices=("demo", "small"))
-    ap.add_argument("-n", type=int, default=250, help="measured images (250)")
-    args = ap.parse_args()
+def _instrument() -> None:
+    from av_infer_nodes import image_node as imn
     from av_infer_nodes import lean_executor
 
     rclpy_executors._rclpy = lean_executor._rclpy = _Impl()
     take = rclpy_executors.Executor._take_subscription
 
     def timed_take(self, sub):  # noqa: ANN001, ANN202
-        EV.append(("take", time.perf_counter()))
+        EV.append(("take", sub.topic_name, time.perf_counter()))
         r = take(self, sub)
-        EV.append(("taken", time.perf_counter()))
+        EV.append(("taken", sub.topic_name, time.perf_counter()))
         return r
 
     rclpy_executors.Executor._take_subscription = timed_take
+    pub = rclpy_publisher.Publisher.publish
+
+    def timed_pub(self, msg):  # noqa: ANN001, ANN202
+        EV.append(("pub", self.topic_name, time.perf_counter()))
+        pub(self, msg)
+        EV.append(("pub_end", self.topic_name, time.perf_counter()))
+
+    rclpy_publisher.Publisher.publish = timed_pub
+
+    def wrap(owner, attr, before, after):  # noqa: ANN001, ANN202
+        fn = getattr(owner, attr)
+
+        def timed(*a, **k):  # noqa: ANN002, ANN003, ANN202
+            EV.append((before, "", time.perf_counter()))
+            r = fn(*a, **k)
+            EV.append((after, "", time.perf_counter()))
+            return r
+
+        setattr(owner, attr, timed)
+
+    wrap(imn.ImageInferenceNode, "_on_image", "cb", "cb_end")
+    wrap(imn.ImageInferenceNode, "_publish", "out_build", "out_done")
+    wrap(imn, "image_to_tensor", "pre", "pre_end")
+
+
+_OUT_QOS: list = [10]
+
+
+def _output_qos_best_effort() -> None:
+    """The node's output publisher and the script's subscriber best effort (a trial)."""
+    from rclpy.node import Node
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+    qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT)
+    _OUT_QOS[0] = qos
+    create = Node.create_publisher
+
+    def create_publisher(self, msg_type, topic, qos_profile, **kw):  # noqa: ANN001, ANN003, ANN202
+        if topic.endswith("output/tensors"):
+            qos_profile = qos
+        return create(self, msg_type, topic, qos_profile, **kw)
+
+    Node.create_publisher = create_publisher
+
+
+def _steps(ev: list[tuple[str, str, float]], t0: float, arrived: float) -> list[float]:
+    """The per-step durations (s) of one image from its events; NaN where one is missing."""
+    nan = float("nan")
+
+    def first(kind: str, topic: str = "", after: float = -1.0, before: float = 1e30) -> float:
+        return next((t for k, tp, t in ev if k == kind and (not topic or tp == topic)
+                     and after <= t <= before), nan)
+
+    t_ret = first("pub_end", IMAGE_TOPIC)
+    cb, cb_end = first("cb"), first("cb_end")
+    take_i, taken_i = first("take", IMAGE_TOPIC, before=cb), first("taken", IMAGE_TOPIC,
+                                                                   before=cb)
+    woke_i = first("woke", after=t_ret, before=take_i if take_i == take_i else cb)
+    pre, pre_end = first("pre", after=cb), first("pre_end", after=cb)
+    out_build = first("out_build", after=cb)
+    out_pub, out_pub_end = first("pub", OUTPUT_TOPIC, after=cb), first("pub_end", OUTPUT_TOPIC,
+                                                                       after=cb)
+    take_o = first("take", OUTPUT_TOPIC, after=cb_end)
+    taken_o = first("taken", OUTPUT_TOPIC, after=cb_end)
+    woke_o = first("woke", after=cb_end, before=take_o if take_o == take_o else arrived)
+    return [t_ret - t0, woke_i - t_ret, take_i - woke_i, taken_i - take_i, cb - taken_i,
+            pre - cb, pre_end - pre, out_build - pre_end, out_pub - out_build,
+            out_pub_end - out_pub, cb_end - out_pub_end, woke_o - cb_end, take_o - woke_o,
+            taken_o - take_o, arrived - taken_o]
+
+
+def _p(a: np.ndarray, q: float) -> float | None:
+    a = a[~np.isnan(a)]
+    return float(np.percentile(a, q)) if a.size else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--executor", default=None,
+                    help="lean, single, multi, events (default: av_infer_nodes.common's)")
+    ap.add_argument("--graph", default="demo", choices=("demo", "small"))
+    ap.add_argument("-n", type=int, default=200, help="measured pairs per round (200)")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds (1), each printed")
+    ap.add_argument("--pause-ms", type=float, default=2.0,
+                    help="pause before each request, either path (2: the demo's)")
+    ap.add_argument("--output-qos", default="reliable", choices=("reliable", "best_effort"),
+                    help="QoS of the output topic, both ends (reliable, depth 10: the node's)")
+    ap.add_argument("--consumer", default="shared", choices=("shared", "own"),
+                    help="the camera/output-subscriber node on the graph's executor (shared, "
+                    "the demo's layout) or on a single-threaded executor of its own (own: as "
+                    "a consumer in another process waits on its own entities only)")
+    ap.add_argument("--json", default=None, help="write every round as JSON here ('-': stdout)")
+    args = ap.parse_args()
+    _instrument()
+    if args.output_qos != "reliable":
+        _output_qos_best_effort()
 
     from av_infer_msgs.msg import TensorList
     from av_infer_nodes.common import DEFAULT_EXECUTOR
-    from av_infer_nodes.image_node import IMAGE_QOS, ImageInferenceNode
+    from av_infer_nodes.image_node import IMAGE_QOS
     from av_infer_nodes.monitoring_node import MonitoringNode
     from av_infer_nodes.perception_node import PerceptionNode
+    from av_infer_nodes.preprocess import image_to_tensor
     from av_infer_nodes.runtime_node import RuntimeNode
     from av_infer_nodes.testing import RosHarness, make_image, wait_for
     from rclpy.parameter import Parameter
@@ -93,29 +209,17 @@ def main() -> None:
     from av_infer import Runtime, zoo_path
 
     model = "inception_v3"
-    executor = args.executor or DEFAULT_EXECUTOR
-    on_image, publish = ImageInferenceNode._on_image, ImageInferenceNode._publish
-
-    def timed_on_image(self, msg):  # noqa: ANN001, ANN202
-        EV.append(("cb", time.perf_counter()))
-        on_image(self, msg)
-        EV.append(("cb_end", time.perf_counter()))
-
-    def timed_publish(self, *a):  # noqa: ANN001, ANN002, ANN202
-        EV.append(("pub", time.perf_counter()))
-        publish(self, *a)
-        EV.append(("pub_end", time.perf_counter()))
-
-    ImageInferenceNode._on_image, ImageInferenceNode._publish = timed_on_image, timed_publish
+    executor = args.executor or os.environ.get("AV_INFER_EXECUTOR") or DEFAULT_EXECUTOR
     rt = Runtime("cpu", policy="reef")
-    rt.load_model(model, zoo_path(model), pin=True)
     h = RosHarness(num_threads=2, executor=executor, start=False)
     m = [Parameter("model", value=model)]
-    if args.graph == "demo":
+    if args.graph == "demo":  # the host loads the model, as in the demo
         h.add(RuntimeNode(context=h.context, runtime=rt, parameter_overrides=[
             Parameter("device", value="cpu"), Parameter("models", value=[model])]))
+    else:
+        rt.load_model(model, zoo_path(model))
     h.add(PerceptionNode("perception_front", context=h.context, runtime=rt,
-                         cli_args=["--ros-args", "-r", "~/input/image:=/front/image_raw"],
+                         cli_args=["--ros-args", "-r", f"~/input/image:={IMAGE_TOPIC}"],
                          parameter_overrides=[*m, Parameter("relative_deadline_ms", value=33.0)]))
     if args.graph == "demo":
         h.add(PerceptionNode("perception_rear", context=h.context, runtime=rt,
@@ -124,60 +228,83 @@ def main() -> None:
         h.add(MonitoringNode("monitoring_cabin", context=h.context, runtime=rt,
                              cli_args=["--ros-args", "-r", "~/input/image:=/cabin/image_raw"],
                              parameter_overrides=m))
-    cams = h.node("cams")
-    pub = cams.create_publisher(Image, "/front/image_raw", IMAGE_QOS)
+    if args.consumer == "shared":
+        cams = h.node("cams")
+    else:
+        from av_infer_nodes.testing import TesterNode
+        from rclpy.executors import SingleThreadedExecutor
+
+        cams = TesterNode("cams", context=h.context)
+        own = SingleThreadedExecutor(context=h.context)
+        own.add_node(cams)
+    pub = cams.create_publisher(Image, IMAGE_TOPIC, IMAGE_QOS)
     got, arrived = threading.Event(), [0.0]
 
     def on_output(_msg: TensorList) -> None:
         arrived[0] = time.perf_counter()
         got.set()
 
-    cams.create_subscription(TensorList, "/perception_front/output/tensors", on_output, 10)
+    cams.create_subscription(TensorList, OUTPUT_TOPIC, on_output, _OUT_QOS[0])
     h.start()
+    if args.consumer == "own":
+        threading.Thread(target=own.spin, name="consumer", daemon=True).start()
     wait_for(lambda: pub.get_subscription_count() > 0, 30, what="the image subscription")
     img = make_image(cams, "front_camera", 240, 320, "rgb8", seed=1)
-    rows = []
-    for i in range(args.n + 50):
-        time.sleep(0.004)
-        got.clear()
-        EV.clear()
-        t0 = time.perf_counter()
-        img.header.stamp = cams.get_clock().now().to_msg()
-        pub.publish(img)
-        t_ret = time.perf_counter()
-        if not got.wait(5) or i < 50:
-            continue
-        ev = list(EV)
-        first = {}
-        for k, t in ev:
-            first.setdefault(k, t)
-        cb, cb_end = first["cb"], first["cb_end"]
-        woke = next((t for k, t in ev if k == "woke" and t_ret <= t <= cb), None)
-        take_t = next((t for k, t in ev if k == "take" and t <= cb), None)
-        taken = next((t for k, t in ev if k == "taken" and t <= cb), None)
-        nan = float("nan")
-        rows.append([t_ret - t0, (woke - t_ret) if woke else nan,
-                     (take_t - (woke or t_ret)) if take_t else nan,
-                     (taken - take_t) if take_t and taken else nan,
-                     (cb - taken) if taken else nan, cb_end - cb,
-                     first["pub_end"] - first["pub"], arrived[0] - cb_end, arrived[0] - t0])
-    a = np.array(rows) * 1e3
-    names = ["publish() call", "to wake", "wake to take", "take", "take to callback",
-             "callback", "  of it build+publish", "output hop", "ROS path total"]
-    for j, name in enumerate(names):
-        col = a[:, j][~np.isnan(a[:, j])]
-        print(f"{name:22s} p50 {np.percentile(col, 50):.3f}  p90 {np.percentile(col, 90):.3f}"
-              if len(col) else f"{name:22s} n/a")
     (name, (shape, _)), = rt.input_spec(model).items()
-    x = {name: np.zeros(shape, np.float32)}
-    d = []
-    for _ in range(200):
-        time.sleep(0.004)
-        t0 = time.perf_counter()
-        rt.submit(model, x, priority="RT").result()
-        d.append((time.perf_counter() - t0) * 1e3)
-    print(f"{'direct submit':22s} p50 {np.percentile(d, 50):.3f}  (executor {executor}, graph "
-          f"{args.graph}, n {len(rows)}, load average {os.getloadavg()[0]:.2f})")
+    tensor = image_to_tensor(img.encoding, img.height, img.width, img.step, img.data, shape)
+    pause = args.pause_ms * 1e-3
+    rounds = []
+    for r in range(args.rounds):
+        rows, ros, direct, lost = [], [], [], 0
+        for i in range(args.n + 50):
+            time.sleep(pause)
+            got.clear()
+            EV.clear()
+            t0 = time.perf_counter()
+            img.header.stamp = cams.get_clock().now().to_msg()
+            pub.publish(img)
+            ok = got.wait(5)
+            ev = list(EV)
+            time.sleep(pause)
+            t1 = time.perf_counter()
+            rt.submit(model, {name: tensor}, priority="RT", client="direct").result(10)
+            t2 = time.perf_counter()
+            if i < 50:
+                continue
+            if not ok:
+                lost += 1
+                continue
+            rows.append(_steps(ev, t0, arrived[0]))
+            ros.append(arrived[0] - t0)
+            direct.append(t2 - t1)
+        a, ros_a, dir_a = np.array(rows) * 1e3, np.array(ros) * 1e3, np.array(direct) * 1e3
+        res = {"round": r + 1, "executor": executor, "graph": args.graph,
+               "consumer": args.consumer, "output_qos": args.output_qos, "n": len(rows),
+               "lost": lost, "load_average": os.getloadavg()[0],
+               "steps_p50_ms": {s: _p(a[:, j], 50) for j, s in enumerate(STEPS)},
+               "ros_p50_ms": _p(ros_a, 50), "ros_p99_ms": _p(ros_a, 99),
+               "direct_p50_ms": _p(dir_a, 50), "direct_p99_ms": _p(dir_a, 99)}
+        res["added_p50_ms"] = res["ros_p50_ms"] - res["direct_p50_ms"]
+        res["added_p99_ms"] = res["ros_p99_ms"] - res["direct_p99_ms"]
+        rounds.append(res)
+        out = sys.stderr if args.json == "-" else sys.stdout
+        print(f"round {r + 1} (executor {executor}, graph {args.graph}, n {len(rows)}, lost "
+              f"{lost}, load average {res['load_average']:.2f}), p50 ms:", file=out)
+        for s, v in res["steps_p50_ms"].items():
+            print(f"  {s:28s} {'-' if v is None else f'{v:.3f}'}", file=out)
+        print(f"  {'ROS path':28s} p50 {res['ros_p50_ms']:.3f}  p99 {res['ros_p99_ms']:.3f}\n"
+              f"  {'direct submit':28s} p50 {res['direct_p50_ms']:.3f}  p99 "
+              f"{res['direct_p99_ms']:.3f}\n"
+              f"  {'added':28s} p50 {res['added_p50_ms']:.3f}  p99 {res['added_p99_ms']:.3f}",
+              file=out, flush=True)
+    if args.json:
+        text = json.dumps(rounds, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text)
+    sys.stdout.flush()
     os._exit(0)  # a probe: no orderly teardown needed
 
 
