@@ -53,8 +53,8 @@ REQUEST_QOS = QoSProfile(depth=64, history=HistoryPolicy.KEEP_LAST,
 #: before discovery matched the client's reader) are delivered once it matches: a volatile
 #: writer would drop them. The depth bounds what the host keeps per client (the same 64 as
 #: the shared topic, which all clients shared). Request ids must be unique per process run
-#: (the perception node's are uuid4): a restarted client may be handed the last answers of
-#: its previous run, whose ids match nothing pending and are ignored.
+#: (an image node's are its own uuid4 and a counter): a restarted client may be handed the
+#: last answers of its previous run, whose ids match nothing pending and are ignored.
 RESPONSE_QOS_CLIENT = QoSProfile(depth=64, history=HistoryPolicy.KEEP_LAST,
                                  reliability=ReliabilityPolicy.RELIABLE,
                                  durability=DurabilityPolicy.TRANSIENT_LOCAL)

@@ -36,6 +36,7 @@ keeps the client's mean utility in the runtime's statistics.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -209,6 +210,12 @@ class ImageInferenceNode(LifecycleNode):
                          "dropped_not_ready": 0, "dropped_busy": 0, "dropped_inactive": 0,
                          "invalid": 0, "decode_failed": 0}
         self._in_flight = 0
+        #: request ids: one uuid4 per node instance and a counter (unique per process run
+        #: and across restarts, as nodes/common.py's RESPONSE_QOS_CLIENT needs), instead of
+        #: a uuid4 per image (os.urandom: 20-30 us of the callback on the dev VM, measured
+        #: with scripts/ros_executor_hops.py; docs/ros.md, "ROS path cost")
+        self._rid_prefix = uuid.uuid4().hex + "-"
+        self._rid_seq = itertools.count()
         self._listeners: list[ResultListener] = []
         self._last_not_ready_log = 0.0
         self.active = False
@@ -694,7 +701,7 @@ class ImageInferenceNode(LifecycleNode):
                             f"{p['precision']} (parameter precision)")
             return
         spec = client.input_spec(model) or {}
-        rid = str(uuid.uuid4())
+        rid = f"{self._rid_prefix}{next(self._rid_seq)}"
         try:
             if len(spec) != 1:
                 raise ImageFormatError(f"model {model!r} has {len(spec)} inputs; image nodes "
