@@ -241,8 +241,16 @@ def main(argv: list[str] | None = None) -> int:
                 publish("cabin")  # closed loop: next frame when the previous one is done
 
         clients["cabin"].add_result_listener(cabin_next)
-        timers = [cams.create_timer(1.0 / args.rate, lambda c=c: publish(c))
-                  for c in ("front", "rear")]
+        timers: dict[str, Any] = {}
+
+        def tick(cam: str) -> None:
+            if running.is_set():
+                publish(cam)
+            else:  # cancelled here, on the executor: from another thread it races the
+                timers[cam].cancel()  # executor's take (RCLError "timer is canceled")
+
+        for c in ("front", "rear"):
+            timers[c] = cams.create_timer(1.0 / args.rate, lambda c=c: tick(c))
         h.start()
         print(f"[demo] executor: {args.executor}", flush=True)
         time.sleep(0.5)
@@ -262,8 +270,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\r[demo] {elapsed:5.1f}/{args.duration:.0f} s  " + "  ".join(parts),
                       end="", flush=True)
         running.clear()
-        for t in timers:
-            t.cancel()
+        wait_for(lambda: h.spin_error is not None
+                 or all(t.is_canceled() for t in timers.values()), 10,
+                 what="the camera timers cancelled")
         time.sleep(0.5)
         with rec.lock:
             rec.on = False

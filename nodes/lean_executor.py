@@ -229,6 +229,22 @@ class LeanExecutor(SingleThreadedExecutor):
             self._tasks.append((task, entity, node))
         return task
 
+    def _take_timer(self, tmr: Any) -> Any:
+        """rclpy's, except that a timer another thread cancelled between the ready check
+        and this call is skipped (as rclpy skips a destroyed one) instead of raising
+        ``RCLError: timer is canceled`` out of ``spin``, which stopped the executor for
+        good: the demo cancels its camera timers from its main thread while the calling
+        thread runs timers (one demo run printed no ROS-overhead line, its spin stopped with
+        that error; docs/ros.md, "ROS path cost")."""
+        try:
+            return super()._take_timer(tmr)
+        except _rclpy.RCLError as exc:
+            # rcl's RCL_RET_TIMER_CANCELED; its message, since the timer may be reset again
+            # by the time we look (is_canceled() is then False)
+            if tmr.is_canceled() or "timer is canceled" in str(exc):
+                return None
+            raise
+
     def _executable(self, ent: Any, role: str) -> bool:
         if ent._executor_event:
             return False

@@ -9,6 +9,7 @@ and callbacks in one process never overlapping. No timed assertions: waits are h
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -199,3 +200,46 @@ def test_unsplit_spin():
         node.destroy_node()
         rclpy.shutdown(context=ctx)
         t.join(10)
+
+
+def test_a_timer_cancelled_before_its_take_is_skipped():
+    """A timer found ready and then cancelled by another thread before the executor takes
+    it (the demo cancels its camera timers from its main thread while spinning): skipped,
+    as a destroyed one is, instead of ``RCLError: timer is canceled`` out of ``spin``."""
+    ctx = Context()
+    rclpy.init(context=ctx)
+    try:
+        ex = LeanExecutor(context=ctx)
+        node = TesterNode("lean_cancel_take", context=ctx)
+        ex.add_node(node)
+        tmr = node.create_timer(0.001, lambda: None)
+        wait_for(tmr.handle.is_timer_ready, 60, what="the timer ready")
+        tmr.cancel()  # between the ready check and the take
+        assert ex._take_timer(tmr) is None
+        node.destroy_node()
+        ex.shutdown(timeout_sec=2.0)
+    finally:
+        rclpy.shutdown(context=ctx)
+
+
+def test_timers_cancelled_from_another_thread_while_spinning(spun):
+    """Timers cancelled and reset from another thread while the executor runs them: the
+    spin goes on (the fixture checks it raised nothing) and still delivers messages."""
+    ctx, ex, node = spun
+    timers = [node.create_timer(0.0001, lambda: None) for _ in range(8)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the window is a few Python lines: switch threads often
+    try:
+        for _ in range(20000):
+            for t in timers:
+                t.cancel()
+            for t in timers:
+                t.reset()
+    finally:
+        sys.setswitchinterval(interval)
+    got: list[str] = []
+    node.create_subscription(String, "/lean/after_cancel", lambda m: got.append(m.data), 10)
+    pub = node.create_publisher(String, "/lean/after_cancel", 10)
+    wait_for(lambda: pub.get_subscription_count() > 0, 30, what="the subscription")
+    pub.publish(String(data="still spinning"))
+    wait_for(lambda: got == ["still spinning"], 60, what="a message after the cancels")
