@@ -189,6 +189,10 @@ def main() -> None:
                     help="the camera/output-subscriber node on the graph's executor (shared, "
                     "the demo's layout) or on a single-threaded executor of its own (own: as "
                     "a consumer in another process waits on its own entities only)")
+    ap.add_argument("--no-run-in-callback", dest="run_in_callback", action="store_false",
+                    help="the front node hands its request to the runtime's threads and its "
+                    "answer back to the executor (Handoff) instead of running it in the image "
+                    "callback (parameter run_in_callback, on for perception nodes)")
     ap.add_argument("--json", default=None, help="write every round as JSON here ('-': stdout)")
     args = ap.parse_args()
     _instrument()
@@ -220,7 +224,9 @@ def main() -> None:
         rt.load_model(model, zoo_path(model))
     h.add(PerceptionNode("perception_front", context=h.context, runtime=rt,
                          cli_args=["--ros-args", "-r", f"~/input/image:={IMAGE_TOPIC}"],
-                         parameter_overrides=[*m, Parameter("relative_deadline_ms", value=33.0)]))
+                         parameter_overrides=[*m, Parameter("relative_deadline_ms", value=33.0),
+                                              Parameter("run_in_callback",
+                                                        value=args.run_in_callback)]))
     if args.graph == "demo":
         h.add(PerceptionNode("perception_rear", context=h.context, runtime=rt,
                              cli_args=["--ros-args", "-r", "~/input/image:=/rear/image_raw"],
@@ -279,7 +285,8 @@ def main() -> None:
             direct.append(t2 - t1)
         a, ros_a, dir_a = np.array(rows) * 1e3, np.array(ros) * 1e3, np.array(direct) * 1e3
         res = {"round": r + 1, "executor": executor, "graph": args.graph,
-               "consumer": args.consumer, "output_qos": args.output_qos, "n": len(rows),
+               "consumer": args.consumer, "output_qos": args.output_qos,
+               "run_in_callback": args.run_in_callback, "n": len(rows),
                "lost": lost, "load_average": os.getloadavg()[0],
                "steps_p50_ms": {s: _p(a[:, j], 50) for j, s in enumerate(STEPS)},
                "ros_p50_ms": _p(ros_a, 50), "ros_p99_ms": _p(ros_a, 99),
