@@ -703,17 +703,19 @@ cdef class SimCore:
         s.cur = k
         self._add_ready(k)
         if parts:
-            self._start_padding(k, parts)
+            self._start_padding(k, parts, h)
         return 0
 
-    cdef int _start_padding(self, _KRun k, tuple parts) except -1:
-        """A padded launch: the RT kernel pays the dispatcher's overhead and its BE parts
+    cdef int _start_padding(self, _KRun k, tuple parts, object h_rt) except -1:
+        """A padded launch: the RT kernel pays the dispatcher's overhead (its plan's
+        ``pad_factor`` where a pad model set one, else the device's) and its BE parts
         become block groups of the same grid, behind the RT blocks in block order (same
         stream, later sequence numbers). See ``SimDevice``, point 6."""
         cdef _KRun kb
         cdef list runs = []
         cdef long long grid_cost, room, n, layers, cu_rt, sms
-        k.block_s *= self._pad_factor
+        pf = getattr(h_rt, "pad_factor", None)
+        k.block_s *= self._pad_factor if pf is None else <double>pf
         self.n_padded += 1
         for p in parts:
             task, kernel, first, n, occ = p

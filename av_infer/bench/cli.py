@@ -49,6 +49,11 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="sim: host model (per-request start work and one busy host, "
                    "devices/sim_host.py) from a parameter FILE.json of --refit-host; "
                    "default none (launches cost GpuSpec.launch_us only)")
+    p.add_argument("--pad", default=None, metavar="FILE.json",
+                   help="sim: what a padded (DKP) launch costs the RT kernel per model "
+                   "(devices/sim_pad.py), a parameter FILE.json of --refit-pad; default "
+                   "REEF's 0.8 %% (GpuSpec.pad_overhead); with --refit-pad on DISB files: "
+                   "the base the fitted multiplier scales")
     p.add_argument("--profiles", metavar="DIR",
                    help="sim: measured kernel profiles (DIR of <model>.profile.json or a "
                    "bundle FILE.json, e.g. from "
@@ -75,11 +80,20 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                     help="fit the host model (start work from standalone and rt_only "
                     "first_kernel_us, completion work from the co-running policies' "
                     "first_kernel_us) and write it to --params-out")
+    g2.add_argument("--refit-pad", metavar="SRC", nargs="+",
+                    help="write the padded launch's per-model cost to --params-out: from "
+                    "pad_select measurements (scripts/gpu_pad_select_check.py's JSON or the "
+                    "gpu_check.log it printed into), or one multiplier on --pad (default: a "
+                    "uniform overhead) fitted to the reef_dkp rows of GPU DISB files")
+    g2.add_argument("--pad-select", choices=["parts", "regs"], default="parts",
+                    help="--refit-pad from pad_select: whose overhead (the pad_select the "
+                    "DISB runs used; default parts, as on both H200 leases)")
     g2.add_argument("--host-no-complete", action="store_true",
                     help="--refit-host: fit the start work only (complete_us = 0)")
     g2.add_argument("--params-out", metavar="FILE.json", default=None,
                     help="parameter file of --refit-contention (default "
-                    "contention_fit.json) or --refit-host (default host_fit.json)")
+                    "contention_fit.json), --refit-host (default host_fit.json) or "
+                    "--refit-pad (default pad_fit.json)")
     g2.add_argument("--fit-policies", default=None,
                     help="policies whose rows the refit uses (default streams,reef_dkp; "
                     "--refit-host: streams,reef,reef_dkp)")
@@ -319,14 +333,23 @@ def cmd_compare_sim(args: argparse.Namespace) -> int:
     gpu = args.gpu  # None: the GPU the results name
     pols = None if args.policy == "all" else [x.strip() for x in args.policy.split(",")]
     opts = compare_sim.CompareOptions(
-        gpu=gpu, contention=args.contention, host=args.host, profiles=args.profiles,
-        calibrate=args.calibrate, progress=not args.no_progress, policies=pols)
+        gpu=gpu, contention=args.contention, host=args.host, pad=args.pad,
+        profiles=args.profiles, calibrate=args.calibrate, progress=not args.no_progress,
+        policies=pols)
     fit_wls = None if args.fit_workloads is None else [
         x.strip() for x in args.fit_workloads.split(",") if x.strip()]
     fit_pols = None if args.fit_policies is None else [
         x.strip() for x in args.fit_policies.split(",") if x.strip()]
     try:
-        if args.refit_host:
+        if args.refit_pad:
+            from av_infer.bench import pad_fit
+
+            args.params_out = args.params_out or "pad_fit.json"
+            doc = pad_fit.refit_pad(args.refit_pad, opts, args.params_out,
+                                    select=args.pad_select, policies=fit_pols,
+                                    workloads=fit_wls)
+            text = pad_fit.format_fit(doc)
+        elif args.refit_host:
             from av_infer.bench import host_fit
 
             args.params_out = args.params_out or "host_fit.json"
@@ -387,14 +410,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_peer_torch(args)
     if args.peer:
         return cmd_peer(args)
-    if args.compare_sim or args.refit_contention or args.refit_host:
+    if args.compare_sim or args.refit_contention or args.refit_host or args.refit_pad:
         return cmd_compare_sim(args)
     args.gpu = args.gpu or "mi50"
     cfg = BenchConfig(device=args.device, duration=args.duration, seed=args.seed,
                       scale=args.scale, c=args.c, preempt_drain=args.preempt_drain,
                       gpu=args.gpu, deadline_ms=args.deadline_ms,
                       standalone_n=args.standalone_n, progress=not args.no_progress,
-                      contention=args.contention, host=args.host,
+                      contention=args.contention, host=args.host, pad=args.pad,
                       dkp_placement=args.dkp_placement,
                       be_min_share=args.be_min_share, rt_forecast=args.rt_forecast,
                       profiles=args.profiles, sim_models=args.sim_models,
@@ -418,8 +441,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
             check_host(args.host, args.gpu)
         except (ValueError, FileNotFoundError) as e:
             raise SystemExit(f"bench: --host: {e}") from None
+        from av_infer.devices.sim_pad import check_pad
+
+        try:
+            check_pad(args.pad, args.gpu)
+        except (ValueError, FileNotFoundError) as e:
+            raise SystemExit(f"bench: --pad: {e}") from None
     elif args.host not in (None, "none"):
         raise SystemExit("bench: --host applies to --device sim only")
+    elif args.pad not in (None, "none"):
+        raise SystemExit("bench: --pad applies to --device sim only")
     sweep = _parse_sweep(args.sweep) if args.sweep else None
     policies = _policies(args.sweep_policy if sweep else args.policy, args.device)
     try:

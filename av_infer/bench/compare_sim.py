@@ -76,6 +76,7 @@ class CompareOptions:
     gpu: str | None = None  # simulated GPU; None: from the profiles or the GPU file
     contention: str = "calibrated"  # sim_contention model name or parameter file
     host: str | None = None  # sim_host parameter file (None: no host model)
+    pad: str | None = None  # sim_pad parameter file (None: REEF's GpuSpec.pad_overhead)
     profiles: str | None = None  # directory of measured profiles
     calibrate: str = "none"  # "none" | "standalone"
     standalone_n: int | None = None  # None: the GPU run's own
@@ -242,7 +243,7 @@ def twin_bench(doc: dict[str, Any], opts: CompareOptions, gpu: str
         preempt_drain=bool(doc.get("preempt_drain")), gpu=gpu,
         deadline_ms=doc.get("deadline_ms"),
         standalone_n=opts.standalone_n or _standalone_n(doc), progress=opts.progress,
-        contention=opts.contention, host=opts.host, profiles=opts.profiles,
+        contention=opts.contention, host=opts.host, pad=opts.pad, profiles=opts.profiles,
         sim_models="zoo")
     if opts.calibrate == "standalone":
         cfg = replace(cfg, profile_scale=_standalone_scale(wl, cfg, doc))
@@ -272,6 +273,10 @@ def run_twin(bench: Bench, labels: list[tuple[str, int]]) -> dict[str, Any]:
         from av_infer.devices import sim_host
 
         out["host_model"] = sim_host.describe(bench.cfg.host, bench.cfg.gpu)
+    if bench.cfg.pad not in (None, "none"):
+        from av_infer.devices import sim_pad
+
+        out["pad_model"] = sim_pad.describe(bench.cfg.pad, bench.cfg.gpu)
     return out
 
 
@@ -390,6 +395,7 @@ def run_compare(gpu_file: GpuFiles, opts: CompareOptions) -> dict[str, Any]:
             "profiles": twin.get("profiles"), "models": twin.get("models"),
             "contention_model": twin.get("contention_model"),
             "host_model": twin.get("host_model"),
+            **({"pad_model": twin["pad_model"]} if "pad_model" in twin else {}),
             "duration_s": twin["duration_s"], "rate_scale": twin["rate_scale"]}
         rows += [{**r, "gpu_file": doc[SOURCE_KEY]} for r in compare_docs(doc, twin)]
     judged = [r for r in rows if r["within"] is not None]
@@ -399,6 +405,7 @@ def run_compare(gpu_file: GpuFiles, opts: CompareOptions) -> dict[str, Any]:
         "gpu": gpu,
         "contention": opts.contention,
         "host": opts.host,
+        **({"pad": opts.pad} if opts.pad not in (None, "none") else {}),
         "profiles_dir": opts.profiles,
         "calibrate": opts.calibrate,
         "limits": {m: lim for m, (_, lim) in METRICS.items()},
@@ -419,6 +426,8 @@ def format_table(doc: dict[str, Any]) -> str:
         wl = r["workload"] + tag.get(r.get("gpu_file", files[0]), "")
         by.setdefault((wl, r["policy"]), {})[r["metric"]] = r
     host = f", host {doc['host']}" if doc.get("host") not in (None, "none") else ""
+    if doc.get("pad") not in (None, "none"):
+        host += f", pad {doc['pad']}"
     lines = [f"simulator ({doc['gpu']}, contention {doc['contention']}{host}, calibrate "
              f"{doc['calibrate']}) vs GPU ({', '.join(files)}); cells: sim / gpu (rel err)"]
     if len(files) > 1:

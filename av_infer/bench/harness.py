@@ -76,6 +76,9 @@ class BenchConfig:
     #: sim: host model (devices.sim_host): None/"none" off, a parameter FILE.json (or a
     #: sim_host.HostModel)
     host: str | None = None
+    #: sim: what a padded launch costs the RT kernel per model (devices.sim_pad): None
+    #: REEF's GpuSpec.pad_overhead, a parameter FILE.json (or a sim_pad.PadModel)
+    pad: str | None = None
     #: sim: where a padded grid's blocks go ("faithful"; "reserved" is a what-if)
     dkp_placement: str = "faithful"
     #: Runtime(be_min_share=...): 0 is REEF's strict RT priority (what DISB compares);
@@ -317,7 +320,8 @@ class Bench:
             profs = {m: s.profile for m, s in self.sources.items()}
             sim = SimDevice(gpu=self.cfg.gpu, profiles=profs, seed=self.cfg.seed,
                             contention=self.cfg.contention, host=self.cfg.host,
-                            dkp_placement=self.cfg.dkp_placement, record_residency=True)
+                            pad=self.cfg.pad, dkp_placement=self.cfg.dkp_placement,
+                            record_residency=True)
             rt = Runtime(device=sim, policy=policy, c=c, preempt_drain=self.cfg.preempt_drain,
                          be_min_share=self.cfg.be_min_share)
         else:

@@ -57,6 +57,8 @@ def build_report(bench: Bench, runs: list[PolicyRun]) -> dict[str, Any]:
         "contention": cfg.contention if cfg.device == "sim" else None,
         **({"host": _host_desc(cfg)} if cfg.device == "sim" and cfg.host not in (None, "none")
            else {}),
+        **({"pad": _pad_desc(cfg)} if cfg.device == "sim"
+           and getattr(cfg, "pad", None) not in (None, "none") else {}),
         "dkp_placement": cfg.dkp_placement if cfg.device == "sim" else None,
         "scale": cfg.variant if cfg.device != "sim" else cfg.scale,
         "deadline_ms": cfg.deadline_ms,
@@ -84,6 +86,13 @@ def _host_desc(cfg: Any) -> dict[str, Any]:
     from av_infer.devices import sim_host
 
     return sim_host.describe(cfg.host, cfg.gpu)
+
+
+def _pad_desc(cfg: Any) -> dict[str, Any]:
+    """The sim's padded-launch cost per model of a run (devices.sim_pad)."""
+    from av_infer.devices import sim_pad
+
+    return sim_pad.describe(cfg.pad, cfg.gpu)
 
 
 def _summary(run: PolicyRun, ref: dict[str, dict[str, float]]) -> dict[str, Any]:

@@ -37,7 +37,9 @@ The model, per launch (a ``(task, kernel)`` of a stream):
    proxy), placed by the same breadth-first rule as any grid, so BE blocks take whatever
    slots free up, on the RT kernel's SMs too, and can hold slots a later wave of RT blocks
    would have used. The RT kernel runs ``1 + gpu.pad_overhead`` times longer (the
-   dispatcher). The launch completes, once, when its last block did.
+   dispatcher; REEF's figure), or ``1 + overhead`` of its model from a measured pad model
+   (``pad``, :mod:`devices.sim_pad`; off by default). The launch completes, once, when its
+   last block did.
    ``dkp_placement="reserved"`` is the what-if the simulator used before issue 13 and
    CUDA cannot do: RT blocks packed on the first SMs (REEF's ``cu_partition``), BE parts
    on the others from the last one down, at most their chosen occupancy per SM.
@@ -81,7 +83,7 @@ from typing import Any
 import numpy as np
 
 from av_infer._cy.sim_core import QUIET_MARGIN, SimCore, U
-from av_infer.devices import sim_contention, sim_host
+from av_infer.devices import sim_contention, sim_host, sim_pad
 from av_infer.devices.base import Device
 from av_infer.errors import DeviceFaultError
 from av_infer.model.plan import Plan
@@ -127,6 +129,9 @@ class SimPlan:
     mem: list[tuple[float, float]] | None = None
     #: per kernel its profiled duration alone, seconds (quiet windows)
     dur_s: list[float] | None = None
+    #: time factor of its RT blocks in a padded launch (:mod:`devices.sim_pad`); None:
+    #: the device's ``1 + gpu.pad_overhead``
+    pad_factor: float | None = None
 
 
 class SimDevice(SimCore, Device):
@@ -159,6 +164,7 @@ class SimDevice(SimCore, Device):
         dkp_placement: str = "faithful",
         record_residency: bool = False,
         host: str | sim_host.HostModel | None = None,
+        pad: str | sim_pad.PadModel | None = None,
     ) -> None:
         """``flag_us``: latency of the flag write (a stream memory op); ``jitter``: relative
         standard deviation of block times (0: exact profile), drawn from ``seed``;
@@ -172,10 +178,15 @@ class SimDevice(SimCore, Device):
         ``record_residency``: keep every block batch's ``[start, end)`` per stream
         (:meth:`residency`, what the benchmark's preemption latency is measured from);
         ``host``: the host model (point 9; None/"none": off, a :class:`sim_host.HostModel`
-        or a parameter file ``FILE.json`` from ``av-infer bench --refit-host``).
+        or a parameter file ``FILE.json`` from ``av-infer bench --refit-host``);
+        ``pad``: what a padded launch costs the RT kernel per model (point 6; None/"none"/
+        "paper": ``gpu.pad_overhead``, a :class:`sim_pad.PadModel` or a parameter file
+        ``FILE.json`` from ``av-infer bench --refit-pad``).
         ValueError for an unknown name, before anything is set up."""
         self._beta = sim_contention.check_model(contention, gpu)
         self._host = sim_host.check_host(host, gpu)
+        self._pad = sim_pad.check_pad(pad, gpu)
+        self.pad = pad
         self.host = host
         self._host_free = 0.0  # host model: when the host has done all it was asked
         if dkp_placement not in DKP_PLACEMENTS:
@@ -218,8 +229,9 @@ class SimDevice(SimCore, Device):
             for q, c in zip(qs, consts, strict=True):
                 footprint = min(c[0], self.gpu.sms * max(1, _U // c[1]))
                 mem.append((q, q / max(1, footprint)))
+        pad = None if self._pad is None else self._pad.factor(plan.name, self.gpu)
         return SimPlan(plan=plan, profile=prof, resident=resident, consts=consts, mem=mem,
-                       dur_s=[kp.duration_us * 1e-6 for kp in prof.kernels])
+                       dur_s=[kp.duration_us * 1e-6 for kp in prof.kernels], pad_factor=pad)
 
     def set_profile(self, model: str, profile: ModelProfile) -> None:
         """Simulate plans named ``model`` with ``profile`` (loaded afterwards)."""
@@ -298,6 +310,7 @@ class SimDevice(SimCore, Device):
             "virtual_time_s": self._t, "contention": self.contention,
             "dkp_placement": self.dkp_placement,
             **({"host": sim_host.describe(self._host, self.gpu)} if self._host else {}),
+            **({"pad": sim_pad.describe(self.pad, self.gpu)} if self._pad else {}),
             **self.stats,
             "streams": self.stream_states(),
         }

@@ -1,0 +1,276 @@
+"""The simulator's padded-launch cost from GPU measurements (issue 33): ``--refit-pad``.
+
+Why: the simulator charged a padded (DKP) launch REEF's 0.8 % (``GpuSpec.pad_overhead``)
+while our padded dispatcher costs the RT kernel +17-23 % on the H200 (-15 % for
+distilbert), so every contention and host fit missed the ``reef_dkp`` cells
+(docs/bench.md "The second H200 lease"). :mod:`devices.sim_pad` makes the cost a per-model
+parameter; this module writes its file from either of two sources, as
+:mod:`bench.contention_fit` writes ``beta`` and :mod:`bench.host_fit` the host model:
+
+1. **Measured, no BE** (REEF Fig. 18a's shape): the output of
+   ``scripts/gpu_pad_select_check.py``, its JSON document (``--out``) or the
+   ``gpu_check.log`` its ``pad_select`` step printed into (the whole document, else the
+   ``pad_select row: {...}`` line each model prints as soon as it is measured).
+   ``overhead[m] = <select>_overhead_pct / 100`` per model (``select``: the ``pad_select``
+   the DISB runs used, ``parts`` on both H200 leases). Nothing is simulated.
+2. **Fitted on DISB rows**: GPU DISB result files (what ``--compare-sim`` reads); one
+   multiplier ``s`` on a base model (``--pad FILE.json``: the measured overheads, so
+   ``s`` says how much more a padded launch costs beside BE than alone; without ``--pad``
+   a uniform overhead ``s`` for every model) that brings the simulator's ``reef_dkp`` RT
+   p50, RT p99 and throughput nearest the GPU's (mean ``log(sim/gpu)^2``, the loss of
+   :mod:`bench.contention_fit`). Search: a linear grid over ``[0, hi]``, then golden-section
+   steps around the grid's best. The contention and host models of the options are used
+   as given.
+
+Limits, said plainly: one number per model (source 1) or one multiplier (source 2); the
+no-BE figure is a whole request's slowdown spread evenly over its padded kernels; a fit on
+DISB rows also absorbs whatever else the simulator misses under ``reef_dkp``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from av_infer.bench.compare_sim import (
+    CompareOptions,
+    GpuFiles,
+    compare_docs,
+    files_label,
+    fit_documents,
+    gpu_file_list,
+    gpu_of,
+    run_twin,
+    short_name,
+    twin_bench,
+)
+from av_infer.bench.contention_fit import FIT_METRICS, _command, _loss
+from av_infer.devices import sim_pad
+
+__all__ = ["FIT_POLICIES", "SELECTS", "fit_scale", "format_fit", "from_pad_select",
+           "read_pad_select", "refit_pad"]
+
+#: Policies whose rows a DISB fit uses (the only one with padded launches).
+FIT_POLICIES = ("reef_dkp",)
+
+#: ``pad_select`` modes whose overhead a pad_select measurement reports.
+SELECTS = ("parts", "regs")
+
+#: Search interval of the multiplier ``s`` (source 2).
+SCALE_RANGE = (0.0, 4.0)
+
+_ROW = re.compile(r"^pad_select row: (\{.*\})\s*$")
+
+
+def read_pad_select(path: str | Path) -> dict[str, Any] | None:
+    """``{"gpu": name or None, "rows": [...]}`` of a pad_select measurement: its JSON
+    document, or a log it printed into (the whole document where the log has it, else the
+    per-model ``pad_select row:`` lines). None when ``path`` holds neither (e.g. a DISB
+    result file); OSError when it cannot be read."""
+    text = Path(path).read_text()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and _is_pad_rows(doc.get("rows")):
+        return {"gpu": doc.get("gpu"), "rows": doc["rows"]}
+    if doc is not None:
+        return None
+    lines = text.splitlines()
+    for i, ln in enumerate(lines):  # the printed document: from a "{" line to its "}"
+        if ln != "{":
+            continue
+        for j in range(i + 1, len(lines)):
+            if lines[j] == "}":
+                try:
+                    d = json.loads("\n".join(lines[i:j + 1]))
+                except ValueError:
+                    break
+                if isinstance(d, dict) and _is_pad_rows(d.get("rows")):
+                    return {"gpu": d.get("gpu"), "rows": d["rows"]}
+                break
+    rows = []
+    for ln in lines:
+        m = _ROW.match(ln.strip())
+        if m:
+            try:
+                rows.append(json.loads(m.group(1)))
+            except ValueError:
+                continue
+    return {"gpu": None, "rows": rows} if _is_pad_rows(rows) else None
+
+
+def _is_pad_rows(rows: Any) -> bool:
+    return isinstance(rows, list) and any(
+        isinstance(r, dict) and "model" in r
+        and any(f"{s}_overhead_pct" in r for s in SELECTS) for r in rows)
+
+
+def from_pad_select(paths: list[Path], select: str, gpu: str | None
+                    ) -> tuple[sim_pad.PadModel, dict[str, Any]]:
+    """Source 1 (module docstring): the pad model of pad_select measurements ``paths``
+    (a model measured in several: the mean of its overheads) and the fit's record.
+    ValueError when ``select`` is not one of :data:`SELECTS`, when no row has its figure,
+    when the measurements name different GPUs or none names one and ``gpu`` is None."""
+    from av_infer.profiles import gpu_key, gpu_spec
+
+    if select not in SELECTS:
+        raise ValueError(f"pad select must be one of {', '.join(SELECTS)}, got {select!r}")
+    seen: dict[str, list[float]] = {}
+    gpus: dict[str, str] = {}
+    points = []
+    for p in paths:
+        doc = read_pad_select(p)
+        if doc is None:
+            raise ValueError(f"{p}: not a pad_select measurement")
+        if doc.get("gpu"):
+            key = gpu_key(str(doc["gpu"]))
+            if key:
+                gpus.setdefault(key, str(p))
+        for r in doc["rows"]:
+            v = r.get(f"{select}_overhead_pct")
+            if not r.get("ok", True) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                continue
+            seen.setdefault(str(r["model"]), []).append(v / 100.0)
+            points.append({"file": str(p), "model": r["model"],
+                           "overhead_pct": round(float(v), 4),
+                           "plain_ms": r.get("plain_ms"),
+                           f"{select}_ms": r.get(f"{select}_ms")})
+    if not seen:
+        raise ValueError(f"{', '.join(map(str, paths))}: no model with a "
+                         f"{select}_overhead_pct figure")
+    if len(gpus) > 1:
+        raise ValueError("the pad_select measurements name different GPUs ("
+                         + ", ".join(f"{k}: {f}" for k, f in gpus.items()) + ")")
+    if gpu is not None:
+        name = gpu_spec(gpu).name
+        if gpus and name not in gpus:
+            raise ValueError(f"the pad_select measurement was made on {next(iter(gpus))}, "
+                             f"not {name}")
+    elif gpus:
+        name = next(iter(gpus))
+    else:
+        raise ValueError(f"{', '.join(map(str, paths))}: the measurement does not name its "
+                         "GPU (rows cut from the log); pass --gpu")
+    model = sim_pad.PadModel({m: round(sum(v) / len(v), 6) for m, v in seen.items()},
+                             None, name)
+    return model, {"source": "pad_select (no BE, REEF Fig. 18a)", "select": select,
+                   "points": points}
+
+
+def fit_scale(docs: list[dict[str, Any]], opts: CompareOptions, gpu: str,
+              base: sim_pad.PadModel, policies: list[str], *, hi: float = SCALE_RANGE[1],
+              grid: int = 9, refine: int = 8) -> dict[str, Any]:
+    """Source 2 (module docstring): ``{"scale", "loss", "rows", "evaluations"}``."""
+    benches = []
+    for doc in docs:
+        pols = [p for p in policies if p in doc["policies"]]
+        if not pols:
+            continue
+        sub = {**doc, "policies": {k: doc["policies"][k] for k in pols}}
+        bench, labels = twin_bench(sub, replace(opts, policies=pols), gpu)
+        if labels:
+            benches.append((sub, bench, labels))
+    if not benches:
+        raise ValueError(f"the GPU results have no row of {', '.join(policies)} the "
+                         "simulator can run: nothing to fit the padded launch's cost to")
+    evals: dict[float, tuple[float, list[dict[str, Any]]]] = {}
+
+    def evaluate(s: float) -> float:
+        key = float(f"{max(0.0, s):.5g}")
+        if key not in evals:
+            rows: list[dict[str, Any]] = []
+            for doc, bench, labels in benches:
+                bench.cfg = replace(bench.cfg, pad=base.scaled(key))
+                twin = run_twin(bench, labels)
+                rows += [r for r in compare_docs(doc, twin) if r["metric"] in FIT_METRICS]
+            evals[key] = (_loss(rows), rows)
+            if opts.progress:
+                print(f"  pad scale={key:<9g} loss={evals[key][0]:.6g}", file=sys.stderr)
+        return evals[key][0]
+
+    xs = [hi * i / (grid - 1) for i in range(grid)]
+    losses = [evaluate(x) for x in xs]
+    i = min(range(grid), key=lambda j: (losses[j], j))
+    a, b = xs[max(0, i - 1)], xs[min(grid - 1, i + 1)]
+    phi = (math.sqrt(5.0) - 1.0) / 2.0
+    c, d = b - phi * (b - a), a + phi * (b - a)
+    fc, fd = evaluate(c), evaluate(d)
+    for _ in range(refine):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - phi * (b - a)
+            fc = evaluate(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + phi * (b - a)
+            fd = evaluate(d)
+    best = min(evals, key=lambda k: (evals[k][0], k))
+    return {"scale": best, "loss": evals[best][0], "rows": evals[best][1],
+            "evaluations": [[k, round(v[0], 8)] for k, v in sorted(evals.items())]}
+
+
+def refit_pad(sources: GpuFiles, opts: CompareOptions, out: str | Path, *,
+              select: str = "parts", policies: list[str] | None = None,
+              workloads: list[str] | None = None, **kw: Any) -> dict[str, Any]:
+    """Write the pad parameter file ``out`` (``--pad FILE.json``) from ``sources``: every
+    one a pad_select measurement (source 1) or every one a GPU DISB result file (source 2,
+    on the base ``opts.pad``; ``workloads`` restricts the fit so the others can be judged
+    held out). The fit's document. ValueError, before anything runs, for a mix of both."""
+    paths = gpu_file_list(sources)
+    kinds = [read_pad_select(p) is not None if p.is_file() else False for p in paths]
+    if any(kinds) and not all(kinds):
+        raise ValueError("--refit-pad takes pad_select measurements or DISB result files, "
+                         "not both: " + ", ".join(
+                             f"{p} ({'pad_select' if k else 'DISB'})"
+                             for p, k in zip(paths, kinds, strict=True)))
+    if all(kinds):
+        model, info = from_pad_select(paths, select, opts.gpu)
+        info = {"from": files_label(sources), **info, "command": _command()}
+        sim_pad.save_params(out, model, info)
+        return {"params_file": str(out), "gpu": model.gpu, "overhead": dict(model.overhead),
+                "default": model.default, **info}
+    docs = fit_documents(sources, workloads)
+    gpu = gpu_of(docs, opts, sources)
+    base = sim_pad.check_pad(opts.pad, gpu) or sim_pad.PadModel({}, 1.0, gpu)
+    base = replace(base, gpu=gpu)
+    pols = list(policies or FIT_POLICIES)
+    fit = fit_scale(docs, replace(opts, pad=None), gpu, base, pols, **kw)
+    model = base.scaled(fit["scale"])
+    info = {"from": files_label(sources), "source": "fit on DISB rows",
+            "base": str(opts.pad) if opts.pad not in (None, "none")
+            else "uniform (every model the same overhead)",
+            "scale": fit["scale"],
+            "workloads": [short_name(str(d["workload"])) for d in docs],
+            "policies": pols, "metrics": list(FIT_METRICS),
+            "profiles_dir": opts.profiles, "calibrate": opts.calibrate,
+            "contention": opts.contention,
+            **({"host": str(opts.host)} if opts.host not in (None, "none") else {}),
+            "loss_mean_sq_log": round(fit["loss"], 8),
+            "rms_factor": round(math.exp(math.sqrt(fit["loss"])), 6),
+            "evaluations": fit["evaluations"], "rows": fit["rows"], "command": _command()}
+    sim_pad.save_params(out, model, info)
+    return {"params_file": str(out), "gpu": gpu, "overhead": dict(model.overhead),
+            "default": model.default, **info}
+
+
+def format_fit(doc: dict[str, Any]) -> str:
+    """A few lines: the overheads written, and the fit's rows where one was run."""
+    src = doc["from"] if isinstance(doc["from"], str) else ", ".join(doc["from"])
+    ov = ", ".join(f"{m} {v * 100:+.1f} %" for m, v in doc["overhead"].items())
+    dflt = "" if doc.get("default") is None else f"; others {doc['default'] * 100:+.1f} %"
+    lines = [f"pad refit on {doc['gpu']} from {src} ({doc['source']}): "
+             f"{ov or '(no model named)'}{dflt} -> {doc['params_file']}"]
+    if "scale" in doc:
+        lines.append(f"  scale {doc['scale']:g} on {doc['base']}, typical error factor "
+                     f"{doc['rms_factor']:.3f}, {len(doc['evaluations'])} evaluations")
+        for r in doc["rows"]:
+            err = "-" if r["rel_err"] is None else f"{r['rel_err'] * 100:+.1f}%"
+            lines.append(f"  {r['workload']:<11}{r['policy']:<12}{r['metric']:<16}"
+                         f"sim {r['sim']}  gpu {r['gpu']}  ({err})")
+    return "\n".join(lines)
