@@ -569,6 +569,12 @@ class RemoteRuntimeClient(RuntimeClient):
         prec = (self._models.get(model) or {}).get("precision")
         return prec if isinstance(prec, str) else None
 
+    def model_pinned(self, model: str) -> bool | None:
+        """Whether the host's model table gives ``model`` as pinned (None: not in the
+        table, a variant group, or a host whose table does not say)."""
+        pinned = (self._models.get(model) or {}).get("pinned")
+        return pinned if isinstance(pinned, bool) else None
+
     def submit(self, ctrl: codec.RequestControl, inputs: Mapping[str, np.ndarray],
                run_here: bool = False) -> Future:
         fut: Future = Future()

@@ -179,6 +179,14 @@ def missed_deadline(reply: Reply) -> bool | None:
 
 #: What the ``precision`` parameter accepts: auto or a precision (``av_infer.PRECISIONS``).
 PRECISION_CHOICES = ("auto", *PRECISIONS)
+#: What the ``pin`` parameter accepts: auto (pinned iff ``priority`` is RT, when this node
+#: loads the model; a held model as it is), true or false (asked of a held model too).
+PIN_CHOICES = ("auto", "true", "false")
+
+
+def wanted_pin(pin: str) -> bool | None:
+    """The pin a ``pin`` value asks of a model the runtime already holds (None: any)."""
+    return None if pin == "auto" else pin == "true"
 
 #: Parameters that make up the client's configuration in an in-process runtime.
 CLIENT_CONFIG = ("relative_deadline_ms", "hard_deadline_ms", "variant_group", "drop_late")
@@ -286,6 +294,9 @@ class ImageInferenceNode(LifecycleNode):
                 raise InvalidParameterError(
                     f"precision {self.p['precision']!r} is not one of "
                     f"{', '.join(PRECISION_CHOICES)}")
+            if self.p["pin"] not in PIN_CHOICES:
+                raise InvalidParameterError(
+                    f"pin {self.p['pin']!r} is not one of {', '.join(PIN_CHOICES)}")
             if self.mode == "local":
                 self.client = LocalRuntimeClient(self, self._runtime)
                 self._ensure_local_model(self.p["model"])
@@ -348,6 +359,13 @@ class ImageInferenceNode(LifecycleNode):
                                  "remote: the host's) or one the device runs; a model held "
                                  "at another precision is refused.", read_only=True,
                                  constraints="one of " + ", ".join(PRECISION_CHOICES)),
+            "pin": declare(self, "pin", "auto",
+                           "Keep `model` pinned in the runtime's model cache (never evicted): "
+                           "auto (pinned iff priority is RT when this node loads it; a model "
+                           "the runtime holds is served as held), true or false (a held "
+                           "model pinned the other way is refused; remote: images are "
+                           "dropped while the host's table says otherwise).",
+                           read_only=True, constraints="one of " + ", ".join(PIN_CHOICES)),
             "client": declare(self, "client", self.get_name(),
                               "Client id in runtime statistics; in remote mode also the "
                               "name of this node's response topic (/av_infer/response/"
@@ -610,13 +628,15 @@ class ImageInferenceNode(LifecycleNode):
         name or ONNX path loaded now) at ``precision``. The runtime host's check
         (``runtime_build.check_models``) refuses, before anything loads, a precision the
         device does not run (InvalidParameterError) and a model (or a group's variant)
-        held at another precision (ModelNameInUseError); ``auto`` asks for none. Image
-        nodes ask for no pin: they share a held model pinned or not, and load unpinned."""
+        held at another precision or pinned the other way (ModelNameInUseError); ``auto``
+        asks for neither. A model this node loads is pinned as ``pin`` says (auto: iff its
+        ``priority`` is RT: the RT models are the pinned ones, never evicted)."""
         from av_infer_nodes.runtime_build import check_models, model_source
 
         rt = self._runtime
         prec = self.p["precision"]
         want = None if prec == "auto" else prec
+        pin = wanted_pin(self.p["pin"])
         groups = rt.variant_groups()
         source = None
         if model in groups:
@@ -626,12 +646,16 @@ class ImageInferenceNode(LifecycleNode):
         else:
             name, source = model_source(model, self.p["model_variant"])
             names = [name]
-        check_models(rt, {n: (want, None) for n in names}, "precision")
+        check_models(rt, {n: (want, pin) for n in names},
+                     "precision" if pin is None else "precision, pin")
         name = names[0]
         if source is not None and name not in rt.models():
+            if pin is None:
+                pin = str(self.p["priority"]).strip().upper() == "RT"
             self.get_logger().info(f"loading model {name} from {source}"
-                                   + (f" at {want}" if want else ""))
-            rt.load_model(name, source, precision=want)
+                                   + (f" at {want}" if want else "")
+                                   + (", pinned" if pin else ""))
+            rt.load_model(name, source, precision=want, pin=pin)
         if source is not None and name != model:
             raise ValueError(f"use the model name {name!r} (file stem), not {model!r}")
 
@@ -699,6 +723,12 @@ class ImageInferenceNode(LifecycleNode):
                 (held := client.model_precision(model)) not in (None, p["precision"])):
             self._not_ready(f"the runtime host serves model {model!r} at {held}, not "
                             f"{p['precision']} (parameter precision)")
+            return
+        if p["pin"] != "auto" and isinstance(client, RemoteRuntimeClient) and (
+                (pinned := client.model_pinned(model)) not in (None, p["pin"] == "true")):
+            self._not_ready(f"the runtime host holds model {model!r} "
+                            f"{'pinned' if pinned else 'unpinned'}, not as parameter pin "
+                            f"({p['pin']}) asks")
             return
         spec = client.input_spec(model) or {}
         rid = f"{self._rid_prefix}{next(self._rid_seq)}"

@@ -86,7 +86,8 @@ def test_image_node_loads_its_model_at_its_precision(emulator, cls):
         node = _image_node(h, cls, "half_node", host.runtime, model="tiny_cnn",
                            precision="fp16")
         assert node.client is not None and node.active
-        assert _held(host.runtime, "tiny_cnn") == ("fp16", False)  # image nodes: unpinned
+        # pin auto: the RT (perception) node pins what it loads, the BE one does not
+        assert _held(host.runtime, "tiny_cnn") == ("fp16", cls is PerceptionNode)
         assert _held(host.runtime, "tiny_mlp") == ("fp32", False)
 
 
@@ -179,7 +180,74 @@ def test_live_model_change_is_checked_too(emulator):
         r = node.set_parameters([Parameter("model", value="tiny_mlp")])[0]
         assert not r.successful and "at tf32, not fp16" in r.reason, r.reason
         assert node.p["model"] == "tiny_cnn"
-        assert _held(host.runtime, "tiny_cnn") == ("fp16", False)
+        assert _held(host.runtime, "tiny_cnn") == ("fp16", True)  # RT node, pin auto
+
+
+# -- the image nodes' pin -----------------------------------------------------------------
+@pytest.mark.parametrize("cls, pin, pinned", [
+    (PerceptionNode, "auto", True), (MonitoringNode, "auto", False),
+    (PerceptionNode, "false", False), (MonitoringNode, "true", True)])
+def test_image_node_pins_what_it_loads_as_pin_says(cls, pin, pinned):
+    """auto: an RT node's model is pinned (never evicted), a BE node's is not; true/false
+    override the priority."""
+    with RosHarness() as h:
+        rt = _host(h, "pin_host", device="cpu", models=["tiny_mlp"]).runtime
+        node = _image_node(h, cls, f"pin_{pin}_node", rt, model="tiny_cnn", pin=pin)
+        assert node.active and _held(rt, "tiny_cnn") == ("fp32", pinned)
+
+
+def test_image_node_refuses_a_model_held_pinned_the_other_way():
+    """pin true/false is asked of a held model like precision: refused typed, nothing
+    changes; auto shares it as held."""
+    with RosHarness() as h:
+        rt = _host(h, "pinned_host", device="cpu", models=["tiny_cnn"],
+                   pinned_models=["tiny_cnn"]).runtime
+        with pytest.raises(ModelNameInUseError,
+                           match=r"already loaded in this runtime pinned, not unpinned "
+                                 r"\(parameters precision, pin;"):
+            _image_node(h, PerceptionNode, "unpin_node", rt, model="tiny_cnn", pin="false")
+        assert _held(rt, "tiny_cnn") == ("fp32", True)
+        assert _image_node(h, MonitoringNode, "share_node", rt, model="tiny_cnn").active
+        assert _image_node(h, MonitoringNode, "ask_node", rt, model="tiny_cnn",
+                           pin="true").active
+        assert _held(rt, "tiny_cnn") == ("fp32", True)
+
+
+@pytest.mark.parametrize("mode", ["local", "remote"])
+def test_image_node_refuses_an_unknown_pin(mode):
+    with RosHarness() as h:
+        rt = _host(h, "pin_any_host", device="cpu", models=["tiny_cnn"]).runtime
+        with pytest.raises(InvalidParameterError,
+                           match=r"pin 'yes' is not one of auto, true, false"):
+            _image_node(h, PerceptionNode, f"pin_yes_{mode}", rt if mode == "local" else None,
+                        runtime=mode, pin="yes")
+
+
+def test_remote_image_node_drops_images_the_host_holds_pinned_the_other_way():
+    """Remote mode: the host's table says tiny_cnn is unpinned; a node asking pin true
+    never submits (``dropped_not_ready``), one with pin auto is served."""
+    with RosHarness() as h:
+        _host(h, "av_infer_runtime", device="cpu", models=["tiny_cnn"])
+        wrong = _image_node(h, PerceptionNode, "remote_pin_true", None, runtime="remote",
+                            model="tiny_cnn", pin="true")
+        right = _image_node(h, PerceptionNode, "remote_pin_auto", None, runtime="remote",
+                            model="tiny_cnn")
+        tester = h.node("remote_pin_tester")
+        pubs = [tester.create_publisher(Image, f"/{n}/input/image", IMAGE_QOS)
+                for n in ("remote_pin_true", "remote_pin_auto")]
+        wait_matched(*pubs)
+        wait_for(lambda: all(n.client.model_pinned("tiny_cnn") is False
+                             and n.client.ready("tiny_cnn") for n in (wrong, right)),
+                 what="both clients ready with the host's table")
+
+        def published_until_answered() -> bool:
+            for pub in pubs:
+                pub.publish(make_image(tester, "frame"))
+            return right.counters["completed"] > 0 and wrong.counters["received"] > 0
+
+        wait_for(published_until_answered, period=0.2, what="an answer to the pin-auto node")
+        assert wrong.counters["submitted"] == 0
+        assert wrong.counters["dropped_not_ready"] >= 1
 
 
 # -- pins: the same check ---------------------------------------------------------------
@@ -213,13 +281,13 @@ def test_hosts_on_one_runtime_refuse_a_pin_mismatch(first_pins, second_pins, wor
 
 
 def test_host_refuses_to_pin_what_an_image_node_loaded_unpinned(capfd):
-    """The case that was silent: an image node loads its model first (unpinned), then a
-    host whose pinned_models names it configures on the same runtime: refused, typed and
-    logged (rclpy's logger writes to stderr)."""
+    """The case that was silent: an image node loads its model first (unpinned: a BE
+    node, pin auto), then a host whose pinned_models names it configures on the same
+    runtime: refused, typed and logged (rclpy's logger writes to stderr)."""
     rt = Runtime(device="cpu")
     try:
         with RosHarness() as h:
-            _image_node(h, PerceptionNode, "early_node", rt, model="tiny_cnn")
+            _image_node(h, MonitoringNode, "early_node", rt, model="tiny_cnn")
             assert _held(rt, "tiny_cnn") == ("fp32", False)
             host = _host(h, "late_host", runtime=rt, device="cpu", models=["tiny_cnn"],
                          pinned_models=["tiny_cnn"], autostart=False)
