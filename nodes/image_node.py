@@ -55,6 +55,7 @@ from av_infer_nodes.common import (
     as_float_list,
     debug_publishers,
     declare,
+    new_tensor,
     publish_cyclic,
     publish_debug,
     response_msg,
@@ -242,6 +243,13 @@ class ImageInferenceNode(LifecycleNode):
                                              self.publish_diagnostics)
         self._pub = self.create_publisher(TensorList, node_topic(self, TENSORS_TOPIC), 10,
                                           event_callbacks=PUB_EVENTS)
+        #: the output message, filled again for every in-process answer instead of built
+        #: anew (``publish`` serialises it before it returns, so nothing keeps it): ~40 us
+        #: less per image after an idle moment on the dev VM (docs/ros.md, "ROS path
+        #: cost"); the lock because ``multi`` may run the image callback and the
+        #: ``Handoff`` drain (two callback groups) at once
+        self._out_msg = TensorList()
+        self._out_lock = threading.Lock()
         self._err_pub = self.create_publisher(InferResponse, node_topic(self, ERRORS_TOPIC), 10,
                                               event_callbacks=PUB_EVENTS)
         #: the detector-head decoder (parameter ``decoder``; None: raw tensors only) and
@@ -787,6 +795,23 @@ class ImageInferenceNode(LifecycleNode):
             self.counters["completed" if reply.ok else "failed"] += 1
         self._publish(reply, image, t_recv, geom)
 
+    def _publish_tensors(self, reply: Reply, image: Image) -> None:
+        """``~/output/tensors``: the in-process outputs copied once into the node's reused
+        ``TensorList`` (one ``Tensor`` per output, reused while the outputs keep their
+        count); a remote host's received tensors as they are."""
+        if reply.tensors is not None:
+            self._pub.publish(TensorList(header=image.header, tensors=reply.tensors))
+            return
+        outputs = reply.outputs or {}
+        with self._out_lock:
+            msg = self._out_msg
+            if len(msg.tensors) != len(outputs):
+                msg.tensors = [new_tensor() for _ in outputs]
+            for t, (name, value) in zip(msg.tensors, outputs.items(), strict=True):
+                codec.fill_tensor(t, name, value)
+            msg.header = image.header
+            self._pub.publish(msg)
+
     def _publish_detections(self, reply: Reply, image: Image, geom: Fit) -> None:
         """The outputs decoded into ``~/output/detections`` (``decoder`` set). Outputs the
         decoder cannot read are counted (``decode_failed``) and logged at most every 5 s:
@@ -816,7 +841,7 @@ class ImageInferenceNode(LifecycleNode):
                  geom: Fit | None = None) -> None:
         try:
             if reply.ok:
-                self._pub.publish(TensorList(header=image.header, tensors=reply.tensor_msgs()))
+                self._publish_tensors(reply, image)
                 if geom is not None:
                     self._publish_detections(reply, image, geom)
                     info = self._camera_info

@@ -131,14 +131,15 @@ def test_image_in_tensorlist_out_same_header(graph):
             logits = _views(msg)["logits"]
             assert logits.shape == (1, 10) and logits.dtype == np.float32
             assert list(msg.tensors[0].strides) == [40, 4]
-        # the same numbers as preprocessing + a direct submit
-        img = sent["cam0"]
+        # the same numbers as preprocessing + a direct submit, for every image (the node
+        # fills one reused output message: none may carry another image's numbers)
         spec = host.runtime.input_spec("tiny_cnn")
-        x = image_to_tensor(img.encoding, img.height, img.width, img.step, img.data,
-                            list(spec["input"][0]))
-        direct = host.runtime.submit("tiny_cnn", {"input": x}).result(WAIT_S)
-        np.testing.assert_allclose(_views(got["cam0"])["logits"], direct.outputs["logits"],
-                                   rtol=1e-5, atol=1e-6)
+        for fid, img in sent.items():
+            x = image_to_tensor(img.encoding, img.height, img.width, img.step, img.data,
+                                list(spec["input"][0]))
+            direct = host.runtime.submit("tiny_cnn", {"input": x}).result(WAIT_S)
+            np.testing.assert_allclose(_views(got[fid])["logits"], direct.outputs["logits"],
+                                       rtol=1e-5, atol=1e-6)
         wait_for(mon_outs.snapshot, what="monitoring output")
         assert mon_outs.snapshot()[0].header.frame_id.startswith("cabin")
         assert per.counters["completed"] == 4
