@@ -88,6 +88,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     g2.add_argument("--pad-select", choices=["parts", "regs"], default="parts",
                     help="--refit-pad from pad_select: whose overhead (the pad_select the "
                     "DISB runs used; default parts, as on both H200 leases)")
+    g2.add_argument("--pad-per-model", action="store_true",
+                    help="--refit-pad on DISB files: after the one multiplier, one per model "
+                    "an RT client runs (coordinate descent over all fitted rows)")
     g2.add_argument("--host-no-complete", action="store_true",
                     help="--refit-host: fit the start work only (complete_us = 0)")
     g2.add_argument("--params-out", metavar="FILE.json", default=None,
@@ -347,7 +350,7 @@ def cmd_compare_sim(args: argparse.Namespace) -> int:
             args.params_out = args.params_out or "pad_fit.json"
             doc = pad_fit.refit_pad(args.refit_pad, opts, args.params_out,
                                     select=args.pad_select, policies=fit_pols,
-                                    workloads=fit_wls)
+                                    workloads=fit_wls, per_model=args.pad_per_model)
             text = pad_fit.format_fit(doc)
         elif args.refit_host:
             from av_infer.bench import host_fit

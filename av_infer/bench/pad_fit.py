@@ -52,8 +52,8 @@ from av_infer.bench.compare_sim import (
 from av_infer.bench.contention_fit import FIT_METRICS, _command, _loss
 from av_infer.devices import sim_pad
 
-__all__ = ["FIT_POLICIES", "SELECTS", "fit_scale", "format_fit", "from_pad_select",
-           "read_pad_select", "refit_pad"]
+__all__ = ["FIT_POLICIES", "SELECTS", "fit_per_model", "fit_scale", "format_fit",
+           "from_pad_select", "read_pad_select", "refit_pad", "rt_models"]
 
 #: Policies whose rows a DISB fit uses (the only one with padded launches).
 FIT_POLICIES = ("reef_dkp",)
@@ -163,10 +163,8 @@ def from_pad_select(paths: list[Path], select: str, gpu: str | None
                    "points": points}
 
 
-def fit_scale(docs: list[dict[str, Any]], opts: CompareOptions, gpu: str,
-              base: sim_pad.PadModel, policies: list[str], *, hi: float = SCALE_RANGE[1],
-              grid: int = 9, refine: int = 8) -> dict[str, Any]:
-    """Source 2 (module docstring): ``{"scale", "loss", "rows", "evaluations"}``."""
+def _benches(docs: list[dict[str, Any]], opts: CompareOptions, gpu: str,
+             policies: list[str]) -> list[tuple[dict[str, Any], Any, list[tuple[str, int]]]]:
     benches = []
     for doc in docs:
         pols = [p for p in policies if p in doc["policies"]]
@@ -179,21 +177,22 @@ def fit_scale(docs: list[dict[str, Any]], opts: CompareOptions, gpu: str,
     if not benches:
         raise ValueError(f"the GPU results have no row of {', '.join(policies)} the "
                          "simulator can run: nothing to fit the padded launch's cost to")
-    evals: dict[float, tuple[float, list[dict[str, Any]]]] = {}
+    return benches
 
-    def evaluate(s: float) -> float:
-        key = float(f"{max(0.0, s):.5g}")
-        if key not in evals:
-            rows: list[dict[str, Any]] = []
-            for doc, bench, labels in benches:
-                bench.cfg = replace(bench.cfg, pad=base.scaled(key))
-                twin = run_twin(bench, labels)
-                rows += [r for r in compare_docs(doc, twin) if r["metric"] in FIT_METRICS]
-            evals[key] = (_loss(rows), rows)
-            if opts.progress:
-                print(f"  pad scale={key:<9g} loss={evals[key][0]:.6g}", file=sys.stderr)
-        return evals[key][0]
 
+def _rows_with(benches: list[tuple[dict[str, Any], Any, list[tuple[str, int]]]],
+               model: sim_pad.PadModel) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for doc, bench, labels in benches:
+        bench.cfg = replace(bench.cfg, pad=model)
+        twin = run_twin(bench, labels)
+        rows += [r for r in compare_docs(doc, twin) if r["metric"] in FIT_METRICS]
+    return rows
+
+
+def _search(evaluate: Any, hi: float, grid: int, refine: int) -> None:
+    """A linear grid over ``[0, hi]``, then golden-section steps around its best point
+    (``evaluate`` records every point)."""
     xs = [hi * i / (grid - 1) for i in range(grid)]
     losses = [evaluate(x) for x in xs]
     i = min(range(grid), key=lambda j: (losses[j], j))
@@ -210,18 +209,97 @@ def fit_scale(docs: list[dict[str, Any]], opts: CompareOptions, gpu: str,
             a, c, fc = c, d, fd
             d = a + phi * (b - a)
             fd = evaluate(d)
+
+
+def fit_scale(docs: list[dict[str, Any]], opts: CompareOptions, gpu: str,
+              base: sim_pad.PadModel, policies: list[str], *, hi: float = SCALE_RANGE[1],
+              grid: int = 9, refine: int = 8) -> dict[str, Any]:
+    """Source 2 (module docstring): ``{"scale", "loss", "rows", "evaluations"}``."""
+    benches = _benches(docs, opts, gpu, policies)
+    evals: dict[float, tuple[float, list[dict[str, Any]]]] = {}
+
+    def evaluate(s: float) -> float:
+        key = float(f"{max(0.0, s):.5g}")
+        if key not in evals:
+            rows = _rows_with(benches, base.scaled(key))
+            evals[key] = (_loss(rows), rows)
+            if opts.progress:
+                print(f"  pad scale={key:<9g} loss={evals[key][0]:.6g}", file=sys.stderr)
+        return evals[key][0]
+
+    _search(evaluate, hi, grid, refine)
     best = min(evals, key=lambda k: (evals[k][0], k))
     return {"scale": best, "loss": evals[best][0], "rows": evals[best][1],
             "evaluations": [[k, round(v[0], 8)] for k, v in sorted(evals.items())]}
 
 
+def rt_models(docs: list[dict[str, Any]]) -> list[str]:
+    """The models RT clients run in ``docs`` (first seen first): the ones whose padded
+    launches the rows measure."""
+    out: list[str] = []
+    for doc in docs:
+        for t in doc.get("tasks", []):
+            m = t.get("model")
+            if str(t.get("priority", "")).upper() == "RT" and m and m not in out:
+                out.append(str(m))
+    return out
+
+
+def fit_per_model(docs: list[dict[str, Any]], opts: CompareOptions, gpu: str,
+                  base: sim_pad.PadModel, policies: list[str], start: float, *,
+                  sweeps: int = 2, hi: float = SCALE_RANGE[1], grid: int = 9,
+                  refine: int = 8) -> dict[str, Any]:
+    """Per RT model its own multiplier on ``base`` (coordinate descent from ``start``,
+    every model's 1-D search with the others held, ``sweeps`` rounds; the loss is over all
+    rows each time). Models no RT client runs keep ``start``. ``{"scales", "loss", "rows",
+    "evaluations": [[model, s, loss]...]}``."""
+    benches = _benches(docs, opts, gpu, policies)
+    models = rt_models(docs)
+    scales = dict.fromkeys(models, start)
+
+    def model_of(sc: dict[str, float]) -> sim_pad.PadModel:
+        rest = base.scaled(start)
+        ov = dict(rest.overhead)
+        for m, s in sc.items():
+            ov[m] = base.overhead.get(m, 1.0 if base.default is None else base.default) * s
+        return sim_pad.PadModel(ov, rest.default, base.gpu)
+
+    evals: list[list[Any]] = []
+    best = (_loss(rows0 := _rows_with(benches, model_of(scales))), rows0)
+    for _ in range(sweeps):
+        for m in models:
+            seen: dict[float, tuple[float, list[dict[str, Any]]]] = {}
+
+            def evaluate(s: float, m: str = m, seen: dict = seen) -> float:
+                key = float(f"{max(0.0, s):.5g}")
+                if key not in seen:
+                    rows = _rows_with(benches, model_of({**scales, m: key}))
+                    seen[key] = (_loss(rows), rows)
+                    evals.append([m, key, round(seen[key][0], 8)])
+                    if opts.progress:
+                        print(f"  pad {m} scale={key:<9g} loss={seen[key][0]:.6g}",
+                              file=sys.stderr)
+                return seen[key][0]
+
+            _search(evaluate, hi, grid, refine)
+            k = min(seen, key=lambda x: (seen[x][0], abs(x - scales[m])))
+            if seen[k][0] < best[0]:
+                scales[m] = k
+                best = seen[k]
+    return {"scales": scales, "loss": best[0], "rows": best[1], "evaluations": evals,
+            "model": model_of(scales)}
+
+
 def refit_pad(sources: GpuFiles, opts: CompareOptions, out: str | Path, *,
               select: str = "parts", policies: list[str] | None = None,
-              workloads: list[str] | None = None, **kw: Any) -> dict[str, Any]:
+              workloads: list[str] | None = None, per_model: bool = False,
+              **kw: Any) -> dict[str, Any]:
     """Write the pad parameter file ``out`` (``--pad FILE.json``) from ``sources``: every
     one a pad_select measurement (source 1) or every one a GPU DISB result file (source 2,
     on the base ``opts.pad``; ``workloads`` restricts the fit so the others can be judged
-    held out). The fit's document. ValueError, before anything runs, for a mix of both."""
+    held out; ``per_model``: after the one multiplier, one per RT model,
+    :func:`fit_per_model`). The fit's document. ValueError, before anything runs, for a
+    mix of both."""
     paths = gpu_file_list(sources)
     kinds = [read_pad_select(p) is not None if p.is_file() else False for p in paths]
     if any(kinds) and not all(kinds):
@@ -242,6 +320,14 @@ def refit_pad(sources: GpuFiles, opts: CompareOptions, out: str | Path, *,
     pols = list(policies or FIT_POLICIES)
     fit = fit_scale(docs, replace(opts, pad=None), gpu, base, pols, **kw)
     model = base.scaled(fit["scale"])
+    per: dict[str, Any] = {}
+    if per_model:
+        pm = fit_per_model(docs, replace(opts, pad=None), gpu, base, pols, fit["scale"], **kw)
+        if pm["loss"] < fit["loss"]:
+            model = pm["model"]
+            fit = {**fit, "loss": pm["loss"], "rows": pm["rows"]}
+        per = {"per_model": {"scales": pm["scales"], "evaluations": pm["evaluations"],
+                             "loss_mean_sq_log": round(pm["loss"], 8)}}
     info = {"from": files_label(sources), "source": "fit on DISB rows",
             "base": str(opts.pad) if opts.pad not in (None, "none")
             else "uniform (every model the same overhead)",
@@ -253,7 +339,8 @@ def refit_pad(sources: GpuFiles, opts: CompareOptions, out: str | Path, *,
             **({"host": str(opts.host)} if opts.host not in (None, "none") else {}),
             "loss_mean_sq_log": round(fit["loss"], 8),
             "rms_factor": round(math.exp(math.sqrt(fit["loss"])), 6),
-            "evaluations": fit["evaluations"], "rows": fit["rows"], "command": _command()}
+            "evaluations": fit["evaluations"], **per, "rows": fit["rows"],
+            "command": _command()}
     sim_pad.save_params(out, model, info)
     return {"params_file": str(out), "gpu": gpu, "overhead": dict(model.overhead),
             "default": model.default, **info}
@@ -269,6 +356,10 @@ def format_fit(doc: dict[str, Any]) -> str:
     if "scale" in doc:
         lines.append(f"  scale {doc['scale']:g} on {doc['base']}, typical error factor "
                      f"{doc['rms_factor']:.3f}, {len(doc['evaluations'])} evaluations")
+        if "per_model" in doc:
+            lines.append("  per RT model: " + ", ".join(
+                f"{m} x{v:g}" for m, v in doc["per_model"]["scales"].items())
+                + f" ({len(doc['per_model']['evaluations'])} evaluations)")
         for r in doc["rows"]:
             err = "-" if r["rel_err"] is None else f"{r['rel_err'] * 100:+.1f}%"
             lines.append(f"  {r['workload']:<11}{r['policy']:<12}{r['metric']:<16}"

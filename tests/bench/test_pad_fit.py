@@ -110,6 +110,15 @@ def test_fit_on_reef_dkp_rows_recovers_the_overhead_of_a_synthetic_gpu(tmp_path)
         gpu="h100", contention="beta=150", pad=str(base)), tmp_path / "s.json", grid=9,
         refine=10)
     assert doc["scale"] == pytest.approx(2.0, rel=0.1) and doc["base"] == str(base)
+    # per RT model: only vgg19 runs RT here, so only its multiplier is searched again
+    assert pad_fit.rt_models([json.loads(f.read_text())["policies"]["synth"]]) == ["vgg19"]
+    doc = pad_fit.refit_pad(f, compare_sim.CompareOptions(
+        gpu="h100", contention="beta=150", pad=str(base)), tmp_path / "pm.json", grid=9,
+        refine=8, per_model=True)
+    assert list(doc["per_model"]["scales"]) == ["vgg19"]
+    assert sim_pad.load_params(tmp_path / "pm.json").overhead["vgg19"] == pytest.approx(
+        0.6, rel=0.1)
+    assert "per RT model: vgg19 x" in pad_fit.format_fit(doc)
     # pad_select measurements and DISB files are not fitted together
     with pytest.raises(ValueError, match="not both"):
         pad_fit.refit_pad([f, _log(tmp_path, whole=True)], opts, tmp_path / "m.json")
