@@ -422,6 +422,7 @@ class Runtime:
         drop_late: bool | None = None,
         hard_deadline: float | None = None,
         variant_group: str | None = None,
+        run_here: bool = False,
     ) -> Future[Result]:
         """Queue one inference; returns its future. Never raises for a bad request: the
         future is already failed with the typed error (nothing was queued).
@@ -434,10 +435,21 @@ class Runtime:
         ``drop_late`` (this request only) defaults to the client's configured one;
         ``variant_group`` (default: the client's) serves ``model`` (the group or one of its
         variants) by the group. Per-request values never change the client's configuration.
+
+        ``run_here``: this thread runs the request's launches now, while its lane is idle,
+        as a thread blocked in ``infer`` does (the scheduler still decides what runs; a busy
+        lane is never waited for: its holder or worker runs them), then returns the future,
+        already resolved when the request ran here. For a caller that would wait anyway but
+        wants a future (an executor callback answering through it): the launches it runs
+        itself skip the worker's wake-up that a plain ``submit`` signals (20-90 µs a request
+        on the 2-core VM, docs/request_path.md). The inputs are copied as by ``submit``.
         """
-        return self._submit(model, inputs, _options(priority, deadline, client, arrival,
-                                                    drop_late, hard_deadline, variant_group,
-                                                    False), False)
+        fut = self._submit(model, inputs, _options(priority, deadline, client, arrival,
+                                                   drop_late, hard_deadline, variant_group,
+                                                   False), run_here)
+        if run_here:
+            fut._help()  # type: ignore[attr-defined]  # RequestFuture: runs idle-lane launches
+        return fut
 
     def infer(
         self,

@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, InvalidStateError
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
@@ -390,7 +389,7 @@ def submit_to_runtime(rt: Any, ctrl: codec.RequestControl, inputs: Mapping[str, 
         hard = runtime_deadline(rt_now, node_now, ctrl.stamp, ctrl.hard_deadline_s)
         fut = rt.submit(ctrl.model, inputs, priority=ctrl.priority, deadline=deadline,
                         client=ctrl.client, drop_late=ctrl.drop_late, hard_deadline=hard,
-                        variant_group=ctrl.variant_group)
+                        variant_group=ctrl.variant_group, run_here=run_here)
     except Exception as exc:  # submit should not raise; answer anyway if it does
         out.set_result(error_reply(ctrl.id, exc, ctrl.model))
         return out
@@ -409,14 +408,9 @@ def submit_to_runtime(rt: Any, ctrl: codec.RequestControl, inputs: Mapping[str, 
         except InvalidStateError:  # resolved by the other path (run_here): one answer
             pass
 
-    if run_here:
-        try:
-            fut.exception(timeout=0)  # helps (runs idle-lane launches), never waits
-        except FutureTimeout:
-            pass
-        if fut.done():
-            done(fut)
-            return out
+    if run_here and fut.done():  # ran here (Runtime.submit(run_here=True))
+        done(fut)
+        return out
     fut.add_done_callback(done)
     return out
 

@@ -17,7 +17,7 @@ from av_infer import Runtime
 from av_infer.devices import os_priority
 from av_infer.devices.base import Completion
 from av_infer.devices.cpu import CpuDevice
-from av_infer.errors import DeviceFaultError, UnsupportedModelError
+from av_infer.errors import DeviceFaultError, UnknownModelError, UnsupportedModelError
 from av_infer.kernels.ort_segments import SegmentRunner, is_kill, is_segment_plan
 from av_infer.model import exported, zoo
 from av_infer.model.check import ort_session
@@ -274,6 +274,30 @@ def test_infer_runs_on_the_calling_thread_and_submit_on_a_lane():
         assert threads[-1].startswith("av_infer-cpu-lane")
 
 
+def test_submit_run_here_runs_on_the_calling_thread_and_returns_it_resolved():
+    """``submit(run_here=True)`` on an idle lane: the launches run on this thread, as under
+    ``infer``, and the future comes back resolved with the same outputs; the inputs are
+    copied (the request may outlive the call) and a bad request is a failed future."""
+    threads: list[str] = []
+    dev = _InputsSeen(be_nice=0)
+    with Runtime(dev) as rt:
+        rt.load_model("m", zoo.path("tiny_cnn"))
+        rt.add_listener(lambda kind, p: threads.append(threading.current_thread().name)
+                        if kind == "kernel" else None)
+        x = zoo.sample_inputs("tiny_cnn")
+        want = rt.infer("m", {k: v.copy() for k, v in x.items()}).outputs
+        for prio in ("BE", "RT"):
+            fut = rt.submit("m", x, priority=prio, run_here=True)
+            assert fut.done(), prio
+            assert threads[-1] == threading.current_thread().name, prio
+            name = next(iter(x))
+            assert dev.seen[-1][name] is not x[name]  # copied, as by submit
+            got = fut.result(0).outputs
+            assert all(np.array_equal(got[k], want[k]) for k in want), prio
+        bad = rt.submit("nope", x, run_here=True)
+        assert bad.done() and isinstance(bad.exception(0), UnknownModelError)
+
+
 def test_rt_launches_report_their_threads_cpu_time_and_be_launches_do_not():
     """An RT request's ``timings.run_cpu`` is the CPU time its launch used on the thread
     that ran it (here the waiting caller, which helps): measured, positive, and
@@ -349,7 +373,9 @@ def test_done_callbacks_run_on_the_callback_thread():
 
 def test_many_threads_infer_and_submit_every_request_answered_once():
     """Helping and lane workers together: 6 threads x 40 requests (infer, submit+result,
-    submit+callback) with RT interleaved; every request is answered exactly once."""
+    submit+callback, submit(run_here=True)+callback) with RT interleaved; every request is
+    answered exactly once (a run_here request whose lane was busy is run by its holder
+    or worker)."""
     answers: dict[int, int] = {}
     lock = threading.Lock()
     with Runtime("cpu", policy="reef", max_be_streams=2) as rt:
@@ -364,9 +390,13 @@ def test_many_threads_infer_and_submit_every_request_answered_once():
 
         def worker(i: int) -> None:
             for j in range(40):
-                mode = (i + j) % 3
+                mode = (i + j) % 4
                 if i == 0:
                     count(rt.infer("rt", xr, priority="RT", client="rt"))
+                elif mode == 3:
+                    f = rt.submit("be", xb, client=f"c{i}", run_here=True)
+                    f.add_done_callback(lambda f: (count(f.result()), cb_done.release()))
+                    assert cb_done.acquire(timeout=60)
                 elif mode == 0:
                     count(rt.infer("be", xb, client=f"c{i}"))
                 elif mode == 1:
