@@ -532,11 +532,13 @@ class _Arrival:
 def _ros_overhead(args, rt, sub, got, pub, cams, image, model, image_to_tensor,
                   wait_for) -> dict[str, Any]:
     """One request at a time, nothing else running: image -> perception node -> output
-    subscriber (ROS path) vs ``rt.submit`` of the same preprocessed tensor (direct).
+    subscriber (ROS path) vs ``rt.infer`` of the same preprocessed tensor (direct: the
+    synchronous call a caller without ROS would make, which runs its launch on the
+    calling thread as the node's ``run_in_callback`` path does).
 
     Both paths include what a caller needs: the ROS path its transport both ways,
     preprocessing, submit and the output message; the direct path the preprocessed
-    tensor's submit and result. The difference is what ROS adds."""
+    tensor's inference and result. The difference is what ROS adds."""
     wait_for(lambda: sub.get_publisher_count() > 0, 10, what="output subscription")
     spec = rt.input_spec(model)
     (name, (shape, _)), = spec.items()
@@ -562,8 +564,7 @@ def _ros_overhead(args, rt, sub, got, pub, cams, image, model, image_to_tensor,
                 ros.append((got.t - t) * 1e3)
         else:
             t = time.perf_counter()
-            fut = rt.submit(model, {name: tensor}, priority="RT", client="direct")
-            fut.result(10)
+            rt.infer(model, {name: tensor}, priority="RT", client="direct", timeout=10)
             direct.append((time.perf_counter() - t) * 1e3)
         time.sleep(0.002)
     out = {"n": min(len(ros), len(direct)), "image": f"{image.width}x{image.height} rgb8",

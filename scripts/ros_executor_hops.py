@@ -30,7 +30,8 @@ Timestamps (``perf_counter``) from wrapping rclpy's ``WaitSet.wait``,
   ``take -> subscriber``: the output's way to the subscriber's callback on the same executor.
 
 ``ROS path`` is the camera's publish call to the subscriber's callback (the demo's
-figure), ``direct`` the interleaved ``submit().result()``, ``added`` their difference
+figure), ``direct`` the interleaved ``infer()`` (``submit().result()`` before
+2026-11-27 08:00 UTC), ``added`` their difference
 (p50 and p99, as the demo prints them). A step the executor does not go through (rclpy's
 C++ ``EventsExecutor`` calls no Python wait or take) is ``-``.
 
@@ -273,7 +274,7 @@ def main() -> None:
             ev = list(EV)
             time.sleep(pause)
             t1 = time.perf_counter()
-            rt.submit(model, {name: tensor}, priority="RT", client="direct").result(10)
+            rt.infer(model, {name: tensor}, priority="RT", client="direct", timeout=10)
             t2 = time.perf_counter()
             if i < 50:
                 continue
