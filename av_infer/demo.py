@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"[demo] ROS overhead ({width}x{height} rgb8 -> {models['front']}, "
               f"n={overhead['n']}): ROS path p50 {overhead['ros_p50_ms']:.2f} / p99 "
-              f"{overhead['ros_p99_ms']:.2f} ms; direct submit p50 "
+              f"{overhead['ros_p99_ms']:.2f} ms; direct infer p50 "
               f"{overhead['direct_p50_ms']:.2f} / p99 {overhead['direct_p99_ms']:.2f} ms; "
               f"added p50 {overhead['added_p50_ms']:.2f} / p99 {overhead['added_p99_ms']:.2f}"
               f" ms (preprocess alone p50 {overhead['preprocess_p50_ms']:.2f} ms)")

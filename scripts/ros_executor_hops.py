@@ -301,7 +301,7 @@ def main() -> None:
         for s, v in res["steps_p50_ms"].items():
             print(f"  {s:28s} {'-' if v is None else f'{v:.3f}'}", file=out)
         print(f"  {'ROS path':28s} p50 {res['ros_p50_ms']:.3f}  p99 {res['ros_p99_ms']:.3f}\n"
-              f"  {'direct submit':28s} p50 {res['direct_p50_ms']:.3f}  p99 "
+              f"  {'direct infer':28s} p50 {res['direct_p50_ms']:.3f}  p99 "
               f"{res['direct_p99_ms']:.3f}\n"
               f"  {'added':28s} p50 {res['added_p50_ms']:.3f}  p99 {res['added_p99_ms']:.3f}",
               file=out, flush=True)
