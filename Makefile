@@ -53,9 +53,10 @@ $(VENV)/.stamp-msgs: $(MSGS_SRC) $(VENV)/.stamp-deps
 	$(VPY) -c "import av_infer_msgs.msg, av_infer_msgs.srv"
 	touch $@
 
-# Third-party interface packages with their published definitions (ros/<pkg>, copied from
-# upstream; docs/ros.md): vision_msgs (Detection2DArray) and isaac_ros_tensor_list_interfaces
-# (the Isaac bridge's other side). Built and installed into the venv
+# Third-party interface packages with their published types (ros/<pkg>; docs/ros.md,
+# docs/licences.md): vision_msgs (Detection2DArray; upstream's files, Apache-2.0) and
+# isaac_ros_tensor_list_interfaces (the Isaac bridge's other side; Isaac's types written
+# for av_infer, same type hashes). Built and installed into the venv
 # exactly like av_infer_msgs; each rebuilt only when its own files change (IFACE_PKGS).
 define iface_rule
 $(VENV)/.stamp-iface-$(1): $(wildcard ros/$(1)/msg/*.msg) ros/$(1)/CMakeLists.txt ros/$(1)/package.xml $(VENV)/.stamp-deps

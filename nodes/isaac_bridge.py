@@ -15,7 +15,8 @@ node's ``~/output/tensors``) -> ``~/output/isaac`` (Isaac's ``TensorList``), and
 (an Isaac ROS publisher's default is reliable too).
 
 Runs only where ``isaac_ros_tensor_list_interfaces`` is importable (an Isaac ROS
-workspace, or the package ``make setup`` builds from Isaac's definitions); otherwise
+workspace, or the package ``make setup`` builds with Isaac's message types: definitions
+written field for field as Isaac ROS 4.4's, same type hashes; docs/licences.md); otherwise
 ``main`` exits saying so.
 """
 
