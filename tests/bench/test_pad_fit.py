@@ -94,7 +94,7 @@ def test_fit_on_reef_dkp_rows_recovers_the_overhead_of_a_synthetic_gpu(tmp_path)
                and r["metric"] == "rt_p50_ms")
     assert p50["rel_err"] < -0.05
     out = tmp_path / "pad_fit.json"
-    doc = pad_fit.refit_pad(f, opts, out, grid=9, refine=10)
+    doc = pad_fit.refit_pad(f, opts, out, grid=7, refine=6)
     assert doc["default"] == pytest.approx(0.6, rel=0.1), doc["evaluations"]
     assert {r["policy"] for r in doc["rows"]} == {"reef_dkp"}
     assert doc["loss_mean_sq_log"] < 1e-3 and "scale" in pad_fit.format_fit(doc)
@@ -107,14 +107,14 @@ def test_fit_on_reef_dkp_rows_recovers_the_overhead_of_a_synthetic_gpu(tmp_path)
     base = tmp_path / "base.json"
     sim_pad.save_params(base, sim_pad.PadModel({"vgg19": 0.3}, None, "h100"), {})
     doc = pad_fit.refit_pad(f, compare_sim.CompareOptions(
-        gpu="h100", contention="beta=150", pad=str(base)), tmp_path / "s.json", grid=9,
-        refine=10)
+        gpu="h100", contention="beta=150", pad=str(base)), tmp_path / "s.json", grid=7,
+        refine=6)
     assert doc["scale"] == pytest.approx(2.0, rel=0.1) and doc["base"] == str(base)
     # per RT model: only vgg19 runs RT here, so only its multiplier is searched again
     assert pad_fit.rt_models([json.loads(f.read_text())["policies"]["synth"]]) == ["vgg19"]
     doc = pad_fit.refit_pad(f, compare_sim.CompareOptions(
-        gpu="h100", contention="beta=150", pad=str(base)), tmp_path / "pm.json", grid=9,
-        refine=8, per_model=True)
+        gpu="h100", contention="beta=150", pad=str(base)), tmp_path / "pm.json", grid=7,
+        refine=6, per_model=True)
     assert list(doc["per_model"]["scales"]) == ["vgg19"]
     assert sim_pad.load_params(tmp_path / "pm.json").overhead["vgg19"] == pytest.approx(
         0.6, rel=0.1)
