@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,29 @@ BETA_RANGE = (1.0, 2000.0)
 #: log-ratio charged for a row the simulator did not produce (a factor of 1000).
 _MISSING = math.log(1000.0)
 
+
+
+def grid_then_golden(evaluate: Callable[[float], float], xs: list[float], refine: int) -> None:
+    """The one-parameter search of every refit here (contention, host, pad): ``evaluate``
+    at each grid point ``xs`` (ascending, in the search's coordinate: the caller maps it to
+    the parameter, e.g. through ``exp`` for a log grid), then ``refine`` golden-section
+    steps inside the bracket of the grid's best point and its neighbours. ``evaluate``
+    records what it sees (the callers keep every point and pick the best of all)."""
+    losses = [evaluate(x) for x in xs]
+    i = min(range(len(xs)), key=lambda j: (losses[j], j))
+    a, b = xs[max(0, i - 1)], xs[min(len(xs) - 1, i + 1)]
+    phi = (math.sqrt(5.0) - 1.0) / 2.0
+    c, d = b - phi * (b - a), a + phi * (b - a)
+    fc, fd = evaluate(c), evaluate(d)
+    for _ in range(refine):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - phi * (b - a)
+            fc = evaluate(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + phi * (b - a)
+            fd = evaluate(d)
 
 def _loss(rows: list[dict[str, Any]]) -> float:
     errs = []
@@ -106,21 +130,7 @@ def fit_beta(docs: list[dict[str, Any]], opts: CompareOptions, gpu: str,
         return evals[key][0]
 
     xs = [math.log(lo) + i * (math.log(hi) - math.log(lo)) / (grid - 1) for i in range(grid)]
-    losses = [evaluate(math.exp(x)) for x in xs]
-    i = min(range(grid), key=lambda j: (losses[j], j))
-    a, b = xs[max(0, i - 1)], xs[min(grid - 1, i + 1)]
-    phi = (math.sqrt(5.0) - 1.0) / 2.0
-    c, d = b - phi * (b - a), a + phi * (b - a)
-    fc, fd = evaluate(math.exp(c)), evaluate(math.exp(d))
-    for _ in range(refine):
-        if fc <= fd:
-            b, d, fd = d, c, fc
-            c = b - phi * (b - a)
-            fc = evaluate(math.exp(c))
-        else:
-            a, c, fc = c, d, fd
-            d = a + phi * (b - a)
-            fd = evaluate(math.exp(d))
+    grid_then_golden(lambda x: evaluate(math.exp(x)), xs, refine)
     best = min(evals, key=lambda k: (evals[k][0], k))
     return {"beta": best, "loss": evals[best][0], "rows": evals[best][1],
             "evaluations": [[k, round(v[0], 8)] for k, v in sorted(evals.items())],

@@ -54,7 +54,7 @@ from av_infer.bench.compare_sim import (
     short_name,
     twin_bench,
 )
-from av_infer.bench.contention_fit import _command
+from av_infer.bench.contention_fit import _command, grid_then_golden
 from av_infer.devices import sim_host
 
 __all__ = ["FIT_POLICIES", "fit_complete", "fit_start", "format_fit", "refit_host"]
@@ -195,21 +195,7 @@ def fit_complete(docs: list[dict[str, Any]], opts: CompareOptions, gpu: str,
     lo = COMPLETE_RANGE[0]
     xs = [0.0] + [math.exp(math.log(lo) + i * (math.log(hi) - math.log(lo)) / (grid - 2))
                   for i in range(grid - 1)]
-    losses = [evaluate(x) for x in xs]
-    i = min(range(len(xs)), key=lambda j: (losses[j], j))
-    a, b = xs[max(0, i - 1)], xs[min(len(xs) - 1, i + 1)]
-    phi = (math.sqrt(5.0) - 1.0) / 2.0
-    c, d = b - phi * (b - a), a + phi * (b - a)
-    fc, fd = evaluate(c), evaluate(d)
-    for _ in range(refine):
-        if fc <= fd:
-            b, d, fd = d, c, fc
-            c = b - phi * (b - a)
-            fc = evaluate(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + phi * (b - a)
-            fd = evaluate(d)
+    grid_then_golden(evaluate, xs, refine)
     best = min(evals, key=lambda k: (evals[k][0], k))
     return {"complete_us": best, "loss": evals[best][0], "rows": evals[best][1],
             "evaluations": [[k, round(v[0], 8)] for k, v in sorted(evals.items())]}

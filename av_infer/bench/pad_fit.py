@@ -49,7 +49,7 @@ from av_infer.bench.compare_sim import (
     short_name,
     twin_bench,
 )
-from av_infer.bench.contention_fit import FIT_METRICS, _command, _loss
+from av_infer.bench.contention_fit import FIT_METRICS, _command, _loss, grid_then_golden
 from av_infer.devices import sim_pad
 
 __all__ = ["FIT_POLICIES", "SELECTS", "fit_per_model", "fit_scale", "format_fit",
@@ -193,22 +193,7 @@ def _rows_with(benches: list[tuple[dict[str, Any], Any, list[tuple[str, int]]]],
 def _search(evaluate: Any, hi: float, grid: int, refine: int) -> None:
     """A linear grid over ``[0, hi]``, then golden-section steps around its best point
     (``evaluate`` records every point)."""
-    xs = [hi * i / (grid - 1) for i in range(grid)]
-    losses = [evaluate(x) for x in xs]
-    i = min(range(grid), key=lambda j: (losses[j], j))
-    a, b = xs[max(0, i - 1)], xs[min(grid - 1, i + 1)]
-    phi = (math.sqrt(5.0) - 1.0) / 2.0
-    c, d = b - phi * (b - a), a + phi * (b - a)
-    fc, fd = evaluate(c), evaluate(d)
-    for _ in range(refine):
-        if fc <= fd:
-            b, d, fd = d, c, fc
-            c = b - phi * (b - a)
-            fc = evaluate(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + phi * (b - a)
-            fd = evaluate(d)
+    grid_then_golden(evaluate, [hi * i / (grid - 1) for i in range(grid)], refine)
 
 
 def fit_scale(docs: list[dict[str, Any]], opts: CompareOptions, gpu: str,
