@@ -81,6 +81,26 @@ def grid_then_golden(evaluate: Callable[[float], float], xs: list[float], refine
             d = a + phi * (b - a)
             fd = evaluate(d)
 
+def twin_benches(docs: list[dict[str, Any]], opts: CompareOptions, gpu: str,
+                 policies: list[str], what: str
+                 ) -> list[tuple[dict[str, Any], Any, Any, list[str]]]:
+    """Per GPU document with rows of ``policies``: (the document cut to them, its simulated
+    twin, the twin's labels, those policies), for the host and pad refits. ValueError naming
+    ``what`` when no document has such a row the simulator can run."""
+    benches = []
+    for doc in docs:
+        pols = [p for p in policies if p in doc["policies"]]
+        if not pols:
+            continue
+        sub = {**doc, "policies": {k: doc["policies"][k] for k in pols}}
+        bench, labels = twin_bench(sub, replace(opts, policies=pols), gpu)
+        if labels:
+            benches.append((sub, bench, labels, pols))
+    if not benches:
+        raise ValueError(f"the GPU results have no row of {', '.join(policies)} the "
+                         f"simulator can run: nothing to fit {what} to")
+    return benches
+
 def _loss(rows: list[dict[str, Any]]) -> float:
     errs = []
     for r in rows:

@@ -54,7 +54,7 @@ from av_infer.bench.compare_sim import (
     short_name,
     twin_bench,
 )
-from av_infer.bench.contention_fit import _command, grid_then_golden
+from av_infer.bench.contention_fit import _command, grid_then_golden, twin_benches
 from av_infer.devices import sim_host
 
 __all__ = ["FIT_POLICIES", "fit_complete", "fit_start", "format_fit", "refit_host"]
@@ -165,18 +165,7 @@ def fit_complete(docs: list[dict[str, Any]], opts: CompareOptions, gpu: str,
                  hi: float = COMPLETE_RANGE[1], grid: int = 9, refine: int = 6
                  ) -> dict[str, Any]:
     """Step 2 (module docstring): ``{"complete_us", "loss", "rows", "evaluations"}``."""
-    benches = []
-    for doc in docs:
-        pols = [p for p in policies if p in doc["policies"]]
-        if not pols:
-            continue
-        sub = {**doc, "policies": {k: doc["policies"][k] for k in pols}}
-        bench, labels = twin_bench(sub, replace(opts, policies=pols), gpu)
-        if labels:
-            benches.append((sub, bench, labels, pols))
-    if not benches:
-        raise ValueError(f"the GPU results have no row of {', '.join(policies)} the "
-                         "simulator can run: nothing to fit complete_us to")
+    benches = twin_benches(docs, opts, gpu, policies, "complete_us")
     evals: dict[float, tuple[float, list[dict[str, Any]]]] = {}
 
     def evaluate(k: float) -> float:

@@ -47,9 +47,14 @@ from av_infer.bench.compare_sim import (
     gpu_of,
     run_twin,
     short_name,
-    twin_bench,
 )
-from av_infer.bench.contention_fit import FIT_METRICS, _command, _loss, grid_then_golden
+from av_infer.bench.contention_fit import (
+    FIT_METRICS,
+    _command,
+    _loss,
+    grid_then_golden,
+    twin_benches,
+)
 from av_infer.devices import sim_pad
 
 __all__ = ["FIT_POLICIES", "SELECTS", "fit_per_model", "fit_scale", "format_fit",
@@ -165,19 +170,8 @@ def from_pad_select(paths: list[Path], select: str, gpu: str | None
 
 def _benches(docs: list[dict[str, Any]], opts: CompareOptions, gpu: str,
              policies: list[str]) -> list[tuple[dict[str, Any], Any, list[tuple[str, int]]]]:
-    benches = []
-    for doc in docs:
-        pols = [p for p in policies if p in doc["policies"]]
-        if not pols:
-            continue
-        sub = {**doc, "policies": {k: doc["policies"][k] for k in pols}}
-        bench, labels = twin_bench(sub, replace(opts, policies=pols), gpu)
-        if labels:
-            benches.append((sub, bench, labels))
-    if not benches:
-        raise ValueError(f"the GPU results have no row of {', '.join(policies)} the "
-                         "simulator can run: nothing to fit the padded launch's cost to")
-    return benches
+    return [b[:3] for b in twin_benches(docs, opts, gpu, policies,
+                                        "the padded launch's cost")]
 
 
 def _rows_with(benches: list[tuple[dict[str, Any], Any, list[tuple[str, int]]]],
