@@ -569,6 +569,13 @@ class RemoteRuntimeClient(RuntimeClient):
         pinned = (self._models.get(model) or {}).get("pinned")
         return pinned if isinstance(pinned, bool) else None
 
+    def held_settings(self, model: str) -> list[tuple[str, str | None, bool | None]]:
+        """(model, precision, pinned) the host's table gives ``model``, or each variant of
+        the variant group ``model`` names (None where the table does not say): what a
+        remote image node compares its ``precision`` and ``pin`` with."""
+        names = list((self._groups or {}).get(model) or ()) or [model]
+        return [(n, self.model_precision(n), self.model_pinned(n)) for n in names]
+
     def submit(self, ctrl: codec.RequestControl, inputs: Mapping[str, np.ndarray],
                run_here: bool = False) -> Future:
         fut: Future = Future()

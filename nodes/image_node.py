@@ -40,7 +40,7 @@ import itertools
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -188,6 +188,22 @@ PIN_CHOICES = ("auto", "true", "false")
 def wanted_pin(pin: str) -> bool | None:
     """The pin a ``pin`` value asks of a model the runtime already holds (None: any)."""
     return None if pin == "auto" else pin == "true"
+
+
+def remote_mismatch(client: Any, model: str, p: Mapping[str, Any]) -> str | None:
+    """Why a remote host's model table contradicts the node's ``precision`` / ``pin`` for
+    ``model`` (each variant, when it names a variant group), or None: the node drops its
+    images meanwhile instead of submitting them."""
+    prec, pin = p["precision"], wanted_pin(p["pin"])
+    for name, held_prec, held_pin in client.held_settings(model):
+        where = f"model {name!r}" + (f" (variant group {model!r})" if name != model else "")
+        if prec != "auto" and held_prec is not None and held_prec != prec:
+            return (f"the runtime host serves {where} at {held_prec}, not {prec} "
+                    "(parameter precision)")
+        if pin is not None and held_pin is not None and held_pin != pin:
+            return (f"the runtime host holds {where} {'pinned' if held_pin else 'unpinned'}, "
+                    f"not as parameter pin ({p['pin']}) asks")
+    return None
 
 #: Parameters that make up the client's configuration in an in-process runtime.
 CLIENT_CONFIG = ("relative_deadline_ms", "hard_deadline_ms", "variant_group", "drop_late")
@@ -727,16 +743,9 @@ class ImageInferenceNode(LifecycleNode):
         if not client.ready(model):
             self._not_ready(f"runtime not reachable or model {model!r} not loaded yet")
             return
-        if p["precision"] != "auto" and isinstance(client, RemoteRuntimeClient) and (
-                (held := client.model_precision(model)) not in (None, p["precision"])):
-            self._not_ready(f"the runtime host serves model {model!r} at {held}, not "
-                            f"{p['precision']} (parameter precision)")
-            return
-        if p["pin"] != "auto" and isinstance(client, RemoteRuntimeClient) and (
-                (pinned := client.model_pinned(model)) not in (None, p["pin"] == "true")):
-            self._not_ready(f"the runtime host holds model {model!r} "
-                            f"{'pinned' if pinned else 'unpinned'}, not as parameter pin "
-                            f"({p['pin']}) asks")
+        if (p["precision"] != "auto" or p["pin"] != "auto") and isinstance(
+                client, RemoteRuntimeClient) and (why := remote_mismatch(client, model, p)):
+            self._not_ready(why)
             return
         spec = client.input_spec(model) or {}
         rid = f"{self._rid_prefix}{next(self._rid_seq)}"

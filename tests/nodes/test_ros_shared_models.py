@@ -250,6 +250,51 @@ def test_remote_image_node_drops_images_the_host_holds_pinned_the_other_way():
         assert wrong.counters["dropped_not_ready"] >= 1
 
 
+def test_remote_image_node_checks_each_variant_of_a_group(tmp_path):
+    """Remote mode, ``model`` naming a variant group: the host's table gives its variants'
+    precision and pin, each compared (full is pinned, fast is not): pin false and precision
+    fp16 drop images, naming the variant; pin auto is served."""
+    for name in ("full", "fast"):
+        shutil.copy(zoo_path("tiny_cnn", "scaled"), tmp_path / f"{name}.onnx")
+    with RosHarness() as h:
+        _host(h, "av_infer_runtime", device="cpu",
+              models=[str(tmp_path / "full.onnx"), str(tmp_path / "fast.onnx")],
+              pinned_models=[str(tmp_path / "full.onnx")], variant_groups=["cls"],
+              **{"variant_group.cls.models": ["full", "fast"],
+                 "variant_group.cls.kappas": [1.0, 0.5]})
+        nodes = {"grp_unpinned": {"pin": "false"}, "grp_half": {"precision": "fp16"},
+                 "grp_auto": {}}
+        made = {n: _image_node(h, PerceptionNode, n, None, runtime="remote", model="cls",
+                               **kw) for n, kw in nodes.items()}
+        tester = h.node("group_tester")
+        pubs = [tester.create_publisher(Image, f"/{n}/input/image", IMAGE_QOS) for n in made]
+        wait_matched(*pubs)
+        wait_for(lambda: all(n.client.ready("cls") for n in made.values()),
+                 what="every client ready with the host's table")
+        assert made["grp_auto"].client.held_settings("cls") == [
+            ("full", "fp32", True), ("fast", "fp32", False)]
+
+        def published_until_answered() -> bool:
+            for pub in pubs:
+                pub.publish(make_image(tester, "frame"))
+            return made["grp_auto"].counters["completed"] > 0 and all(
+                made[n].counters["received"] > 0 for n in ("grp_unpinned", "grp_half"))
+
+        wait_for(published_until_answered, period=0.2, what="an answer to the pin-auto node")
+        for n in ("grp_unpinned", "grp_half"):
+            assert made[n].counters["submitted"] == 0, n
+            assert made[n].counters["dropped_not_ready"] >= 1, n
+        from av_infer_nodes.image_node import remote_mismatch
+
+        client = made["grp_auto"].client
+        assert remote_mismatch(client, "cls", {"precision": "auto", "pin": "false"}) == (
+            "the runtime host holds model 'full' (variant group 'cls') pinned, not as "
+            "parameter pin (false) asks")
+        assert "model 'full' (variant group 'cls') at fp32, not fp16" in remote_mismatch(
+            client, "cls", {"precision": "fp16", "pin": "auto"})
+        assert remote_mismatch(client, "cls", {"precision": "fp32", "pin": "auto"}) is None
+
+
 # -- pins: the same check ---------------------------------------------------------------
 @pytest.mark.parametrize("first_pins, second_pins, words", [
     (["tiny_cnn"], [], "unpinned"),  # held pinned, asked unpinned
