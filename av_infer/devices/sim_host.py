@@ -77,17 +77,9 @@ def check_host(host: str | HostModel | None, gpu: str | Any = "mi50") -> HostMod
     for a file fitted on another GPU, before anything is set up."""
     if host is None or host == "none":
         return None
-    if isinstance(host, HostModel):
-        model = host
-    elif str(host).endswith(".json"):
-        model = load_params(host)
-    else:
-        raise ValueError(f"unknown host model {host!r}; choose none or a parameter "
-                         "FILE.json (av-infer bench --refit-host)")
-    if model.gpu is not None and model.gpu != gpu_spec(gpu).name:
-        raise ValueError(f"host parameters {host} were fitted on {model.gpu}, the "
-                         f"simulated GPU is {gpu_spec(gpu).name}")
-    return model
+    return sim_params.resolve(host, HostModel, load_params, gpu, "host",
+                              "none or a parameter FILE.json (av-infer bench --refit-host)",
+                              "fitted")
 
 
 def load_params(path: str | Path) -> HostModel:

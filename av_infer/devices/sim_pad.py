@@ -97,18 +97,9 @@ def check_pad(pad: str | PadModel | None, gpu: str | Any = "mi50") -> PadModel |
     GPU, before anything is set up; FileNotFoundError for a missing file."""
     if pad is None or pad in ("none", "paper"):
         return None
-    if isinstance(pad, PadModel):
-        model = pad
-    elif str(pad).endswith(".json"):
-        model = load_params(pad)
-    else:
-        raise ValueError(f"unknown pad model {pad!r}; choose paper (REEF's "
-                         "GpuSpec.pad_overhead) or a parameter FILE.json (av-infer bench "
-                         "--refit-pad)")
-    if model.gpu is not None and model.gpu != gpu_spec(gpu).name:
-        raise ValueError(f"pad parameters {pad} were measured on {model.gpu}, the "
-                         f"simulated GPU is {gpu_spec(gpu).name}")
-    return model
+    return sim_params.resolve(pad, PadModel, load_params, gpu, "pad",
+                              "paper (REEF's GpuSpec.pad_overhead) or a parameter FILE.json "
+                              "(av-infer bench --refit-pad)", "measured")
 
 
 def load_params(path: str | Path) -> PadModel:
