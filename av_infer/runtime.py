@@ -448,7 +448,7 @@ class Runtime:
                                                    drop_late, hard_deadline, variant_group,
                                                    False), run_here)
         if run_here:
-            fut._help()  # type: ignore[attr-defined]  # RequestFuture: runs idle-lane launches
+            fut._help()  # what result() does first: runs its idle-lane launches here
         return fut
 
     def infer(
@@ -479,7 +479,7 @@ class Runtime:
         return fut.result(timeout)
 
     def _submit(self, model: str, inputs: Any, opts: RequestOptions,
-                caller_runs: bool) -> Future[Result]:
+                caller_runs: bool) -> RequestFuture:
         """One request: validated (the typed error of the first thing wrong fails the
         future, nothing is queued), built once, posted to the driver. One look at the
         registry, under one acquisition of its lock (this runs on every submit; the

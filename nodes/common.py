@@ -11,7 +11,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -403,10 +403,7 @@ def submit_to_runtime(rt: Any, ctrl: codec.RequestControl, inputs: Mapping[str, 
             reply = Reply(id=ctrl.id, model=ctrl.model, outputs=res.outputs,
                           timings=res.timings, deadline=getattr(res, "deadline", None),
                           served_model=res.model, kappa=res.kappa, quality=res.quality)
-        try:
-            out.set_result(reply)
-        except InvalidStateError:  # resolved by the other path (run_here): one answer
-            pass
+        out.set_result(reply)  # once: called here or as the done-callback, never both
 
     if run_here and fut.done():  # ran here (Runtime.submit(run_here=True))
         done(fut)

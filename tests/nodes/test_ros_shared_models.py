@@ -78,6 +78,31 @@ def _held(rt, model: str) -> tuple[str, bool]:
     return info.plan.precision, info.pinned
 
 
+def _publish_until_served(h: RosHarness, tester_name: str, wrong: list, right,
+                          ready, what: str) -> None:
+    """Remote image nodes ``wrong`` and ``right``: once ``ready(node)`` holds for each,
+    images are published to all of them until ``right`` has an answer and each of
+    ``wrong`` has received one; then each of ``wrong`` has submitted nothing and dropped
+    its images (``dropped_not_ready``)."""
+    tester = h.node(tester_name)
+    pubs = [tester.create_publisher(Image, f"/{n.get_name()}/input/image", IMAGE_QOS)
+            for n in (*wrong, right)]
+    wait_matched(*pubs)
+    wait_for(lambda: all(ready(n) for n in (*wrong, right)),
+             what="every client ready with the host's table")
+
+    def published_until_answered() -> bool:
+        for pub in pubs:
+            pub.publish(make_image(tester, "frame"))
+        return right.counters["completed"] > 0 and all(
+            n.counters["received"] > 0 for n in wrong)
+
+    wait_for(published_until_answered, period=0.2, what=what)
+    for n in wrong:
+        assert n.counters["submitted"] == 0, n.get_name()
+        assert n.counters["dropped_not_ready"] >= 1, n.get_name()
+
+
 # -- the image nodes' precision ---------------------------------------------------------
 @pytest.mark.parametrize("cls", [PerceptionNode, MonitoringNode])
 def test_image_node_loads_its_model_at_its_precision(emulator, cls):
@@ -232,22 +257,10 @@ def test_remote_image_node_drops_images_the_host_holds_pinned_the_other_way():
                             model="tiny_cnn", pin="true")
         right = _image_node(h, PerceptionNode, "remote_pin_auto", None, runtime="remote",
                             model="tiny_cnn")
-        tester = h.node("remote_pin_tester")
-        pubs = [tester.create_publisher(Image, f"/{n}/input/image", IMAGE_QOS)
-                for n in ("remote_pin_true", "remote_pin_auto")]
-        wait_matched(*pubs)
-        wait_for(lambda: all(n.client.model_pinned("tiny_cnn") is False
-                             and n.client.ready("tiny_cnn") for n in (wrong, right)),
-                 what="both clients ready with the host's table")
-
-        def published_until_answered() -> bool:
-            for pub in pubs:
-                pub.publish(make_image(tester, "frame"))
-            return right.counters["completed"] > 0 and wrong.counters["received"] > 0
-
-        wait_for(published_until_answered, period=0.2, what="an answer to the pin-auto node")
-        assert wrong.counters["submitted"] == 0
-        assert wrong.counters["dropped_not_ready"] >= 1
+        _publish_until_served(
+            h, "remote_pin_tester", [wrong], right,
+            lambda n: n.client.model_pinned("tiny_cnn") is False and n.client.ready("tiny_cnn"),
+            "an answer to the pin-auto node")
 
 
 def test_remote_image_node_checks_each_variant_of_a_group(tmp_path):
@@ -266,24 +279,11 @@ def test_remote_image_node_checks_each_variant_of_a_group(tmp_path):
                  "grp_auto": {}}
         made = {n: _image_node(h, PerceptionNode, n, None, runtime="remote", model="cls",
                                **kw) for n, kw in nodes.items()}
-        tester = h.node("group_tester")
-        pubs = [tester.create_publisher(Image, f"/{n}/input/image", IMAGE_QOS) for n in made]
-        wait_matched(*pubs)
-        wait_for(lambda: all(n.client.ready("cls") for n in made.values()),
-                 what="every client ready with the host's table")
+        _publish_until_served(h, "group_tester", [made["grp_unpinned"], made["grp_half"]],
+                              made["grp_auto"], lambda n: n.client.ready("cls"),
+                              "an answer to the pin-auto node")
         assert made["grp_auto"].client.held_settings("cls") == [
             ("full", "fp32", True), ("fast", "fp32", False)]
-
-        def published_until_answered() -> bool:
-            for pub in pubs:
-                pub.publish(make_image(tester, "frame"))
-            return made["grp_auto"].counters["completed"] > 0 and all(
-                made[n].counters["received"] > 0 for n in ("grp_unpinned", "grp_half"))
-
-        wait_for(published_until_answered, period=0.2, what="an answer to the pin-auto node")
-        for n in ("grp_unpinned", "grp_half"):
-            assert made[n].counters["submitted"] == 0, n
-            assert made[n].counters["dropped_not_ready"] >= 1, n
         from av_infer_nodes.image_node import remote_mismatch
 
         client = made["grp_auto"].client
@@ -425,20 +425,8 @@ def test_remote_image_node_drops_images_the_host_serves_at_another_precision():
                             model="tiny_cnn", precision="fp16")
         right = _image_node(h, PerceptionNode, "remote_fp32", None, runtime="remote",
                             model="tiny_cnn", precision="fp32")
-        tester = h.node("remote_tester")
-        pubs = [tester.create_publisher(Image, f"/{n}/input/image", IMAGE_QOS)
-                for n in ("remote_fp16", "remote_fp32")]
-        wait_matched(*pubs)
-        wait_for(lambda: all(n.client.model_precision("tiny_cnn") == "fp32"
-                             and n.client.ready("tiny_cnn") for n in (wrong, right)),
-                 what="both clients ready with the host's table")
-
-        def published_until_answered() -> bool:
-            for pub in pubs:
-                pub.publish(make_image(tester, "frame"))
-            return right.counters["completed"] > 0 and wrong.counters["received"] > 0
-
-        wait_for(published_until_answered, period=0.2, what="an answer to the fp32 node")
-        assert wrong.counters["submitted"] == 0
-        assert wrong.counters["dropped_not_ready"] >= 1
+        _publish_until_served(
+            h, "remote_tester", [wrong], right,
+            lambda n: n.client.model_precision("tiny_cnn") == "fp32"
+            and n.client.ready("tiny_cnn"), "an answer to the fp32 node")
         assert wrong.counters["completed"] == wrong.counters["failed"] == 0
