@@ -122,6 +122,9 @@ enum {
     CUDA_ERROR_LAUNCH_FAILED = 719,
     CUDA_ERROR_NOT_PERMITTED = 800,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_UNKNOWN = 999,
 };
 
@@ -238,6 +241,12 @@ static const struct err_entry g_errors[] = {
     {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
     {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+     "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+     "operation failed due to a previous error during capture"},
+    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE",
+     "the operation cannot be performed in the present state"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -674,6 +683,7 @@ struct op {
         struct {
             emu_host_fn fn;
             void* data;
+            int replay; /* may be captured into a graph and run many times (mode 3) */
         } host;
     } u;
 };
@@ -697,7 +707,15 @@ struct emu_stream {
     pthread_t thread;
     struct emu_stream* reg_prev;
     struct emu_stream* reg_next;
+    struct emu_graph* capture;  /* stream capture in progress (graph_emu.c), guarded by mu */
+    CUresult capture_err;       /* the capture was invalidated by an uncapturable operation */
 };
+
+/* Stream capture (graph_emu.c): an operation enqueued on a capturing stream becomes a
+ * node of the capture graph instead of running (1), or invalidates the capture (0: the
+ * caller frees it and fails the call). Called with s->mu held. */
+struct emu_graph;
+static int capture_op(struct emu_stream* s, struct op* op);
 
 struct emu_event {
     uint32_t magic;
@@ -887,6 +905,11 @@ static uint64_t enqueue(struct emu_stream* s, struct op* op) {
     uint64_t seq = 0;
     op->next = NULL;
     pthread_mutex_lock(&s->mu);
+    if (s->capture) {
+        int ok = !s->stop && capture_op(s, op);
+        pthread_mutex_unlock(&s->mu);
+        return ok ? UINT64_MAX : 0; /* captured: nothing enqueued (no seq to wait for) */
+    }
     if (!s->stop) {
         seq = op->seq = ++s->enq;
         if (s->tail)
@@ -980,6 +1003,11 @@ EXPORT CUresult cuStreamSynchronize(CUstream h) {
     struct emu_stream* s = resolve(h);
     if (!s) return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&s->mu);
+    if (s->capture) { /* CUDA: not permitted while capturing; invalidates the capture */
+        s->capture_err = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        pthread_mutex_unlock(&s->mu);
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     uint64_t target = s->enq;
     pthread_mutex_unlock(&s->mu);
     wait_done(s, target);
@@ -1115,13 +1143,21 @@ EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t n, 
     return enqueue_simple(h, op);
 }
 
-/* Enqueue a host operation on stream h (vendor_emu.c); on failure data is NOT freed. */
-static CUresult emu_enqueue_host(CUstream h, emu_host_fn fn, void* data) {
+/* Enqueue a host operation on stream h (vendor_emu.c); on failure data is NOT freed.
+ * fn(data, mode): mode bit 0 = run it, bit 1 = keep data (else fn frees it). ``replay``:
+ * fn supports mode 3 (run, keep), so a capturing stream may record it as a graph node
+ * that runs at every launch of the graph and frees data (mode 0) when the graph dies. */
+static CUresult emu_enqueue_host_r(CUstream h, emu_host_fn fn, void* data, int replay) {
     struct op* op = new_op(OP_HOST);
     if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
     op->u.host.fn = fn;
     op->u.host.data = data;
+    op->u.host.replay = replay;
     return enqueue_simple(h, op);
+}
+
+static CUresult emu_enqueue_host(CUstream h, emu_host_fn fn, void* data) {
+    return emu_enqueue_host_r(h, fn, data, 0);
 }
 
 EXPORT CUresult cuMemsetD32Async_v2(CUdeviceptr dst, unsigned int value, size_t n,

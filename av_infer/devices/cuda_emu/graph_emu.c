@@ -31,6 +31,21 @@
  * makes cuGraphExecKernelNodeSetParams refuse nodes inside a conditional body (801); avi_emu_graph_fail_after(n)
  * makes the n-th graph kernel node executed from now fail (returns 719, does not run);
  * avi_emu_graph_runs(out[2]) counts graph launches and kernel nodes run.
+ *
+ * Stream capture (RT as one graph, docs/cuda_graphs.md): cuStreamBeginCapture_v2 (any
+ * mode; the emulator keeps no thread-local capture rules, as CU_STREAM_CAPTURE_MODE_RELAXED),
+ * cuStreamEndCapture, cuStreamIsCapturing. While a stream captures, a kernel launch on it
+ * becomes a kernel node (its parameter values copied as cuLaunchKernel copies them) and a
+ * vendor call (vendor_emu.c) a host node that runs the same work at every launch of the
+ * graph; the nodes run in capture order. Any other operation on the capturing stream (event
+ * record or wait, flag write, memset, copy, a graph launch) and cuStreamSynchronize
+ * invalidate the capture: the call fails and cuStreamEndCapture answers
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901) with no graph. The captured graph is an
+ * ordinary graph: cuGraphInstantiateWithFlags, cuGraphLaunch, cuGraphDestroy. Test hooks
+ * (avi_emu_graph_refuse): 3 cuStreamBeginCapture_v2 answers 801, 4 cuStreamEndCapture
+ * answers 901 (as if the capture had been invalidated), 5 cuGraphInstantiateWithFlags
+ * refuses captured graphs (801), 6 cuGraphLaunch refuses executable graphs made from a
+ * capture (801; nothing is enqueued).
  */
 
 typedef unsigned long long CUgraphConditionalHandle;
@@ -39,6 +54,12 @@ typedef struct emu_gnode* CUgraphNode;
 typedef struct emu_gexec* CUgraphExec;
 
 enum { CU_GRAPH_NODE_TYPE_KERNEL = 0, CU_GRAPH_NODE_TYPE_CONDITIONAL = 13 };
+/* a captured vendor call (emulator only: on a GPU the library's kernels are kernel nodes) */
+#define EMU_NODE_HOST 1000
+enum { CU_STREAM_CAPTURE_MODE_GLOBAL = 0, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+       CU_STREAM_CAPTURE_MODE_RELAXED = 2 };
+enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+       CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2 };
 enum { CU_GRAPH_COND_TYPE_IF = 0, CU_GRAPH_COND_TYPE_WHILE = 1, CU_GRAPH_COND_TYPE_SWITCH = 2 };
 #define CU_GRAPH_COND_ASSIGN_DEFAULT 0x1
 
@@ -88,6 +109,20 @@ struct emu_cond {
     struct emu_cond* next;
 };
 
+/* a captured host operation, shared by the copies of its node (instantiation, launches) */
+struct emu_hostnode {
+    atomic_int refs;
+    emu_host_fn fn;
+    void* data;
+};
+
+static void hostnode_unref(struct emu_hostnode* h) {
+    if (h && atomic_fetch_sub(&h->refs, 1) == 1) {
+        h->fn(h->data, 0); /* frees data */
+        free(h);
+    }
+}
+
 struct emu_gnode {
     uint32_t magic;
     int type;
@@ -101,6 +136,8 @@ struct emu_gnode {
     /* conditional */
     struct emu_cond* cond;
     struct emu_graph* body;
+    /* host (EMU_NODE_HOST) */
+    struct emu_hostnode* host;
 };
 
 struct emu_graph {
@@ -109,6 +146,7 @@ struct emu_graph {
     struct emu_gnode* tail;
     struct emu_cond* conds;   /* handles created on this graph (owned by the root) */
     int is_body;
+    int captured;             /* made by stream capture */
     int instantiated;
     struct emu_gexec* exec;   /* its executable graph (the handles outlive a destroyed graph) */
 };
@@ -118,6 +156,7 @@ struct emu_gexec {
     struct emu_graph* g;      /* the copy */
     struct emu_graph* src;    /* NULL once destroyed (then conds is the executable's) */
     struct emu_cond* conds;   /* the handles, taken over when the source graph is destroyed */
+    int captured;             /* instantiated from a captured graph */
     pthread_mutex_t run_mu;   /* held while a launch runs: launches never overlap */
     pthread_mutex_t param_mu; /* the executable's parameters (set / snapshot) */
 };
@@ -157,6 +196,7 @@ static void graph_free(struct emu_graph* g, int free_conds) {
 
 static void gnode_free(struct emu_gnode* n) {
     if (n->f) module_unref(n->f->mod);
+    hostnode_unref(n->host);
     free(n->vals);
     graph_free(n->body, 0);
     n->magic = 0;
@@ -324,6 +364,8 @@ static struct emu_graph* graph_copy(struct emu_graph* g, int keep_orig) {
         memcpy(m->b, n->b, sizeof m->b);
         m->smem = n->smem;
         m->cond = n->cond;
+        m->host = n->host;
+        if (m->host) atomic_fetch_add(&m->host->refs, 1);
         graph_append(c, m);
         if (n->f) {
             module_ref(n->f->mod);
@@ -344,6 +386,10 @@ fail:
 EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* ph, CUgraph g, unsigned long long flags) {
     if (!ph || !g || g->magic != MAGIC_GRAPH || g->is_body || flags) return CUDA_ERROR_INVALID_VALUE;
     if (g->instantiated) return CUDA_ERROR_NOT_PERMITTED;
+    if (g->captured && atomic_load(&g_graph_refuse) == 5) {
+        set_error("cuGraphInstantiateWithFlags: captured graph refused (avi_emu_graph_refuse(5))");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
     struct emu_gexec* x = calloc(1, sizeof *x);
     if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
     x->g = graph_copy(g, 1);
@@ -353,6 +399,7 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* ph, CUgraph g, unsigned
     }
     x->magic = MAGIC_GEXEC;
     x->src = g;
+    x->captured = g->captured;
     pthread_mutex_init(&x->run_mu, NULL);
     pthread_mutex_init(&x->param_mu, NULL);
     g->instantiated = 1;
@@ -445,6 +492,13 @@ static int run_graph(struct emu_graph* g) {
                 set_error("graph kernel node %s returned %d", f->name, rc);
                 return rc;
             }
+        } else if (n->type == EMU_NODE_HOST) {
+            int rc = n->host->fn(n->host->data, 3); /* run, keep the data for later launches */
+            atomic_thread_fence(memory_order_seq_cst);
+            if (rc != 0) {
+                set_error("graph host node (captured vendor call) returned %d", rc);
+                return rc;
+            }
         } else if (n->type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {
             atomic_thread_fence(memory_order_seq_cst);
             if (atomic_load(&n->cond->value) != 0) {
@@ -475,6 +529,10 @@ static int glaunch_run(void* data, int run) {
 
 EXPORT CUresult cuGraphLaunch(CUgraphExec x, CUstream h) {
     if (!x || x->magic != MAGIC_GEXEC) return CUDA_ERROR_INVALID_VALUE;
+    if (x->captured && atomic_load(&g_graph_refuse) == 6) {
+        set_error("cuGraphLaunch: captured graph refused (avi_emu_graph_refuse(6))");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
     struct glaunch* l = calloc(1, sizeof *l);
     if (!l) return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&x->param_mu);
@@ -491,4 +549,113 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec x, CUstream h) {
         free(l);
     }
     return rc;
+}
+
+/* -- stream capture -------------------------------------------------------------------- */
+static int capture_op(struct emu_stream* s, struct op* op) {
+    if (s->capture_err) return 0; /* already invalidated */
+    struct emu_gnode* n = calloc(1, sizeof *n);
+    if (!n) {
+        s->capture_err = CUDA_ERROR_OUT_OF_MEMORY;
+        return 0;
+    }
+    n->magic = MAGIC_GNODE;
+    if (op->kind == OP_KERNEL) {
+        CUDA_KERNEL_NODE_PARAMS_v2 p;
+        memset(&p, 0, sizeof p);
+        p.func = op->u.k.f;
+        p.gridDimX = op->u.k.g[0], p.gridDimY = op->u.k.g[1], p.gridDimZ = op->u.k.g[2];
+        p.blockDimX = op->u.k.b[0], p.blockDimY = op->u.k.b[1], p.blockDimZ = op->u.k.b[2];
+        p.sharedMemBytes = op->u.k.smem;
+        p.kernelParams = op->u.k.params;
+        CUresult rc = set_kernel(n, &p); /* the values, as cuLaunchKernel copied them */
+        if (rc != CUDA_SUCCESS) {
+            free(n);
+            s->capture_err = rc;
+            return 0;
+        }
+        n->type = CU_GRAPH_NODE_TYPE_KERNEL;
+        module_unref(op->u.k.f->mod); /* the launch's reference; the node holds its own */
+    } else if (op->kind == OP_HOST && op->u.host.replay) {
+        n->host = malloc(sizeof *n->host);
+        if (!n->host) {
+            free(n);
+            s->capture_err = CUDA_ERROR_OUT_OF_MEMORY;
+            return 0;
+        }
+        atomic_init(&n->host->refs, 1);
+        n->host->fn = op->u.host.fn;
+        n->host->data = op->u.host.data;
+        n->type = EMU_NODE_HOST;
+    } else {
+        free(n);
+        s->capture_err = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        set_error("stream capture: operation kind %d cannot be captured by the emulator "
+                  "(the capture is invalidated)", op->kind);
+        return 0;
+    }
+    graph_append(s->capture, n);
+    free(op);
+    return 1;
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream h, int mode) {
+    if ((uintptr_t)h <= 2) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* legacy stream */
+    struct emu_stream* s = resolve(h);
+    if (!s) return CUDA_ERROR_INVALID_HANDLE;
+    if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (atomic_load(&g_graph_refuse) == 3) {
+        set_error("cuStreamBeginCapture_v2: refused (avi_emu_graph_refuse(3))");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    struct emu_graph* g = graph_new(0);
+    if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
+    g->captured = 1;
+    pthread_mutex_lock(&s->mu);
+    if (s->capture || s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        graph_free(g, 1);
+        return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    s->capture = g;
+    s->capture_err = CUDA_SUCCESS;
+    pthread_mutex_unlock(&s->mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph* ph) {
+    if (!ph) return CUDA_ERROR_INVALID_VALUE;
+    struct emu_stream* s = resolve(h);
+    if (!s) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&s->mu);
+    struct emu_graph* g = s->capture;
+    CUresult err = s->capture_err;
+    s->capture = NULL;
+    s->capture_err = CUDA_SUCCESS;
+    pthread_mutex_unlock(&s->mu);
+    *ph = NULL;
+    if (!g) return CUDA_ERROR_ILLEGAL_STATE; /* not capturing */
+    if (err == CUDA_SUCCESS && atomic_load(&g_graph_refuse) == 4) {
+        set_error("cuStreamEndCapture: capture invalidated (avi_emu_graph_refuse(4))");
+        err = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
+    if (err != CUDA_SUCCESS) {
+        graph_free(g, 1);
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
+    *ph = g;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream h, int* status) {
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
+    struct emu_stream* s = resolve(h);
+    if (!s) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&s->mu);
+    *status = !s->capture ? CU_STREAM_CAPTURE_STATUS_NONE
+              : s->capture_err ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                               : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    pthread_mutex_unlock(&s->mu);
+    return CUDA_SUCCESS;
 }

@@ -279,7 +279,7 @@ static float lt_at(const float* base, const struct lt_layout* l, int trans, int6
 
 static int lt_run(void* data, int run) {
     struct lt_work* w = data;
-    if (run) {
+    if (run & 1) {
         atomic_fetch_add(&g_vendor_runs[0], 1);
         atomic_fetch_add(&g_vendor_calls[0], 1);
         int mode = w->d.compute == 77 ? VE_TF32 : w->d.compute == 74 ? VE_FP16 : VE_FP32;
@@ -306,7 +306,7 @@ static int lt_run(void* data, int run) {
             }
         }
     }
-    free(w);
+    if (!(run & 2)) free(w);  /* mode 3: a graph node runs it again */
     return 0;
 }
 
@@ -358,7 +358,7 @@ EXPORT cublasStatus_t cublasLtMatmul(void* h, void* dv, const void* alpha, const
         free(w);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
-    if (emu_enqueue_host((CUstream)stream, lt_run, w) != CUDA_SUCCESS) {
+    if (emu_enqueue_host_r((CUstream)stream, lt_run, w, 1) != CUDA_SUCCESS) {
         free(w);
         return CUBLAS_STATUS_EXECUTION_FAILED;
     }
@@ -563,7 +563,7 @@ struct dnn_work {
 
 static int dnn_run(void* data, int run) {
     struct dnn_work* k = data;
-    if (run) {
+    if (run & 1) {
         atomic_fetch_add(&g_vendor_runs[1], 1);
         atomic_fetch_add(&g_vendor_calls[k->fused ? 1 : 2], 1);
         int mode = k->cv.math == 3 ? VE_FP32 : k->cv.math == 2 ? VE_FP16 : VE_TF32;
@@ -603,7 +603,7 @@ static int dnn_run(void* data, int run) {
                     }
             }
     }
-    free(k);
+    if (!(run & 2)) free(k);  /* mode 3: a graph node runs it again */
     return 0;
 }
 
@@ -665,7 +665,7 @@ EXPORT cudnnStatus_t cudnnConvolutionBiasActivationForward(
     k->alpha2 = *(const float*)alpha2;
     k->Z = z;
     k->B = bias;
-    if (emu_enqueue_host(hp->stream, dnn_run, k) != CUDA_SUCCESS) {
+    if (emu_enqueue_host_r(hp->stream, dnn_run, k, 1) != CUDA_SUCCESS) {
         free(k);
         return CUDNN_STATUS_EXECUTION_FAILED;
     }
@@ -687,7 +687,7 @@ EXPORT cudnnStatus_t cudnnConvolutionForward(void* h, const void* alpha, void* x
     if (!k) return CUDNN_STATUS_ALLOC_FAILED;
     k->alpha1 = *(const float*)alpha;
     k->alpha2 = *(const float*)beta;
-    if (emu_enqueue_host(hp->stream, dnn_run, k) != CUDA_SUCCESS) {
+    if (emu_enqueue_host_r(hp->stream, dnn_run, k, 1) != CUDA_SUCCESS) {
         free(k);
         return CUDNN_STATUS_EXECUTION_FAILED;
     }
@@ -703,7 +703,7 @@ struct dnn_add_work {
 
 static int dnn_add_run(void* data, int run) {
     struct dnn_add_work* k = data;
-    if (run) {
+    if (run & 1) {
         atomic_fetch_add(&g_vendor_calls[3], 1);
         const struct dnn_tensor *a = &k->a, *c = &k->c;
         for (int n = 0; n < c->n; ++n)
@@ -719,7 +719,7 @@ static int dnn_add_run(void* data, int run) {
                         k->C[ci] = v;
                     }
     }
-    free(k);
+    if (!(run & 2)) free(k);  /* mode 3: a graph node runs it again */
     return 0;
 }
 
@@ -741,7 +741,7 @@ EXPORT cudnnStatus_t cudnnAddTensor(void* h, const void* alpha, void* ad, const 
     k->beta = *(const float*)beta;
     k->A = A;
     k->C = C;
-    if (emu_enqueue_host(hp->stream, dnn_add_run, k) != CUDA_SUCCESS) {
+    if (emu_enqueue_host_r(hp->stream, dnn_add_run, k, 1) != CUDA_SUCCESS) {
         free(k);
         return CUDNN_STATUS_EXECUTION_FAILED;
     }
