@@ -34,7 +34,7 @@ from libc.string cimport memcpy, memset
 from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, nanosleep, timespec
 
-from av_infer._cy.vhq cimport VHQ
+from av_infer._cy.vhq cimport VHQ, LaunchRange
 
 cdef extern from "Python.h":
     int PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds,
@@ -73,6 +73,7 @@ cdef enum:
     NODE_PARAMS_UNION = 16      # offset of its union
     ZERO_PARAM_BYTES = 32768    # the largest kernel parameter CUDA 12.1+ accepts
     MAX_GRAPH_OPS = 16          # gated ops per graph (CudaDevice(graph_ops=...))
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2  # RT graphs: stream capture (docs/cuda_graphs.md)
 
 #: CUDA_KERNEL_NODE_PARAMS_v2 (= _v3, the kernel member of CUgraphNodeParams' union)
 cdef struct KernelNodeParams:
@@ -115,6 +116,15 @@ cdef struct GatedGraph:
     int32_t n
     GatedOp ops[MAX_GRAPH_OPS]
 
+#: RT as one graph (docs/cuda_graphs.md): every kernel of a plan, captured in order on a
+#: private stream with the arguments of one graph arena, instantiated once
+cdef struct RtGraph:
+    CUgraph graph
+    CUgraphExec exec
+    int32_t nk
+    int dead                    # the driver refused a launch: plain launches from then on
+    CUresult refused            # ... with this CUresult
+
 ctypedef CUresult (*p_cuInit)(unsigned int) noexcept nogil
 ctypedef CUresult (*p_cuGetErrorString)(CUresult, const char**) noexcept nogil
 ctypedef CUresult (*p_cuCtxGetCurrent)(CUcontext*) noexcept nogil
@@ -149,6 +159,8 @@ ctypedef CUresult (*p_cuGraphExecDestroy)(CUgraphExec) noexcept nogil
 ctypedef CUresult (*p_cuGraphLaunch)(CUgraphExec, CUstream) noexcept nogil
 ctypedef CUresult (*p_cuGraphExecKernelNodeSetParams)(CUgraphExec, CUgraphNode,
                                                       const KernelNodeParams*) noexcept nogil
+ctypedef CUresult (*p_cuStreamBeginCapture)(CUstream, int) noexcept nogil
+ctypedef CUresult (*p_cuStreamEndCapture)(CUstream, CUgraph*) noexcept nogil
 #: a vendor op's launcher (``cuda_vendor.pyx``: ``vendor_launch``): (op, the task's packed
 #: struct of the kernel, CUstream, the stream's vendor context) -> 0 or a vendor status
 ctypedef int (*p_vendor_launch)(void*, const char*, CUstream, void*) noexcept nogil
@@ -185,6 +197,9 @@ cdef struct Driver:
     p_cuGraphExecDestroy cuGraphExecDestroy
     p_cuGraphLaunch cuGraphLaunch
     p_cuGraphExecKernelNodeSetParams cuGraphExecKernelNodeSetParams
+    # optional: stream capture (RT as one graph; NULL where the driver lacks them)
+    p_cuStreamBeginCapture cuStreamBeginCapture
+    p_cuStreamEndCapture cuStreamEndCapture
 
 cdef dict _drivers = {}   # library path -> address of its Driver (never freed)
 
@@ -271,6 +286,11 @@ cdef Driver* _driver(str path) except NULL:
     d.cuGraphLaunch = <p_cuGraphLaunch>_sym(lib, b"cuGraphLaunch", NULL)
     d.cuGraphExecKernelNodeSetParams = <p_cuGraphExecKernelNodeSetParams>_sym(
         lib, b"cuGraphExecKernelNodeSetParams_v2", b"cuGraphExecKernelNodeSetParams")
+    # optional: stream capture (RT as one graph). Only the _v2 symbol takes a capture mode
+    # (cuda.h maps cuStreamBeginCapture to it; the unversioned symbol is CUDA 10.0's
+    # one-argument call), so there is no fallback name
+    d.cuStreamBeginCapture = <p_cuStreamBeginCapture>_sym(lib, b"cuStreamBeginCapture_v2", NULL)
+    d.cuStreamEndCapture = <p_cuStreamEndCapture>_sym(lib, b"cuStreamEndCapture", NULL)
     cdef CUresult r = d.cuInit(0)
     if r != CUDA_SUCCESS:
         free(d)
@@ -348,6 +368,14 @@ cdef struct Stream:
     int32_t units               # launch units in flight
     int32_t cunits              # at most this many units in flight
     int has_pend                # an index taken from the vHQ that did not fit the graph
+    # RT as one graph (docs/cuda_graphs.md): a task with an RT graph whose whole range the
+    # vHQ holds goes as ONE unit: one cuGraphLaunch, one event, one ring slot, one record
+    int rtg                     # RT graphs on for this stream
+    uint32_t cnt[RING]          # vHQ indices the slot holds (1, or a whole task's n kernels)
+    uint64_t rglaunched         # RT graph launches
+    uint64_t rgops              # kernels those launches held
+    uint64_t rgrefused          # RT graph launches the driver refused (ran plain, one unit)
+    CUresult rglast             # the CUresult of the last refusal
     uint8_t padded[RING]        # the slot's launch was a padded (DKP) launch
     int64_t pend_t              # ... (launched next, through the ordinary branches)
     int32_t pend_k
@@ -367,6 +395,7 @@ cdef struct TaskRec:
     void** vop
     GatedGraph** gg             # gated graph of kernel k (NULL: none); NULL: none at all
     CUdeviceptr grec            # the task's gate record (host-visible; gate.py's layout)
+    RtGraph* rg                 # the task's RT graph (its graph arena's); NULL: none
 
 cdef struct Comp:
     int32_t stream
@@ -375,6 +404,7 @@ cdef struct Comp:
     int32_t status
     int32_t executed            # 1 ran, 0 skipped (a gate record says so), -1 unknown
     int32_t padded              # a padded (DKP) launch: never coalesced (``poll``)
+    int32_t count               # kernels kernel..kernel+count-1 (an RT graph launch: n)
     double t0
     double t1
 
@@ -391,6 +421,39 @@ cdef inline int _vhq_transmit(void* q, int64_t* t, int32_t* k) noexcept nogil:
 
 cdef inline int _vhq_complete(void* q, int64_t* t, int32_t* k) noexcept nogil:
     return (<VHQ>q).complete_c(t, k)
+
+cdef inline int _no_padded(TaskRec* r) noexcept nogil:
+    """No kernel of ``r`` has a padded (DKP) launch set up."""
+    cdef int32_t k
+    if r.pfuncs != NULL:
+        for k in range(r.nk):
+            if r.pfuncs[k] != NULL:
+                return 0
+    return 1
+
+
+cdef int _vhq_take_rest(void* q, int64_t task, int32_t nk) noexcept nogil:
+    """Kernel 0 of ``task`` was just transmitted: if the vHQ's head range is exactly its
+    kernels 1..nk-1 and its capacity lets them all be in flight, transmit them all now
+    (under the vHQ's own lock, in one go) and return 1; else take nothing and return 0.
+    An RT graph launch holds the whole task: every index it runs is in flight in the vHQ,
+    never queued (the same rule as gated graphs of several ops)."""
+    cdef int ok = 0
+    cdef int32_t i, k2
+    cdef int64_t t2
+    cdef LaunchRange* r
+    if nk <= 1:
+        return 1
+    PyThread_acquire_lock((<VHQ>q)._lock, WAIT_LOCK)
+    if (<VHQ>q)._head != (<VHQ>q)._tail:
+        r = &(<VHQ>q)._ring[(<VHQ>q)._head & (<VHQ>q)._mask]
+        if (r.task == task and r.next == 1 and r.last == nk - 1
+                and (<VHQ>q)._in_flight + nk - 1 <= (<VHQ>q)._c):
+            for i in range(nk - 1):
+                (<VHQ>q)._transmit_locked(&t2, &k2)
+            ok = 1
+    PyThread_release_lock((<VHQ>q)._lock)
+    return ok
 
 
 cdef class Dispatcher:
@@ -420,6 +483,7 @@ cdef class Dispatcher:
     cdef int _prio_hi
     cdef uint64_t _loops
     cdef CUdeviceptr _zero      # a device word that is always 0: the flag of gated ops
+    cdef CUstream _cstream      # private stream RT graphs are captured on (made on first use)
     cdef char* _zbuf            # zero bytes: parameter values of a graph's first build
 
     def __cinit__(self):
@@ -450,6 +514,7 @@ cdef class Dispatcher:
         self._ctx = NULL
         self._drv = NULL
         self._zero = 0
+        self._cstream = NULL
         self._zbuf = <char*>calloc(ZERO_PARAM_BYTES, 1)
         if self._zbuf == NULL:
             raise MemoryError()
@@ -480,6 +545,8 @@ cdef class Dispatcher:
                 self._drv.cuStreamDestroy(self._st[i].s)
             if self._fstream != NULL:
                 self._drv.cuStreamDestroy(self._fstream)
+            if self._cstream != NULL:
+                self._drv.cuStreamDestroy(self._cstream)
         if self._tasks != NULL:
             for i in range(<int>self._tcap):
                 if self._tasks[i].id >= 0:
@@ -577,6 +644,9 @@ cdef class Dispatcher:
                 "graphs": bool(st.graphs), "graph_launched": st.glaunched,
                 "graph_ops": st.gops, "graph_skipped": st.gskipped,
                 "unit_capacity": st.cunits if st.cunits < RING else None,
+                "rt_graphs": bool(st.rtg), "rt_graph_launched": st.rglaunched,
+                "rt_graph_ops": st.rgops, "rt_graph_refused": st.rgrefused,
+                "rt_graph_last_refusal": st.rglast if st.rgrefused else None,
                 "host_us_per_launch": st.host_s / st.launched * 1e6 if st.launched else None,
                 "vendor_host_us_per_launch":
                     st.vhost_s / st.vlaunched * 1e6 if st.vlaunched else None}
@@ -759,6 +829,139 @@ cdef class Dispatcher:
             self._drv.cuGraphDestroy(gg.graph)
         free(gg)
 
+    # -- RT as one graph (docs/cuda_graphs.md) ------------------------------------------
+    def rt_graph_missing(self):
+        """The entry points RT graphs need that the driver lacks ([] where it has them)."""
+        d = self._drv
+        have = {"cuStreamBeginCapture_v2": d.cuStreamBeginCapture != NULL,
+                "cuStreamEndCapture": d.cuStreamEndCapture != NULL,
+                "cuGraphInstantiateWithFlags": d.cuGraphInstantiateWithFlags != NULL,
+                "cuGraphLaunch": d.cuGraphLaunch != NULL,
+                "cuGraphExecDestroy": d.cuGraphExecDestroy != NULL,
+                "cuGraphDestroy": d.cuGraphDestroy != NULL}
+        return [k for k, v in have.items() if not v]
+
+    def capture_stream(self):
+        """The private stream RT graphs are captured on (created on first call): a vendor
+        context bound to it (``Vendor.stream_ctx``) issues the vendor ops of a capture."""
+        if self._cstream == NULL:
+            self._cur()
+            _check(self._drv, self._drv.cuStreamCreateWithPriority(
+                &self._cstream, CU_STREAM_NON_BLOCKING, self._prio_hi), "capture stream")
+        return <uintptr_t>self._cstream
+
+    def set_stream_rt_graphs(self, int s, bint on):
+        """Launch the tasks with an RT graph on stream ``s`` as one graph launch each
+        (when the vHQ holds the whole task at its first kernel; else plain launches)."""
+        if not 0 <= s < self._nst:
+            raise IndexError(f"no stream {s}")
+        self._st[s].rtg = 1 if on else 0
+
+    def rt_graph(self, funcs, bytes geom, bytes args, offs, vendor=None, uintptr_t vctx=0):
+        """Capture a whole plan as one graph and instantiate it: on the private capture
+        stream (``cuStreamBeginCapture_v2``, relaxed mode) every kernel in order, ours as
+        ``cuLaunchKernel`` with the zero flag word (an RT graph runs whole) and the packed
+        struct at ``args[offs[k]:]``, vendor ops (``vendor[k]`` = (launcher, op)) through
+        the same launcher with ``vctx`` (a context bound to the capture stream, its own
+        workspace); then ``cuStreamEndCapture`` and ``cuGraphInstantiateWithFlags``. The
+        argument values (arena and workspace addresses) are baked into the graph.
+
+        Returns its address (``register_task``'s ``rt_graph``); raises RuntimeError naming
+        the refusing call and its code (the caller runs plain launches and says so)."""
+        cdef int32_t n = len(funcs)
+        if n < 1:
+            raise ValueError("an RT graph needs at least one kernel")
+        if len(geom) != n * GEOM_WORDS * 4 or len(offs) != n:
+            raise ValueError("launch table sizes do not match")
+        if vendor is not None and len(vendor) != n:
+            raise ValueError("vendor table size does not match")
+        missing = self.rt_graph_missing()
+        if missing:
+            raise RuntimeError(f"the driver lacks {', '.join(missing)}")
+        if self._zero == 0:
+            raise RuntimeError("set_zero_word first")
+        for j, o in enumerate(offs):
+            if not 0 <= o < len(args):
+                raise ValueError(f"argument offset of kernel {j} outside the blob")
+        cs = self.capture_stream()
+        cdef CUstream cst = <CUstream><uintptr_t>cs
+        cdef RtGraph* rg = <RtGraph*>calloc(1, sizeof(RtGraph))
+        if rg == NULL:
+            raise MemoryError()
+        rg.nk = n
+        cdef Driver* d = self._drv
+        cdef const char* a = args
+        cdef const uint32_t* g
+        cdef void* params[2]
+        cdef CUresult r, r2
+        cdef p_vendor_launch vf
+        cdef int32_t k
+        cdef int vend = 0
+        what = "cuStreamBeginCapture_v2"
+        self._cur()
+        r = d.cuStreamBeginCapture(cst, CU_STREAM_CAPTURE_MODE_RELAXED)
+        if r == CUDA_SUCCESS:
+            for k in range(n):
+                g = (<const uint32_t*><const char*>geom) + GEOM_WORDS * k
+                if vendor is not None and vendor[k] is not None:
+                    vend = 1
+                    what = f"the vendor op of kernel {k} (captured)"
+                    vf = <p_vendor_launch><uintptr_t>vendor[k][0]
+                    r = vf(<void*><uintptr_t>vendor[k][1], a + <int64_t>offs[k], cst, <void*>vctx)
+                else:
+                    vend = 0
+                    what = f"cuLaunchKernel of kernel {k} (captured)"
+                    params[0] = &self._zero
+                    params[1] = <void*>(a + <int64_t>offs[k])
+                    r = d.cuLaunchKernel(<CUfunction><uintptr_t>funcs[k], g[0], g[1], g[2], g[3],
+                                         g[4], g[5], g[6], cst, params, NULL)
+                if r != CUDA_SUCCESS:
+                    break
+            r2 = d.cuStreamEndCapture(cst, &rg.graph)  # always ends the capture
+            if r == CUDA_SUCCESS and r2 != CUDA_SUCCESS:
+                r = r2
+                vend = 0
+                what = "cuStreamEndCapture"
+        if r == CUDA_SUCCESS:
+            what = "cuGraphInstantiateWithFlags(captured graph)"
+            r = d.cuGraphInstantiateWithFlags(&rg.exec, rg.graph, 0)
+        if r != CUDA_SUCCESS:
+            if rg.exec != NULL:
+                d.cuGraphExecDestroy(rg.exec)
+            if rg.graph != NULL:
+                d.cuGraphDestroy(rg.graph)
+            free(rg)
+            text = f"status {r}" if vend else _errstr(d, r)
+            raise RuntimeError(f"{what} refused: {text} (code {r})")
+        return <uintptr_t>rg
+
+    def rt_graph_refused_total(self):
+        """RT graph launches the driver refused, over every stream (cheap: the drain
+        thread asks after each poll)."""
+        cdef uint64_t n = 0
+        cdef int i
+        for i in range(self._nst):
+            n += self._st[i].rgrefused
+        return n
+
+    def rt_graph_refusal(self, uintptr_t addr):
+        """The CUresult with which the driver refused a launch of this RT graph (it then
+        runs plain launches), or None."""
+        cdef RtGraph* rg = <RtGraph*>addr
+        return rg.refused if rg != NULL and rg.dead else None
+
+    def destroy_rt_graph(self, uintptr_t addr):
+        """Free an RT graph (no task that uses it may have launches in flight)."""
+        cdef RtGraph* rg = <RtGraph*>addr
+        if rg == NULL:
+            return
+        self._cur()
+        if rg.exec != NULL:
+            self._drv.cuGraphExecDestroy(rg.exec)
+        if rg.graph != NULL:
+            self._drv.cuGraphDestroy(rg.graph)
+        free(rg)
+
     # -- modules ------------------------------------------------------------------------
     def load_module(self, bytes image):
         cdef CUmodule m
@@ -885,6 +1088,7 @@ cdef class Dispatcher:
         r.vop = NULL
         r.gg = NULL
         r.grec = 0
+        r.rg = NULL
         r.funcs = NULL
         r.geom = NULL
         r.args = NULL
@@ -894,7 +1098,7 @@ cdef class Dispatcher:
         r.pargs = NULL
 
     def register_task(self, int64_t task, funcs, bytes geom, bytes args, offs, vendor=None,
-                      graphs=None, uintptr_t record=0):
+                      graphs=None, uintptr_t record=0, uintptr_t rt_graph=0):
         """Launch table of a task: per kernel its CUfunction, 7 geometry words (uint32:
         grid xyz, block xyz, smem) and the offset of its packed struct in ``args``.
 
@@ -905,8 +1109,14 @@ cdef class Dispatcher:
         ``graphs``: per kernel 0 or a ``gated_graph`` address, and ``record`` the task's
         gate record (``nk + 1`` host-visible uint32 words, kernels/cuda/gate.py): on a
         stream with graphs on, that kernel is launched through its gated graph and its
-        completion reports whether it ran."""
+        completion reports whether it ran.
+
+        ``rt_graph``: an ``rt_graph`` address captured with exactly this ``args`` (the
+        task's arena is that graph's arena): on a stream with RT graphs on, the task goes as
+        one graph launch when the vHQ holds all of it (docs/cuda_graphs.md)."""
         cdef int32_t nk = len(funcs)
+        if rt_graph and (<RtGraph*>rt_graph).nk != nk:
+            raise ValueError("the RT graph holds another number of kernels")
         cdef int32_t i
         cdef GatedGraph** gg = NULL
         if graphs is not None and any(graphs):
@@ -971,6 +1181,7 @@ cdef class Dispatcher:
         r.vop = vo
         r.gg = gg
         r.grec = <CUdeviceptr>record if gg != NULL else 0
+        r.rg = <RtGraph*>rt_graph
         PyThread_release_lock(self._tlock)
 
     def set_padded(self, int64_t task, int32_t kernel, uintptr_t func, bytes geom, bytes args):
@@ -1051,7 +1262,8 @@ cdef class Dispatcher:
 
     # -- the loop -----------------------------------------------------------------------
     cdef int _push_comp(self, int32_t s, int64_t t, int32_t k, int32_t status, double t0,
-                        double t1, int32_t executed, int32_t padded) noexcept nogil:
+                        double t1, int32_t executed, int32_t padded,
+                        int32_t count=1) noexcept nogil:
         cdef Comp* c
         PyThread_acquire_lock(self._rlock, WAIT_LOCK)
         if self._rtail - self._rhead >= COMP_RING:
@@ -1064,11 +1276,29 @@ cdef class Dispatcher:
         c.status = status
         c.executed = executed
         c.padded = padded
+        c.count = count
         c.t0 = t0
         c.t1 = t1
         self._rtail += 1
         PyThread_release_lock(self._rlock)
         return 1
+
+    cdef CUresult _issue(self, Stream* st, TaskRec* rec, int32_t k) noexcept nogil:
+        """Kernel ``k`` of ``rec`` as a plain launch on ``st`` (ours: its flag word and
+        struct; a vendor op: through its launcher, unless the flag is up). No event: the
+        caller records one for the unit (an RT graph launch the driver refused)."""
+        cdef uint32_t* g
+        cdef void* params[2]
+        if rec.vfn != NULL and rec.vfn[k] != NULL:
+            if st.hflag:
+                st.vskipped += 1
+                return CUDA_SUCCESS
+            return rec.vfn[k](rec.vop[k], rec.args + rec.offs[k], st.s, st.vctx)
+        g = rec.geom + GEOM_WORDS * k
+        params[0] = &st.flag
+        params[1] = rec.args + rec.offs[k]
+        return self._drv.cuLaunchKernel(rec.funcs[k], g[0], g[1], g[2], g[3], g[4], g[5], g[6],
+                                        st.s, params, NULL)
 
     cdef int _step(self) noexcept nogil:
         """One pass over every stream; returns 1 if anything happened, 2 if work is in flight."""
@@ -1090,8 +1320,9 @@ cdef class Dispatcher:
         cdef uint32_t k32[MAX_GRAPH_OPS]
         cdef GatedGraph* gg
         cdef GatedOp* o
-        cdef int32_t klast, i, nops
+        cdef int32_t klast, i, nops, unit_n, n1
         cdef bint held
+        cdef RtGraph* rg
         cdef int64_t t2
         cdef int32_t k2
         cdef int nst = self._nst
@@ -1106,14 +1337,16 @@ cdef class Dispatcher:
                         break
                 else:
                     r = st.err[slot]
-                if self._rtail - self._rhead >= COMP_RING:
+                n1 = <int32_t>st.cnt[slot]  # an RT graph launch: a whole task's n kernels
+                if self._rtail - self._rhead + <uint64_t>(1 if r == CUDA_SUCCESS else n1) > COMP_RING:
                     break  # Python is behind: keep the launch in flight for now
-                _vhq_complete(self._vhq[s], &t, &k)
+                for i in range(n1):
+                    _vhq_complete(self._vhq[s], &t, &k)
                 executed = -1
                 PyThread_acquire_lock(self._tlock, WAIT_LOCK)
                 rec = self._find(st.task[slot], False)
                 if rec != NULL and rec.inflight > 0:
-                    rec.inflight -= 1
+                    rec.inflight = rec.inflight - n1 if rec.inflight >= n1 else 0
                 if (st.gated[slot] and r == CUDA_SUCCESS and rec != NULL and rec.grec != 0
                         and 0 <= st.kernel[slot] < rec.nk):
                     # the graph completed: its gate wrote the record (host-visible memory)
@@ -1122,13 +1355,22 @@ cdef class Dispatcher:
                     if executed == 0:
                         st.gskipped += 1
                 PyThread_release_lock(self._tlock)
-                self._push_comp(s, st.task[slot], st.kernel[slot], r, st.t0[slot], _now(),
-                                executed, st.padded[slot])
+                if n1 == 1:
+                    self._push_comp(s, st.task[slot], st.kernel[slot], r, st.t0[slot], _now(),
+                                    executed, st.padded[slot])
+                elif r == CUDA_SUCCESS:  # one record of the whole graph (Completion.count)
+                    self._push_comp(s, st.task[slot], st.kernel[slot], r, st.t0[slot], _now(),
+                                    -1, 0, n1)
+                else:  # a failed unit: one failed record per kernel, as plain launches give
+                    tl = _now()
+                    for i in range(n1):
+                        self._push_comp(s, st.task[slot], st.kernel[slot] + i, r, st.t0[slot],
+                                        tl, -1, 0)
                 if st.unit_end[slot]:
                     st.units -= 1
                 st.head = (slot + 1) % RING
                 st.count -= 1
-                st.completed += 1
+                st.completed += n1
                 busy = 1
             # 2. transmissions while the vHQ allows (< c in flight) and, where gated graphs
             #    of several ops run, fewer than c launch units are in flight
@@ -1144,6 +1386,7 @@ cdef class Dispatcher:
                 is_vendor = 0
                 is_padded = 0
                 nops = 1
+                unit_n = 1
                 st.gated[slot] = 0
                 tl = _now()
                 PyThread_acquire_lock(self._tlock, WAIT_LOCK)
@@ -1160,6 +1403,33 @@ cdef class Dispatcher:
                     if r == CUDA_SUCCESS:
                         r = self._drv.cuEventRecord(st.ev[slot], st.s)
                     rec.inflight += 1
+                elif (st.rtg and k == 0 and rec != NULL and rec.rg != NULL and not rec.rg.dead
+                      and rec.rg.nk == rec.nk and _no_padded(rec)
+                      and _vhq_take_rest(self._vhq[s], t, rec.nk)):
+                    # RT as one graph (docs/cuda_graphs.md): the vHQ held the whole task and
+                    # handed all of it out above; one graph launch runs every kernel, one
+                    # event completes them (one slot, one unit against c, one record). A
+                    # launch the driver refuses runs the same kernels plain, still one unit,
+                    # and the graph is not used again (counted; the device reports it)
+                    rg = rec.rg
+                    unit_n = rec.nk
+                    r = self._drv.cuGraphLaunch(rg.exec, st.s)
+                    if r == CUDA_SUCCESS:
+                        st.rglaunched += 1
+                        st.rgops += unit_n
+                    else:
+                        rg.dead = 1
+                        rg.refused = r
+                        st.rgrefused += 1
+                        st.rglast = r
+                        r = CUDA_SUCCESS
+                        for i in range(unit_n):
+                            r = self._issue(st, rec, i)
+                            if r != CUDA_SUCCESS:
+                                break
+                    if r == CUDA_SUCCESS:
+                        r = self._drv.cuEventRecord(st.ev[slot], st.s)
+                    rec.inflight += unit_n
                 elif (st.graphs and rec != NULL and 0 <= k < rec.nk and rec.gg != NULL
                       and rec.gg[k] != NULL):
                     # a gated graph (docs/cuda_graphs.md) holding kernels first..first+n-1:
@@ -1227,6 +1497,7 @@ cdef class Dispatcher:
                         st.kernel[slot] = k + i
                         st.unit_end[slot] = 0
                         st.padded[slot] = 0
+                        st.cnt[slot] = 1
                     rec.inflight += nops
                 elif rec != NULL and 0 <= k < rec.nk and rec.vfn != NULL and rec.vfn[k] != NULL:
                     # a vendor op: a closed kernel cannot read the flag, so it is checked
@@ -1275,9 +1546,10 @@ cdef class Dispatcher:
                 st.err[slot] = r
                 st.padded[slot] = is_padded
                 st.unit_end[slot] = 1
+                st.cnt[slot] = <uint32_t>unit_n
                 st.count += 1
                 st.units += 1
-                st.launched += 1
+                st.launched += unit_n
                 busy = 1
             if st.count > 0:
                 inflight = 1
@@ -1336,10 +1608,14 @@ cdef class Dispatcher:
         down (host copy, read now): items are (stream, task, first kernel, status,
         t_launch of the first, t_observed of the last, executed, count, times) with
         ``times`` the (t_launch, t_observed) of each, flattened (() when count is 1).
-        At most ``max_n`` ring entries are taken either way; order is kept."""
+        At most ``max_n`` ring entries are taken either way; order is kept.
+
+        An RT graph launch (docs/cuda_graphs.md) completes a whole task at once: one ring
+        entry, given as one coalesced item of all its kernels (``coalesce``; ``times``: the
+        graph's (t_launch, t_observed) for each) or as one single item per kernel."""
         cdef long long us = <long long>(timeout * 1e6)
         cdef int n = 0
-        cdef int cnt
+        cdef int cnt, i
         cdef Comp c
         cdef Comp* c2
         out = []
@@ -1351,6 +1627,17 @@ cdef class Dispatcher:
             c = self._ring[self._rhead & (COMP_RING - 1)]
             self._rhead += 1
             n += 1
+            if c.count > 1:  # an RT graph launch: the task's kernels, all at once
+                ex = None if c.executed < 0 else c.executed == 1
+                if coalesce:
+                    out.append((c.stream, c.task, c.kernel, c.status, c.t0, c.t1, ex, c.count,
+                                (c.t0, c.t1) * c.count))
+                else:
+                    for i in range(c.count):
+                        out.append((c.stream, c.task, c.kernel + i, c.status, c.t0, c.t1, ex)
+                                   if executed else
+                                   (c.stream, c.task, c.kernel + i, c.status, c.t0, c.t1))
+                continue
             if coalesce:
                 cnt = 1
                 tt = None
@@ -1360,7 +1647,7 @@ cdef class Dispatcher:
                         c2 = &self._ring[self._rhead & (COMP_RING - 1)]
                         if (c2.stream != c.stream or c2.task != c.task
                                 or c2.kernel != c.kernel + cnt or c2.status != CUDA_SUCCESS
-                                or c2.padded or c2.executed != c.executed):
+                                or c2.padded or c2.executed != c.executed or c2.count != 1):
                             break
                         if tt is None:
                             tt = [c.t0, c.t1]

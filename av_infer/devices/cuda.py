@@ -80,6 +80,7 @@ from typing import Any
 
 import numpy as np
 
+from av_infer._cy.vhq import MAX_C as VHQ_MAX_C
 from av_infer.devices import cuda_choices
 from av_infer.devices.base import Completion, CompletionCallback, Device, ResetInfo
 from av_infer.devices.cuda_choices import CHOICE_MODES
@@ -113,6 +114,8 @@ _FLAG_STRIDE = 32  # bytes between flag words (one per stream, own sector)
 GRAPH_MODES = ("off", "be")
 #: ``CudaDevice(graph_ops=...)``: gated ops per BE graph launch (the dispatcher's MAX_GRAPH_OPS)
 MAX_GRAPH_OPS = 16
+#: ``CudaDevice(rt_graphs=N)``: graph instances (arena + captured graph) per model, at most
+MAX_RT_GRAPHS = 8
 
 
 def availability(device_id: int = 0, emulate: bool = False) -> tuple[bool, str]:
@@ -172,6 +175,25 @@ class _Model:
     #: every kernel's argument struct with arena slots relative (``new_task`` adds a
     #: task's arena base: no per-kernel packing per request)
     args: ArgTemplate | None = None
+    #: RT as one graph (``rt_graphs=N``, docs/cuda_graphs.md): the plan's graph instances
+    #: and those no task holds (both under ``CudaDevice._books``)
+    rt_pool: list[_RtInstance] = field(default_factory=list)
+    rt_free: list[_RtInstance] = field(default_factory=list)
+    #: tasks of this plan were enqueued on an RT / a BE stream (which tasks take instances)
+    rt_seen: bool = False
+    be_seen: bool = False
+
+
+@dataclass(eq=False)
+class _RtInstance:
+    """One graph arena of an RT graph pool: the arena, the argument structs packed for it,
+    the whole plan captured with those structs (``Dispatcher.rt_graph``) and, with vendor
+    ops, the workspace baked into the captured library calls."""
+
+    arena: Any
+    blob: bytes
+    graph: int
+    ws: Any = None
 
 
 @dataclass(eq=False)
@@ -187,6 +209,8 @@ class _Task:
     staging: dict[str, Any] = field(default_factory=dict)
     #: gate record (host-visible uint32[nk + 1], kernels/cuda/gate.py); None: no graphs
     grec: Any = None
+    #: the RT graph instance whose arena this task uses (back to the pool when freed)
+    rt: _RtInstance | None = None
 
 
 def _split_item(item: tuple) -> list[tuple]:
@@ -218,7 +242,7 @@ class CudaDevice(Device):
                  workspace_mb: int | None = None, graphs: str | None = None,
                  pad_select: str | None = None, graph_ops: int | None = None,
                  pad_levels: str | Sequence[int] | None = None,
-                 vendor_choices: str | None = None) -> None:
+                 vendor_choices: str | None = None, rt_graphs: int | str | None = None) -> None:
         """``emulate``: run on the CPU emulator (docs/cuda_emu.md); ``sms`` is then the
         SM count padding selection assumes (a real GPU reports its own).
 
@@ -250,8 +274,25 @@ class CudaDevice(Device):
         ``$AV_INFER_CUDA_GRAPH_OPS``, else 1 = one op per launch): a graph of several ops
         is ONE entry against ``c`` (docs/request_path.md section 2; the stream's vHQ then
         holds up to c x graph_ops indices in flight, at most 64), each op behind its own
-        gate, one completion per op saying whether it ran (docs/cuda_graphs.md)."""
+        gate, one completion per op saying whether it ran (docs/cuda_graphs.md).
+        ``rt_graphs``: RT as one graph (0..8; default ``$AV_INFER_CUDA_RT_GRAPHS``, else 0 =
+        off; never measured on a GPU yet): each plan gets, at load, N graph instances (an
+        arena of its own and the whole plan captured as one CUDA graph with that arena's
+        addresses, vendor ops included); a task takes a free one at ``new_task`` and, on
+        an RT stream, runs as ONE graph launch and one completion record of all its
+        kernels (docs/cuda_graphs.md, "RT as one graph"). No free instance, a range that
+        is not the whole task, or any refusal by the driver: the plain per-op path (the
+        same results), counted in ``telemetry()["rt_graphs"]``."""
         import os
+
+        rtg_s = rt_graphs if rt_graphs is not None else os.environ.get(
+            "AV_INFER_CUDA_RT_GRAPHS", "").strip() or 0
+        try:
+            rtg = int(rtg_s)
+        except (TypeError, ValueError):
+            raise ValueError(f"rt_graphs must be an integer, got {rtg_s!r}") from None
+        if isinstance(rtg_s, float | bool) or not 0 <= rtg <= MAX_RT_GRAPHS:
+            raise ValueError(f"rt_graphs must be an integer in 0..{MAX_RT_GRAPHS}, got {rtg_s!r}")
 
         gops_s = graph_ops if graph_ops is not None else os.environ.get(
             "AV_INFER_CUDA_GRAPH_OPS", "").strip() or 1
@@ -345,6 +386,17 @@ class CudaDevice(Device):
         self._graph_addrs: set[int] = set()
         if gmode != "off":
             self._init_graphs()
+        #: RT as one graph (docs/cuda_graphs.md): instances per plan, whether in use, why
+        #: not; ``taken``: tasks that got an instance, ``exhausted``: tasks that wanted one
+        #: when none was free (plain path), ``launch_refused``: graph launches the driver
+        #: refused (ran plain); per plan its instances or why it has none
+        self.rt_graphs = rtg
+        self._rt: dict[str, Any] = {"instances": rtg, "active": False,
+                                    "reason": "off" if rtg == 0 else "", "taken": 0,
+                                    "exhausted": 0, "launch_refused": 0, "plans": {}}
+        self._rt_addrs: set[int] = set()
+        if rtg:
+            self._init_rt_graphs()
         #: one owner of _tasks / _zombies / _padded (module docstring, "Threads")
         self._books = threading.Lock()
         #: BE parts of the padded launches queued or in flight, by (RT task, kernel): the
@@ -455,6 +507,91 @@ class CudaDevice(Device):
             self._disp.destroy_gated_graph(a)
             self._graph_addrs.discard(a)
         m.graphs = []
+
+    # -- RT as one graph (docs/cuda_graphs.md) ---------------------------------------------
+    def _init_rt_graphs(self) -> None:
+        """RT graphs need stream capture and graph launches, and the zero flag word."""
+        missing = self._disp.rt_graph_missing()
+        if missing:
+            self._rt["reason"] = f"the driver lacks {', '.join(missing)}"
+            log.warning("cuda: RT graphs refused, plain launches instead: %s",
+                        self._rt["reason"])
+            return
+        if self._zero_word is None:
+            self._zero_word = self._mem.alloc(64, zero=True)
+            self._disp.set_zero_word(self._mem.ptr(self._zero_word))
+        self._rt["active"] = True
+
+    def _build_rt_graphs(self, m: _Model) -> None:
+        """The plan's pool of ``rt_graphs`` graph instances, built at load; a refusal
+        (capture, a vendor call under capture, instantiation) leaves the plan without one
+        (plain path), named in telemetry and the log."""
+        mem, plan = self._mem, m.plan
+        pool: list[_RtInstance] = []
+        offs = list(m.args.offs)
+        try:
+            for _ in range(self.rt_graphs):
+                arena = mem.alloc(plan.arena_bytes)
+                blob = m.args.for_arena(mem.ptr(arena))
+                ws, vctx = None, 0
+                if m.vendor:  # the workspace is baked into the captured calls: its own
+                    ws = mem.alloc(max(self._ws_bytes, 256))
+                    vctx = self._vendor.stream_ctx(self._disp.capture_stream(), mem.ptr(ws),
+                                                   self._ws_bytes)
+                a = self._disp.rt_graph(m.funcs, m.geom, blob, offs, m.vendor or None, vctx)
+                pool.append(_RtInstance(arena, blob, a, ws))
+        except RuntimeError as e:
+            for inst in pool:
+                self._disp.destroy_rt_graph(inst.graph)
+            why = str(e)
+            self._rt["plans"][plan.name] = {"instances": 0, "reason": why}
+            log.warning("cuda: RT graph of %s refused, plain launches instead: %s",
+                        plan.name, why)
+            return
+        m.rt_pool, m.rt_free = pool, list(pool)
+        self._rt_addrs.update(i.graph for i in pool)
+        m.weight_bytes += sum(int(i.arena.nbytes) + (int(i.ws.nbytes) if i.ws is not None
+                                                     else 0) for i in pool)
+        self._rt["plans"][plan.name] = {"instances": len(pool), "kernels": len(m.funcs),
+                                        "reason": ""}
+
+    def _free_rt_graphs(self, m: _Model) -> None:
+        for inst in m.rt_pool:
+            self._disp.destroy_rt_graph(inst.graph)
+            self._rt_addrs.discard(inst.graph)
+        m.rt_pool, m.rt_free = [], []
+
+    def _take_rt(self, m: _Model) -> _RtInstance | None:
+        """A free graph instance for a new task of ``m``, or None (the plain path). Tasks
+        of a plan seen on BE streams only take none (they would hold instances RT needs)."""
+        if not m.rt_pool or (m.be_seen and not m.rt_seen):
+            return None
+        with self._books:
+            if m.rt_free:
+                self._rt["taken"] += 1
+                return m.rt_free.pop()
+            self._rt["exhausted"] += 1
+        return None
+
+    def _forget_task(self, task: int) -> None:
+        """Drop a freed task's record; its graph instance goes back to the pool (caller
+        holds ``_books``; the task has no launch in flight)."""
+        t = self._tasks.pop(task, None)
+        if t is not None and t.rt is not None:
+            t.model.rt_free.append(t.rt)
+            t.rt = None
+
+    def _rt_refusals(self) -> None:
+        """Report RT graph launches the driver refused (they ran plain, as one unit)."""
+        n = self._disp.rt_graph_refused_total()
+        if n > self._rt["launch_refused"]:
+            self._rt["launch_refused"] = n
+            dead = {a: self._disp.rt_graph_refusal(a) for a in self._rt_addrs}
+            codes = sorted({c for c in dead.values() if c is not None})
+            self._rt["reason"] = ("cuGraphLaunch refused: " + ", ".join(
+                f"{self._errstr(c)} (CUresult {c})" for c in codes))
+            log.warning("cuda: %d RT graph launch(es) refused, those tasks ran plain "
+                        "launches: %s", n, self._rt["reason"])
 
     # -- vendor libraries (cuda_vendor.py, cuda_vendor.pyx) -------------------------------
     def _load_vendor(self) -> Any:
@@ -623,6 +760,8 @@ class CudaDevice(Device):
             self._build_vendor_ops(m)
         if self._graphs["active"]:
             self._build_graphs(m)
+        if self._rt["active"]:
+            self._build_rt_graphs(m)
         return m
 
     def kernel_geometry(self, handle: Any, k: int) -> tuple[int, int]:
@@ -647,6 +786,7 @@ class CudaDevice(Device):
         self._profiles.pop(id(handle), None)
         self._pads.forget_plan(handle)  # modules holding its bodies: unloaded at close()
         self._free_graphs(handle)
+        self._free_rt_graphs(handle)
         self._disp.unload_module(handle.module)
         handle.weights = None
         handle.aux = []
@@ -664,17 +804,28 @@ class CudaDevice(Device):
 
     def new_task(self, handle: Any, task: int) -> None:
         plan: Plan = handle.plan
-        arena = self._mem.alloc(plan.arena_bytes)
-        blob = handle.args.for_arena(self._mem.ptr(arena))
+        inst = self._take_rt(handle) if handle.rt_pool else None
+        if inst is not None:  # its graph arena: the graph bakes these addresses
+            arena, blob = inst.arena, inst.blob
+        else:
+            arena = self._mem.alloc(plan.arena_bytes)
+            blob = handle.args.for_arena(self._mem.ptr(arena))
         offs = list(handle.args.offs)
         grec = None
         if handle.graphs:
             grec = self._mem.pinned(4 * (len(handle.funcs) + 1)).view(np.uint32)
             grec[:] = 0
-        self._disp.register_task(task, handle.funcs, handle.geom, blob, offs,
-                                 handle.vendor or None, handle.graphs or None,
-                                 int(grec.ctypes.data) if grec is not None else 0)
-        t = _Task(handle, arena, blob, offs, grec=grec)
+        try:
+            self._disp.register_task(task, handle.funcs, handle.geom, blob, offs,
+                                     handle.vendor or None, handle.graphs or None,
+                                     int(grec.ctypes.data) if grec is not None else 0,
+                                     inst.graph if inst is not None else 0)
+        except BaseException:
+            if inst is not None:
+                with self._books:
+                    handle.rt_free.append(inst)
+            raise
+        t = _Task(handle, arena, blob, offs, grec=grec, rt=inst)
         with self._books:
             self._tasks[task] = t
         if self._pads.in_use():  # padding in use: upload now, not in a padded launch
@@ -687,7 +838,7 @@ class CudaDevice(Device):
             if task not in self._tasks:
                 return
             if self._disp.unregister_task(task):
-                del self._tasks[task]
+                self._forget_task(task)
                 self._zombies.discard(task)
                 self._forget_padding(task)
             else:
@@ -764,12 +915,22 @@ class CudaDevice(Device):
             if self._graphs["active"] and int(priority) <= 0:  # BE streams only
                 self._disp.set_stream_graphs(sid, True)
                 self._apply_capacity(sid, self._c)
+            if self._rt["active"] and int(priority) > 0:  # RT as one graph: RT streams
+                self._disp.set_stream_rt_graphs(sid, True)
+                self._apply_capacity(sid, self._c)
         return sid
 
     def _apply_capacity(self, sid: int, c: int) -> None:
         """``c`` launches in flight on stream ``sid``. On a BE stream with gated graphs of
         several ops a graph launch is one of those c (the dispatcher counts launch units),
-        so its vHQ lets c x graph_ops indices be in flight (at most the ring's 64)."""
+        so its vHQ lets c x graph_ops indices be in flight (at most the ring's 64). On an RT
+        stream with RT graphs a whole task's graph launch is one of those c, so its vHQ
+        lets every index of a task be in flight (``VHQ_MAX_C``) and the dispatcher counts
+        the c units."""
+        if self._rt["active"] and self._prio[sid] > 0:
+            self._vhqs[sid].c = VHQ_MAX_C
+            self._disp.set_stream_units(sid, c)
+            return
         graphs = self.graph_ops > 1 and self._disp.stream_stats(sid)["graphs"]
         self._vhqs[sid].c = min(c * self.graph_ops, MAX_CAPACITY) if graphs else c
         if self.graph_ops > 1:
@@ -777,6 +938,13 @@ class CudaDevice(Device):
 
     def enqueue(self, stream: int, task: int, first: int, last: int,
                 wake: bool = True) -> None:
+        if self._rt["active"]:  # which plans run on RT streams (who takes graph instances)
+            t = self._tasks.get(task)
+            if t is not None:
+                if self._prio[stream] > 0:
+                    t.model.rt_seen = True
+                else:
+                    t.model.be_seen = True
         self._vhqs[stream].push(task, first, last)
         self._disp.wake()
 
@@ -986,6 +1154,8 @@ class CudaDevice(Device):
                         time.sleep(self.poll_pause_s)
                     pending.extend(self._disp.poll(4096, 0.05, executed=True, coalesce=True)
                                    if coalesce else self._disp.poll(4096, 0.05, executed=True))
+                    if self._rt["active"] and pending:
+                        self._rt_refusals()
                 while pending:
                     held = pending.popleft()
                     faults = self.faults
@@ -1045,7 +1215,7 @@ class CudaDevice(Device):
             with self._books:
                 if task in self._zombies and self._disp.unregister_task(task):
                     self._zombies.discard(task)
-                    self._tasks.pop(task, None)
+                    self._forget_task(task)
             return Completion(s, task, k, executed, t0, t1, count=count, times=times)
         with self._books:
             rec = self._tasks.get(task)
@@ -1064,7 +1234,7 @@ class CudaDevice(Device):
             parts = self._padded.pop((task, k), ()) if self._padded else ()
             if task in self._zombies and self._disp.unregister_task(task):
                 self._zombies.discard(task)
-                self._tasks.pop(task, None)
+                self._forget_task(task)
         return Completion(s, task, k, None if status != 0 else executed, t0, t1, parts)
 
     def close(self) -> None:
@@ -1086,6 +1256,9 @@ class CudaDevice(Device):
         for a in list(self._graph_addrs):
             self._disp.destroy_gated_graph(a)
         self._graph_addrs.clear()
+        for a in list(self._rt_addrs):
+            self._disp.destroy_rt_graph(a)
+        self._rt_addrs.clear()
         self._timing.close()
         if self._vendor is not None:
             self._vendor.close()
@@ -1118,6 +1291,8 @@ class CudaDevice(Device):
                           "launches_by_variant": dict(self._pad_variants),
                           **self._pads.stats()}
         out["graphs"] = {**self._graphs, "plans": dict(self._graphs["plans"])}
+        out["rt_graphs"] = {**self._rt,
+                            "plans": {k: dict(v) for k, v in self._rt["plans"].items()}}
         out["vendor"] = {"mode": self.vendor_mode, "choices": self.vendor_choices,
                          "models_by_choice": dict(self._choice_stats)}
         if self._vendor is not None:

@@ -14,12 +14,17 @@ launch: plain path, reported, right outputs), and BE preemption under reef uncha
 from __future__ import annotations
 
 import ctypes
+import logging
+import queue
 
 import numpy as np
+import pytest
 
+from av_infer.devices.base import Completion
 from av_infer.devices.cuda import availability
-from tests.checks import require
-from tests.devices.test_cuda_graphs import _Graphs, graph_runs
+from av_infer.kernels.cuda.samples import chain_plan
+from tests.checks import be_bit_identical_under_rt, require
+from tests.devices.test_cuda_graphs import _Graphs, _ort, _zoo, graph_runs
 
 EMU_OK, EMU_WHY = availability(emulate=True)
 
@@ -33,6 +38,57 @@ def _device(**kw):
 
 def _emu(dev) -> ctypes.CDLL:
     return ctypes.CDLL(dev._driver_path)
+
+
+def vendor_runs(dev) -> tuple[int, int]:
+    """(matmuls, convolutions) the emulated vendor libraries executed in this process."""
+    out = (ctypes.c_uint64 * 2)()
+    _emu(dev).avi_emu_vendor_runs(out)
+    return int(out[0]), int(out[1])
+
+
+class Runner:
+    """Whole tasks through the device on one stream, without a scheduler; the completion
+    records kept as delivered (coalesced, as the engine takes them)."""
+
+    def __init__(self, dev, priority: int = 1) -> None:
+        self.dev = dev
+        self.q: queue.Queue[Completion] = queue.Queue()
+        self.stream = dev.open_stream(priority)
+        self.records: dict[int, list[Completion]] = {}
+        dev.start(self.q.put, coalesce=True)
+        self.next = 0
+
+    def start_task(self, handle, x) -> int:
+        t = self.next = self.next + 1
+        self.dev.new_task(handle, t)
+        self.dev.write_inputs(t, x)
+        return t
+
+    def finish(self, t: int, n: int) -> dict[str, np.ndarray]:
+        got = sum(c.count for c in self.records.get(t, []))
+        while got < n:
+            c = self.q.get(timeout=300)
+            self.records.setdefault(c.task, []).append(c)
+            if c.task == t:
+                got += c.count
+        out = self.dev.read_outputs(t)
+        self.dev.release_task(t)
+        return out
+
+    def run(self, handle, x) -> dict[str, np.ndarray]:
+        t = self.start_task(handle, x)
+        n = len(handle.plan.kernels)
+        self.dev.enqueue(self.stream, t, 0, n - 1)
+        return self.finish(t, n)
+
+
+def _plain_reference(plan, x, **kw) -> dict[str, np.ndarray]:
+    d = _device(**kw)
+    try:
+        return Runner(d).run(d.load_plan(plan), x)
+    finally:
+        d.close()
 
 
 # -- the emulated stream capture (graph_emu.c) ------------------------------------------
@@ -116,3 +172,253 @@ def test_emulated_stream_capture_records_launches_and_replays_them():
     finally:
         d.close()
 
+
+# -- the option ---------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [-1, 9, "two", 1.5, True])
+def test_rt_graphs_is_validated_first(bad):
+    """A bad value is refused before anything is made: even where no GPU exists (the
+    validation comes before the availability check) and from the environment."""
+    from av_infer.devices.cuda import CudaDevice
+
+    with pytest.raises(ValueError, match="rt_graphs must be an integer"):
+        CudaDevice(emulate=False, rt_graphs=bad)
+
+
+def test_off_by_default_and_the_environment_sets_it(monkeypatch):
+    monkeypatch.delenv("AV_INFER_CUDA_RT_GRAPHS", raising=False)
+    d = _device()
+    try:
+        t = d.telemetry()["rt_graphs"]
+        assert t["instances"] == 0 and not t["active"] and t["reason"] == "off"
+        s = d.open_stream(1)
+        assert not d._disp.stream_stats(s)["rt_graphs"]
+    finally:
+        d.close()
+    monkeypatch.setenv("AV_INFER_CUDA_RT_GRAPHS", "x")
+    from av_infer.devices.cuda import CudaDevice
+
+    with pytest.raises(ValueError, match="rt_graphs"):
+        CudaDevice(emulate=True)
+    monkeypatch.setenv("AV_INFER_CUDA_RT_GRAPHS", "2")
+    d = _device()
+    try:
+        t = d.telemetry()["rt_graphs"]
+        assert t["instances"] == 2 and t["active"] and t["reason"] == ""
+        assert d._disp.rt_graph_missing() == []
+        rt, be = d.open_stream(1), d.open_stream(0)
+        st = d._disp.stream_stats(rt)
+        assert st["rt_graphs"] and st["unit_capacity"] == 4  # c units, one per graph launch
+        assert not d._disp.stream_stats(be)["rt_graphs"]  # BE streams: unchanged
+    finally:
+        d.close()
+
+
+# -- RT requests as one graph launch --------------------------------------------------------
+@pytest.mark.parametrize("name,vendor", [("tiny_cnn", "force"), ("tiny_mlp", "off"),
+                                         ("tiny_transformer", "off"), ("resnet152", "force")])
+def test_rt_graph_runs_equal_the_plain_path_bit_for_bit(name, vendor):
+    """Every RT request of a zoo model is one cuGraphLaunch (dispatcher and emulator count
+    it) and one completion record of all its kernels, the captured vendor ops really run
+    at each launch, and the outputs equal the plain per-op path's bit for bit (and ONNX
+    Runtime within the fp32 tolerance)."""
+    from av_infer.devices.cuda_vendor import TOLERANCE, max_error
+
+    path, plan, x = _zoo(name)
+    n = len(plan.kernels)
+    ref = _plain_reference(plan, x, vendor=vendor)
+    d = _device(rt_graphs=2, vendor=vendor)
+    try:
+        r = Runner(d)
+        h = d.load_plan(plan)
+        nv = sum(1 for v in (h.vendor or []) if v is not None)
+        assert (nv > 0) == (vendor == "force")
+        assert d.telemetry()["rt_graphs"]["plans"][name] == {"instances": 2, "kernels": n,
+                                                            "reason": ""}
+        g0, v0 = graph_runs(d), sum(vendor_runs(d))
+        reqs = 3
+        for _ in range(reqs):
+            t = r.next + 1
+            out = r.run(h, x)
+            assert [(c.kernel, c.count) for c in r.records[t]] == [(0, n)]
+            for k in ref:
+                assert np.array_equal(out[k], ref[k]), (name, k)
+        st = d._disp.stream_stats(r.stream)
+        assert st["rt_graph_launched"] == reqs and st["rt_graph_ops"] == reqs * n
+        assert st["launched"] == st["completed"] == reqs * n
+        assert graph_runs(d)[0] - g0[0] == reqs
+        assert sum(vendor_runs(d)) - v0 == reqs * nv  # the captured vendor calls ran
+        assert st["vendor_launched"] == 0  # none went the per-op vendor path
+        tel = d.telemetry()["rt_graphs"]
+        assert tel["taken"] == reqs and tel["exhausted"] == 0
+        for k, w in _ort(path, x).items():
+            assert max_error(out[k], w) <= TOLERANCE["fp32"]
+    finally:
+        d.close()
+
+
+def test_a_graph_launch_completes_as_single_records_for_consumers_that_ask_so():
+    """A consumer that starts without ``coalesce`` gets one record per kernel of an RT
+    graph launch, in order, all with the graph's times."""
+    plan, x = chain_plan(seed=3)
+    n = len(plan.kernels)
+    d = _device(rt_graphs=1)
+    try:
+        q: queue.Queue[Completion] = queue.Queue()
+        s = d.open_stream(1)
+        d.start(q.put)
+        h = d.load_plan(plan)
+        d.new_task(h, 1)
+        d.write_inputs(1, x)
+        d.enqueue(s, 1, 0, n - 1)
+        got = [q.get(timeout=120) for _ in range(n)]
+        assert [(c.kernel, c.count) for c in got] == [(k, 1) for k in range(n)]
+        assert len({(c.t_start, c.t_end) for c in got}) == 1
+        assert d._disp.stream_stats(s)["rt_graph_launched"] == 1
+        d.read_outputs(1)
+        d.release_task(1)
+    finally:
+        d.close()
+
+
+def test_pool_exhaustion_falls_back_to_plain_and_is_counted():
+    """One instance, two RT requests at once: the first runs as the graph, the second
+    (none free) on the plain path; both right; counted; the instance comes back to the
+    pool when its task is freed and the next request takes it."""
+    plan, x = chain_plan(seed=5)
+    n = len(plan.kernels)
+    ref = _plain_reference(plan, x)
+    d = _device(rt_graphs=1)
+    try:
+        r = Runner(d)
+        h = d.load_plan(plan)
+        t1, t2 = r.start_task(h, x), r.start_task(h, x)
+        tel = d.telemetry()["rt_graphs"]
+        assert tel["taken"] == 1 and tel["exhausted"] == 1
+        assert d._tasks[t1].rt is not None and d._tasks[t2].rt is None
+        d.enqueue(r.stream, t1, 0, n - 1)
+        d.enqueue(r.stream, t2, 0, n - 1)
+        for t in (t1, t2):
+            out = r.finish(t, n)
+            for k in ref:
+                assert np.array_equal(out[k], ref[k])
+        assert [c.count for c in r.records[t1]] == [n]
+        assert all(c.count < n for c in r.records[t2])  # plain launches, perhaps coalesced
+        st = d._disp.stream_stats(r.stream)
+        assert st["rt_graph_launched"] == 1 and st["launched"] == 2 * n
+        assert h.rt_free == h.rt_pool  # back in the pool
+        out = r.run(h, x)
+        assert d.telemetry()["rt_graphs"]["taken"] == 2
+        assert d._disp.stream_stats(r.stream)["rt_graph_launched"] == 2
+        for k in ref:
+            assert np.array_equal(out[k], ref[k])
+    finally:
+        d.close()
+
+
+def test_a_range_that_is_not_the_whole_task_runs_plain_in_the_instance_arena():
+    """An RT task enqueued in two pieces (as a scheduler may): no graph launch (it would
+    run kernels the vHQ has not handed out), the plain path in the instance's arena gives
+    the same outputs."""
+    plan, x = chain_plan(seed=7)
+    n = len(plan.kernels)
+    ref = _plain_reference(plan, x)
+    d = _device(rt_graphs=1)
+    try:
+        r = Runner(d)
+        h = d.load_plan(plan)
+        t = r.start_task(h, x)
+        assert d._tasks[t].rt is not None
+        d.enqueue(r.stream, t, 0, 1)
+        d.enqueue(r.stream, t, 2, n - 1)  # may extend the first range: either way right
+        out = r.finish(t, n)
+        for k in ref:
+            assert np.array_equal(out[k], ref[k])
+        assert d._disp.stream_stats(r.stream)["launched"] == n
+    finally:
+        d.close()
+
+
+# -- refusals: the plain path, reported ------------------------------------------------------
+@pytest.mark.parametrize("hook,call", [(3, "cuStreamBeginCapture_v2"),
+                                       (4, "cuStreamEndCapture"),
+                                       (5, "cuGraphInstantiateWithFlags")])
+def test_a_refused_capture_falls_back_and_says_so(hook, call, caplog):
+    """The driver refuses the capture (at its start, at its end, or the instantiation):
+    the plan loads without instances (telemetry and a warning name the call and its code),
+    RT requests run the plain path with the right outputs, no graph launch."""
+    plan, x = chain_plan(seed=8)
+    ref = _plain_reference(plan, x, vendor="force")
+    d = _device(rt_graphs=2, vendor="force")
+    try:
+        _emu(d).avi_emu_graph_refuse(hook)
+        try:
+            with caplog.at_level(logging.WARNING, logger="av_infer.devices.cuda"):
+                h = d.load_plan(plan)
+        finally:
+            _emu(d).avi_emu_graph_refuse(0)
+        p = d.telemetry()["rt_graphs"]["plans"][plan.name]
+        assert p["instances"] == 0 and call in p["reason"], p
+        assert ("801" if hook != 4 else "901") in p["reason"]
+        assert any(call in rec.getMessage() for rec in caplog.records)
+        assert not h.rt_pool
+        r = Runner(d)
+        out = r.run(h, x)
+        for k in ref:
+            assert np.array_equal(out[k], ref[k])
+        assert d._disp.stream_stats(r.stream)["rt_graph_launched"] == 0
+        assert d.telemetry()["rt_graphs"]["taken"] == 0
+    finally:
+        d.close()
+
+
+def test_a_refused_graph_launch_runs_plain_and_says_so(caplog):
+    """cuGraphLaunch refused at transmission: the same kernels go plain as one unit (right
+    outputs, every request answered), the refusal is counted, named in telemetry and
+    logged, and that graph is not tried again."""
+    plan, x = chain_plan(seed=9)
+    n = len(plan.kernels)
+    ref = _plain_reference(plan, x, vendor="force")
+    d = _device(rt_graphs=1, vendor="force")
+    try:
+        r = Runner(d)
+        h = d.load_plan(plan)
+        _emu(d).avi_emu_graph_refuse(6)
+        try:
+            with caplog.at_level(logging.WARNING, logger="av_infer.devices.cuda"):
+                outs = [r.run(h, x) for _ in range(2)]
+        finally:
+            _emu(d).avi_emu_graph_refuse(0)
+        for out in outs:
+            for k in ref:
+                assert np.array_equal(out[k], ref[k])
+        st = d._disp.stream_stats(r.stream)
+        assert st["rt_graph_refused"] == 1 and st["rt_graph_last_refusal"] == 801
+        assert st["rt_graph_launched"] == 0 and st["launched"] == 2 * n
+        tel = d.telemetry()["rt_graphs"]
+        assert tel["launch_refused"] == 1
+        assert "cuGraphLaunch refused" in tel["reason"] and "801" in tel["reason"]
+        assert any("RT graph launch" in rec.getMessage() for rec in caplog.records)
+        assert d._disp.rt_graph_refusal(h.rt_pool[0].graph) == 801
+    finally:
+        d.close()
+
+
+# -- the scheduler on top ------------------------------------------------------------------
+def test_reef_be_preemption_is_unchanged_under_rt_graphs():
+    """The unchanged scheduler (reef, BE on its own stream): RT requests run as graph
+    launches, BE requests preempted by them equal the unpreempted result bit for bit,
+    every request answered."""
+    from av_infer import Runtime
+
+    _, be, x = _zoo("resnet152")
+    _, rt_plan, x_rt = _zoo("tiny_mlp")
+    d = _device(rt_graphs=2)
+    with Runtime(d, policy="reef", c=4) as rt:
+        rt.load_model("be", be)
+        rt.load_model("rt", rt_plan)
+        be_bit_identical_under_rt(rt, x, x_rt, n_be=6, n_rt=30)
+        stats = rt.stats()
+        tel = d.telemetry()
+    assert stats["preemptions"] > 0
+    assert sum(s["rt_graph_launched"] for s in tel["streams"]) > 0
+    assert all(s["rt_graph_refused"] == 0 for s in tel["streams"])
