@@ -46,8 +46,12 @@
 #   graphs     issue 30 item 2: scripts/gpu_graphs_check.py, full-size resnet152 on a BE
 #              stream, plain vs gated CUDA graphs of 1 and of 4 ops per launch
 #              (docs/cuda_graphs.md): vs ORT, e2e
-#              latency, host us/launch, flag-to-stop us, ran/skipped; last, low priority;
-#              printed whole into gpu_check.log (no file of its own in $OUT)
+#              latency, host us/launch, flag-to-stop us, ran/skipped; first its RT mode:
+#              resnet152 as RT requests plain vs one graph launch each (rt_graphs=2,
+#              vendor auto; alone and beside a BE client; host us/request; bit-identical;
+#              line "gpu_graphs_rt: {...}"); last, low priority; printed whole into
+#              gpu_check.log (no file of its own in $OUT); alone with
+#              GPU_CHECK_STEPS=build,graphs (not timed on a GPU yet; cap 270 s)
 # Always: gpu_check.log (everything printed) and gpu_check_steps.json (status, rc and
 # seconds per step). gpu_summary.json (issue 30 item 7's shape) is derived from
 # gpu_vendor.json and peer_torch.json: printed into the log at the end, and made again where
@@ -264,8 +268,8 @@ for pol in reef wait; do
     done
 done
 step pad_select 210 "$PY" scripts/gpu_pad_select_check.py --reps 10
-step graphs 150 "$PY" scripts/gpu_graphs_check.py --out "$PARTS/graphs" --repeats 10 --trials 20 \
-    --graph-ops 1,4
+step graphs 270 "$PY" scripts/gpu_graphs_check.py --out "$PARTS/graphs" --repeats 10 --trials 20 \
+    --graph-ops 1,4 --rt-graphs 2 --vendor auto
 COMMIT=${GPU_CHECK_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 for f in gpu_vendor.json peer_torch.json; do [ -f "$OUTDIR/$f" ] && cp "$OUTDIR/$f" "$PARTS/"; done
 "$PY" -m av_infer.bench.gpu_summary "$PARTS" --commit "$COMMIT" \

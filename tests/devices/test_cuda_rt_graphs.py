@@ -422,3 +422,68 @@ def test_reef_be_preemption_is_unchanged_under_rt_graphs():
     assert stats["preemptions"] > 0
     assert sum(s["rt_graph_launched"] for s in tel["streams"]) > 0
     assert all(s["rt_graph_refused"] == 0 for s in tel["streams"])
+
+
+# -- the GPU step's script, and the declared ABI ---------------------------------------------
+def test_gpu_graphs_check_rt_mode_on_the_emulator(tmp_path, capsys):
+    """The graphs step's RT mode (scripts/gpu_graphs_check.py --rt-graphs) end to end on
+    the emulator with vendor ops: both modes right against ONNX Runtime and bit-identical
+    to each other, one graph launch per RT request in the graph mode, none in the plain
+    one, alone and beside a BE client; the result line printed whole."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_graphs_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_graphs_check_rt", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rc = mod.main(["--emulate", "--variant", "scaled", "--model", "tiny_cnn", "--be-model",
+                   "tiny_mlp", "--rt-graphs", "2", "--rt-only", "--vendor", "force",
+                   "--repeats", "3", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "gpu_graphs.json").read_text())["rt"]
+    assert rc == 0 and res["ok"] and res["identical_to_plain"]
+    plain, graph = res["modes"]
+    assert plain["rt_graphs"] == 0 and graph["rt_graphs"] == 2
+    assert plain["vendor_ops"] > 0 and plain["rt_stream"]["rt_graph_launched"] == 0
+    assert graph["rt_stream"]["rt_graph_launched"] == 1 + 2 * 3  # warm-up, alone, beside BE
+    assert res["graph_launches_per_request"] == 1.0
+    assert graph["beside_be"]["be_requests_done"] > 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(ln.startswith("gpu_graphs_rt: {") for ln in lines)
+    assert lines[-1].startswith("gpu_graphs: {")
+
+
+def test_declared_capture_abi_matches_cuda_h(tmp_path):
+    """The stream capture entry points as ``cuda_dispatch.pyx`` and ``graph_emu.c`` declare
+    them (``cuStreamBeginCapture_v2(CUstream, mode)`` with RELAXED = 2,
+    ``cuStreamEndCapture(CUstream, CUgraph*)``, the capture error codes) against NVIDIA's
+    ``cuda.h`` by a C compile (-Werror); skips without a CUDA toolkit's headers."""
+    import shutil
+    import subprocess
+
+    from tests.devices.test_cuda_graphs import _cuda_include
+
+    inc = require(_cuda_include(), "CUDA toolkit headers (cuda.h)")
+    require(shutil.which("gcc"), "gcc")
+    src = tmp_path / "abi_capture.c"
+    src.write_text(r"""
+#include <cuda.h>
+_Static_assert(sizeof(CUstreamCaptureMode) == sizeof(int), "mode is passed as an int");
+_Static_assert(CU_STREAM_CAPTURE_MODE_RELAXED == 2, "relaxed");
+_Static_assert(CU_STREAM_CAPTURE_STATUS_ACTIVE == 1 && CU_STREAM_CAPTURE_STATUS_INVALIDATED == 2,
+               "capture status");
+_Static_assert(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED == 900, "900");
+_Static_assert(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED == 901, "901");
+_Static_assert(CUDA_ERROR_ILLEGAL_STATE == 401, "401");
+typedef CUresult (*p_begin)(CUstream, CUstreamCaptureMode);
+typedef CUresult (*p_end)(CUstream, CUgraph*);
+typedef CUresult (*p_is)(CUstream, CUstreamCaptureStatus*);
+p_begin a = cuStreamBeginCapture_v2;
+p_end b = cuStreamEndCapture;
+p_is c = cuStreamIsCapturing;
+""")
+    res = subprocess.run(["gcc", "-std=c11", "-fsyntax-only", "-Werror=incompatible-pointer-types",
+                          f"-I{inc}", str(src)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
