@@ -75,7 +75,7 @@ $(foreach p,$(IFACE_PKGS),$(eval $(call iface_rule,$(p))))
 # Cython hot paths (av_infer/_cy/*.pyx -> av_infer/_cy/*.so) and the console script.
 build: $(VENV)/.stamp-build
 $(VENV)/.stamp-build: $(VENV)/.stamp-deps $(PYX) setup.py pyproject.toml
-	$(VPY) setup.py -q build_ext --inplace
+	$(VPY) setup.py -q build_ext --inplace -j $(shell nproc 2>/dev/null || echo 2)
 	$(VPY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 

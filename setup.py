@@ -3,6 +3,7 @@ sources live beside the package they build; .pxd files there declare the cdef AP
 modules cimport as ``av_infer._cy.NAME``), and the Python modules listed in
 av_infer/_cy/compiled.py are compiled with the .pxd beside them (pure-Python mode)."""
 
+import os
 import runpy
 from pathlib import Path
 
@@ -40,6 +41,8 @@ setup(
     ext_modules=cythonize(
         extensions,
         language_level=3,
+        # C generation of the modules in parallel (the build's longest serial part)
+        nthreads=os.cpu_count() or 1,
         include_path=[str(ROOT)],
         compiler_directives={"boundscheck": False, "wraparound": False, "cdivision": True},
     ),
