@@ -16,7 +16,9 @@ Importing this module never touches CUDA; :func:`is_available` says whether it c
 Completions: ``executed`` is None (a kernel that returned at its flag check looks like one
 that ran), except for launches through gated graphs (``graphs="be"``, docs/cuda_graphs.md),
 whose gate record says True / False; ``t_start`` is the host time of the launch call,
-``t_end`` the host time the dispatcher saw the kernel's event complete.
+``t_end`` the host time the dispatcher saw the kernel's event complete. RT as one graph
+(``rt_graphs=N``, docs/cuda_graphs.md): a whole RT task launched as one captured graph
+completes as one record of all its kernels (``Completion.count``; the graph's times).
 
 DKP (``enqueue_padded``): the padded dispatcher kernel of ``kernels/cuda/padding.py``,
 compiled per set of resident plans (RT plan + the BE plans of the parts) on a background

@@ -410,15 +410,17 @@ def test_a_refused_graph_launch_runs_plain_and_says_so(caplog):
 
 
 # -- the scheduler on top ------------------------------------------------------------------
-def test_reef_be_preemption_is_unchanged_under_rt_graphs():
+@pytest.mark.parametrize("vendor", ["off", "force"])
+def test_reef_be_preemption_is_unchanged_under_rt_graphs(vendor):
     """The unchanged scheduler (reef, BE on its own stream): RT requests run as graph
     launches, BE requests preempted by them equal the unpreempted result bit for bit,
-    every request answered."""
+    every request answered; with vendor ops in both models too (captured in the RT
+    graph, host-checked on the BE stream)."""
     from av_infer import Runtime
 
     _, be, x = _zoo("resnet152")
-    _, rt_plan, x_rt = _zoo("tiny_mlp")
-    d = _device(rt_graphs=2)
+    _, rt_plan, x_rt = _zoo("tiny_cnn" if vendor == "force" else "tiny_mlp")
+    d = _device(rt_graphs=2, vendor=vendor)
     with Runtime(d, policy="reef", c=4) as rt:
         rt.load_model("be", be)
         rt.load_model("rt", rt_plan)
