@@ -47,6 +47,9 @@
  *   synchronization with other streams. cuStreamDestroy(_v2) drains the stream and joins
  *   its worker before returning (CUDA returns at once and releases it later), so it
  *   blocks while the stream has work.
+ * Stream capture (graph_emu.c): while a stream captures, enqueue() hands its operations
+ *   to the capture graph instead of the FIFO (kernel launches, replayable vendor calls) or
+ *   invalidates the capture (anything else); cuStreamSynchronize on it fails (900).
  * Events: cuEventRecord enqueues a marker; re-recording replaces the marker (a query,
  *   synchronize, wait or elapsed time refers to the latest record at the time of the
  *   call). An event never recorded is complete. cuStreamWaitEvent makes the stream wait
