@@ -409,6 +409,64 @@ def test_a_refused_graph_launch_runs_plain_and_says_so(caplog):
         d.close()
 
 
+def test_a_kernel_failing_inside_an_rt_graph_fails_its_task_with_a_typed_error():
+    """A kernel node failing inside the RT graph (the emulator's hook): every kernel of the
+    task completes as a failed record (no coalesced success), its ``read_outputs`` raises
+    DeviceFaultError naming CUresult 719; ``close()`` still completes."""
+    from av_infer.errors import DeviceFaultError
+
+    plan, x = chain_plan(seed=1)
+    n = len(plan.kernels)
+    d = _device(rt_graphs=1)
+    try:
+        r = Runner(d)
+        h = d.load_plan(plan)
+        t = r.start_task(h, x)
+        _emu(d).avi_emu_graph_fail_after(2)
+        try:
+            d.enqueue(r.stream, t, 0, n - 1)
+            got = 0
+            while got < n:
+                c = r.q.get(timeout=120)
+                r.records.setdefault(c.task, []).append(c)
+                got += c.count
+        finally:
+            _emu(d).avi_emu_graph_fail_after(0)
+        assert [c.count for c in r.records[t]] == [1] * n
+        assert d._disp.stream_stats(r.stream)["rt_graph_launched"] == 1
+        with pytest.raises(DeviceFaultError, match="719"):
+            d.read_outputs(t)
+        d.release_task(t)
+    finally:
+        d.close()
+
+
+def test_rt_graphs_beside_gated_be_graphs():
+    """Both options on one device: RT requests as one graph launch on the RT stream, BE
+    requests through gated graphs of 4 ops on a BE stream; each bit-identical to its plain
+    run."""
+    plan, x = chain_plan(seed=11)
+    n = len(plan.kernels)
+    ref = _plain_reference(plan, x)
+    d = _device(rt_graphs=1, graphs="be", graph_ops=4)
+    try:
+        r = Runner(d)
+        be = d.open_stream(0)
+        h = d.load_plan(plan)
+        assert d.telemetry()["graphs"]["active"] and d.telemetry()["rt_graphs"]["active"]
+        out_rt = r.run(h, x)
+        t = r.start_task(h, x)  # the pool's instance is free again: this one takes it
+        d.enqueue(be, t, 0, n - 1)
+        out_be = r.finish(t, n)
+        for k in ref:
+            assert np.array_equal(out_rt[k], ref[k]) and np.array_equal(out_be[k], ref[k])
+        assert d._disp.stream_stats(r.stream)["rt_graph_launched"] == 1
+        st = d._disp.stream_stats(be)
+        assert st["graph_launched"] > 0 and st["rt_graph_launched"] == 0
+    finally:
+        d.close()
+
+
 # -- the scheduler on top ------------------------------------------------------------------
 @pytest.mark.parametrize("vendor", ["off", "force"])
 def test_reef_be_preemption_is_unchanged_under_rt_graphs(vendor):
