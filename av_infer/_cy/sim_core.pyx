@@ -11,7 +11,11 @@ the Python implementation it replaced (the same IEEE doubles in the same order, 
 event sequence numbers), so a run gives bit-identical timelines (``bench.sim_speed``
 compares digests against the older ``sim.py``).
 
-Events are heap tuples ``(t, seq, kind, a, b)``; ties run in insertion order (``seq``).
+Events are ``(t, seq, kind, a, b)`` in a binary heap of C records (``_Ev``: time,
+sequence number, kind, payload slot; the payload objects ``a``, ``b`` in two lists, where
+the cycle collector sees them); ties run in insertion order (``seq``). The keys
+``(t, seq)`` are unique, so events run in the one order the heap of Python tuples this
+replaced (``heapq``) gave them, compared without a Python object per event.
 The ready list is kept sorted by ``(-priority, t_ready, seq)`` on insertion (the keys
 never change and are unique, so this is the order a stable sort before every placement
 pass gives).
@@ -19,12 +23,11 @@ pass gives).
 
 import dataclasses
 from collections import deque
-from heapq import heappop, heappush
 
 from cpython.object cimport PyObject_GenericSetAttr
 from libc.math cimport ceil
 from libc.stdint cimport int32_t, int64_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free, malloc, realloc
 
 from av_infer._cy.vhq cimport VHQ
 
@@ -68,6 +71,21 @@ cdef object _completion(int stream, object task, int kernel, bint executed, doub
     for name, default in _DEFAULTS:
         PyObject_GenericSetAttr(c, name, default)
     return c
+
+
+cdef struct _Ev:
+    double t
+    long long seq
+    int kind
+    Py_ssize_t slot  # index into SimCore._pa / _pb (the event's payload)
+
+
+cdef inline bint _ev_lt(_Ev* x, _Ev* y) noexcept nogil:
+    """``(x.t, x.seq) < (y.t, y.seq)`` (the tuple order of the heap it replaced)."""
+    return x.t < y.t or (x.t == y.t and x.seq < y.seq)
+
+
+cdef double _NAN = float("nan")
 
 
 DEF EV_CALL = 0
@@ -361,33 +379,26 @@ cdef class _KRun:
     cdef double bw_res  # bandwidth share its resident blocks hold now
     cdef double pad_load  # padded RT launch: bandwidth its BE parts will hold
 
-    def __cinit__(self, _Stream stream, object task, int kernel, long long seq, double t,
-                  tuple c):
-        self.stream = stream
-        self.task = task
-        self.kernel = kernel
-        self.seq = seq
-        self.t_ready = t
-        self.pending = c[0]
-        self.cost = c[1]
-        self.block_s = c[2]
-        self.press = c[3]
-        self.curve = c[4]
-        self.g_alone = c[5]
-        self.running = 0
-        self.t_start = float("nan")
-        self.evicted = False
-        self.started = 0
-        self.evict_until = 0.0
-        self.order = None
-        self.parts = []
-        self.parent = None
-        self.first_block = 0
-        self.done_parts = ()
-        self.q = 0.0
-        self.bw_unit = 0.0
-        self.bw_res = 0.0
-        self.pad_load = 0.0
+
+cdef _KRun _krun(_Stream stream, object task, int kernel, long long seq, double t, tuple c):
+    """A new launch record (``_KRun.__new__`` and C assignments: no argument parsing);
+    fields not set here start at 0 / None."""
+    cdef _KRun k = _KRun.__new__(_KRun)
+    k.stream = stream
+    k.task = task
+    k.kernel = kernel
+    k.seq = seq
+    k.t_ready = t
+    k.pending = c[0]
+    k.cost = c[1]
+    k.block_s = c[2]
+    k.press = c[3]
+    k.curve = c[4]
+    k.g_alone = c[5]
+    k.t_start = _NAN
+    k.parts = []
+    k.done_parts = ()
+    return k
 
 
 cdef inline bint _before(_KRun a, _KRun b):
@@ -409,7 +420,12 @@ cdef class SimCore:
 
     cdef public double _t
     cdef long long _seq
-    cdef list _events
+    # the event heap (see the module docstring): ``_n`` records in ``_heap`` (room for
+    # ``_cap``), payloads in ``_pa``/``_pb`` by slot, free slots in ``_free``
+    cdef _Ev* _heap
+    cdef Py_ssize_t* _free
+    cdef Py_ssize_t _n, _cap, _nfree
+    cdef list _pa, _pb
     cdef readonly list _streams
     cdef list _ready
     cdef list _spare  # finished _Batch objects, reused (their SM arrays are allocated)
@@ -436,7 +452,8 @@ cdef class SimCore:
         """Initial state (called once by ``SimDevice.__init__`` after validation)."""
         self._t = 0.0
         self._seq = 0
-        self._events = []
+        self._clear_events()
+        self._grow(64)
         self._streams = []
         self._ready = []
         self._spare = []
@@ -494,9 +511,89 @@ cdef class SimCore:
     def now(self):
         return self._t
 
+    def __dealloc__(self):
+        free(self._heap)
+        free(self._free)
+
+    cdef int _grow(self, Py_ssize_t cap) except -1:
+        """Room for ``cap`` events (and as many payload slots: never more are in use)."""
+        cdef _Ev* h = <_Ev*>realloc(self._heap, cap * sizeof(_Ev))
+        if h == NULL:
+            raise MemoryError()
+        self._heap = h
+        cdef Py_ssize_t* f = <Py_ssize_t*>realloc(self._free, cap * sizeof(Py_ssize_t))
+        if f == NULL:
+            raise MemoryError()
+        self._free = f
+        self._cap = cap
+        return 0
+
+    cdef int _clear_events(self) except -1:
+        self._n = 0
+        self._nfree = 0
+        self._pa = []
+        self._pb = []
+        return 0
+
     cdef inline void _at(self, double t, int kind, object a, object b) except *:
+        """Schedule event ``kind`` with payload ``a``, ``b`` at ``t`` (after every event
+        already at ``t``)."""
+        cdef Py_ssize_t slot, i, p
+        cdef _Ev ev
+        cdef _Ev* heap
         self._seq += 1
-        heappush(self._events, (t, self._seq, kind, a, b))
+        if self._nfree:
+            self._nfree -= 1
+            slot = self._free[self._nfree]
+            self._pa[slot] = a
+            self._pb[slot] = b
+        else:
+            slot = len(self._pa)
+            self._pa.append(a)
+            self._pb.append(b)
+        if self._n == self._cap:
+            self._grow(2 * self._cap)
+        ev.t = t
+        ev.seq = self._seq
+        ev.kind = kind
+        ev.slot = slot
+        heap = self._heap
+        i = self._n
+        self._n += 1
+        while i > 0:  # up from the new leaf
+            p = (i - 1) >> 1
+            if _ev_lt(&ev, &heap[p]):
+                heap[i] = heap[p]
+                i = p
+            else:
+                break
+        heap[i] = ev
+
+    cdef inline _Ev _pop(self) noexcept:
+        """Remove and return the first event (the heap is not empty); its payload slot is
+        the caller's to read and free (``_take``)."""
+        cdef _Ev* heap = self._heap
+        cdef _Ev top = heap[0]
+        cdef _Ev last
+        cdef Py_ssize_t n, i, c
+        self._n -= 1
+        n = self._n
+        if n > 0:
+            last = heap[n]
+            i = 0
+            while True:  # down from the root
+                c = 2 * i + 1
+                if c >= n:
+                    break
+                if c + 1 < n and _ev_lt(&heap[c + 1], &heap[c]):
+                    c += 1
+                if _ev_lt(&heap[c], &last):
+                    heap[i] = heap[c]
+                    i = c
+                else:
+                    break
+            heap[i] = last
+        return top
 
     def call_at(self, double t, fn):
         """Run ``fn()`` at virtual time ``t`` (not before now) inside :meth:`run`."""
@@ -505,30 +602,38 @@ cdef class SimCore:
     def run(self, until=None):
         """Process events in time order (ties: insertion order) until none are left or
         ``until``; the clock then stands at ``until`` (if given)."""
-        cdef list ev = self._events
         cdef bint bounded = until is not None
         cdef double u = until if bounded else 0.0
         cdef long long n = 0
-        cdef tuple item
+        cdef _Ev e
         cdef int kind
-        while ev:
-            if bounded and <double>(<tuple>ev[0])[0] > u:
+        cdef list pa, pb
+        while self._n:
+            if bounded and self._heap[0].t > u:
                 break
-            item = heappop(ev)
-            self._t = item[0]
-            kind = item[2]
+            e = self._pop()
+            pa = self._pa
+            pb = self._pb
+            a = pa[e.slot]
+            b = pb[e.slot]
+            pa[e.slot] = None
+            pb[e.slot] = None
+            self._free[self._nfree] = e.slot
+            self._nfree += 1
+            self._t = e.t
+            kind = e.kind
             if kind == EV_BATCH_END:
-                self._on_batch_end(<_Batch>item[3])
+                self._on_batch_end(<_Batch>a)
             elif kind == EV_ARRIVE:
-                self._on_arrive(<_Stream>item[3], <tuple>item[4])
+                self._on_arrive(<_Stream>a, <tuple>b)
             elif kind == EV_FINISH:
-                self._finish(<_KRun>item[3])
+                self._finish(<_KRun>a)
             elif kind == EV_CALL:
-                item[3]()
+                a()
             elif kind == EV_FLAG:
-                self._on_flag(<_Stream>item[3], item[4])
+                self._on_flag(<_Stream>a, b)
             else:
-                self._on_quiet_end(<_Stream>item[3])
+                self._on_quiet_end(<_Stream>a)
             if self._ready:
                 self._schedule()
             n += 1
@@ -538,7 +643,7 @@ cdef class SimCore:
 
     def idle(self):
         """No event pending: nothing in flight, nothing scheduled."""
-        return not self._events
+        return self._n == 0
 
     # -- streams, vHQs, preemption -------------------------------------------------------
     def open_stream(self, int priority):
@@ -594,7 +699,7 @@ cdef class SimCore:
 
     def close(self):
         self._closed = True
-        del self._events[:]
+        self._clear_events()
         del self._ready[:]
 
     def residency(self, int stream):
@@ -696,7 +801,7 @@ cdef class SimCore:
                 faults.check("kernel", h.plan.name, kernel)
             except InjectedFault as e:
                 self._failed.setdefault(task, f"kernel {kernel} failed: {e}")
-        k = _KRun(s, task, kernel, self._seq, self._t, h.consts[kernel])
+        k = _krun(s, task, kernel, self._seq, self._t, h.consts[kernel])
         mem = h.mem
         if mem is not None:
             k.q, k.bw_unit = mem[kernel]
@@ -723,7 +828,7 @@ cdef class SimCore:
             if h is None:  # released meanwhile (answered, aborted): nothing to run
                 continue
             self._seq += 1
-            kb = _KRun(k.stream, task, kernel, self._seq, self._t, h.consts[kernel])
+            kb = _krun(k.stream, task, kernel, self._seq, self._t, h.consts[kernel])
             kb.pending = n
             occ = max(1, occ)
             if U // occ > kb.cost:  # at most `occ` per SM
