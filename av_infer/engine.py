@@ -24,7 +24,7 @@ import numpy as np
 
 from av_infer.cache import ModelCache
 from av_infer.devices import make_device
-from av_infer.devices.base import Completion, Device
+from av_infer.devices.base import Device
 from av_infer.errors import InvalidParameterError
 from av_infer.model.plan import Plan
 from av_infer.model.plan_store import PlanStore, open_plan_store
@@ -174,15 +174,13 @@ class Engine:
         self.batch_info: dict[str, str] = {}  # model -> batch sizes or why unavailable
         self.driver = Driver(self.sched, "inline" if virtual else "thread",
                              on_stop=self.device.close)
+        # completions go to the driver's entry directly (a compiled call where built)
         if self.device.coalesces:  # the scheduler applies Completion.count exactly
-            self.device.start(self.on_complete, coalesce=True)
+            self.device.start(self.driver.complete, coalesce=True)
         else:
-            self.device.start(self.on_complete)
+            self.device.start(self.driver.complete)
 
     # -- the driver -------------------------------------------------------------------------
-    def on_complete(self, comp: Completion) -> None:
-        self.driver.post(("complete", comp))
-
     def control(self, fn: Callable[[], Any], wait: bool = True) -> Any:
         """Run ``fn`` on the scheduler (between events) and return its result."""
         return self.driver.call(fn, wait)

@@ -2,12 +2,13 @@
 
 A module listed in ``PURE_MODULES`` is one ``.py`` source with a ``.pxd`` beside it that
 gives its classes C fields and its hot methods C calls (Cython's pure-Python mode:
-``av_infer/sched/scheduler.pxd``). ``setup.py`` builds each into an extension next to the
-``.py``; Python imports the extension first, and the ``.py`` runs interpreted only where
-no build exists. So a build older than its source runs *old code*: :func:`stale` says
-which, and the test suite refuses to start on one (``tests/conftest.py``). ``setup.py``
-reads ``PURE_MODULES`` from this file with ``runpy`` (the package cannot be imported
-before it is built); this file imports nothing of av_infer.
+``av_infer/sched/scheduler.pxd``, ``driver.pxd``). ``setup.py`` builds each into an
+extension next to the ``.py``; Python imports the extension first, and the ``.py`` runs
+interpreted only where no build exists. So a build older than its source runs *old
+code*: :func:`stale` says which, and the test suite refuses to start on one
+(``tests/conftest.py``). ``setup.py`` reads ``PURE_MODULES`` from this file with
+``runpy`` (the package cannot be imported before it is built); this file imports
+nothing of av_infer.
 
 ``AV_INFER_INTERPRETED=1`` runs the listed modules from their ``.py`` even where a build
 exists (``av_infer/__init__.py`` calls :func:`use_interpreted` first): for a debugger or a
@@ -23,9 +24,9 @@ from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 #: dotted names below ``av_infer`` (``sched.scheduler`` -> av_infer/sched/scheduler.py)
-#: (dependencies first: ``use_interpreted`` loads them in this order, and the scheduler
-#: imports the request module)
-PURE_MODULES: tuple[str, ...] = ("sched.request", "sched.scheduler")
+#: (dependencies first: ``use_interpreted`` loads them in this order; the scheduler
+#: imports the request module, the driver the scheduler)
+PURE_MODULES: tuple[str, ...] = ("sched.request", "sched.scheduler", "sched.driver")
 
 _PKG = Path(__file__).resolve().parents[1]
 

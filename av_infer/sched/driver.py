@@ -1,3 +1,4 @@
+# cython: annotation_typing=False, language_level=3
 """The driver of the synchronous Scheduler: who calls ``Scheduler.post``, and when.
 
 Why no scheduler thread: on a CPU the runtime's own cost is thread hand-offs. A dedicated
@@ -23,6 +24,11 @@ Guarantees:
   the driver asks ``sched.next_timer()`` (device time of the next one, inf if none) and
   arms one timer for it, a thread waiting on a condition (wall clock) or an event of the
   virtual device (``Device.call_at``); when it fires it posts ``("timer",)``.
+
+Compiled where built (``driver.pxd``, Cython's pure-Python mode, as the scheduler): the
+devices hand every completion to :meth:`Driver.complete` (``Device.start``), a C
+function that calls the compiled scheduler; in the simulator that is the cost of each
+kernel completion (docs/bench.md, "Simulator speed").
 """
 
 from __future__ import annotations
@@ -215,20 +221,42 @@ class Driver:
     # -- entering the scheduler ---------------------------------------------------------
     def post(self, event: tuple) -> None:
         """Handle ``event`` now on this thread, or leave it to the thread inside."""
+        self._pending.append(event)
+        self._drain(None)
+
+    def complete(self, comp: Any) -> None:
+        """One launch (or a coalesced record of several) left the device:
+        ``post(("complete", comp))``. The devices' completion entry (the engine starts
+        them with ``Device.start(driver.complete)``): when nothing waits in the queue and
+        no thread is inside, the event goes to the scheduler without the queue."""
+        self._drain(("complete", comp))
+
+    def _drain(self, first: tuple | None) -> None:
+        """Handle ``first`` (an event not yet queued, or None) and every queued event on
+        this thread, or leave them to the thread inside. ``first`` skips the queue only
+        when the queue is empty and this thread got in; otherwise it is queued like any
+        event (so events are handled in the order they were posted)."""
         pending = self._pending
-        pending.append(event)
         lock = self._lock
         sched = self.sched
-        while pending:
-            if not lock.acquire(blocking=False):
-                return  # the thread inside handles it before it leaves (re-check below)
+        if first is not None and (pending or not lock.acquire(False)):
+            pending.append(first)
+            first = None
+        while True:
+            if first is None:  # (with ``first``, this thread is already in)
+                if not pending:
+                    break
+                if not lock.acquire(False):
+                    return  # the thread inside handles it before it leaves (re-check below)
             self._holder = _get_ident()
             try:
                 # do what is due: every queued event (the scheduler's non-blocking
                 # handlers), then arm a timer for the next timed decision (inf: none)
-                handle, take = sched.post, pending.popleft
+                if first is not None:
+                    ev, first = first, None
+                    sched.post(ev)
                 while pending:
-                    handle(take())
+                    sched.post(pending.popleft())
                 due = sched.next_timer()
                 if due < self._armed and not sched.stopped:
                     self._arm(due)

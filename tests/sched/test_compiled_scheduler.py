@@ -1,5 +1,5 @@
-"""The scheduler runs compiled (scheduler.py with scheduler.pxd, request.py with request.pxd:
-Cython's pure-Python mode)
+"""The scheduler runs compiled (scheduler.py with scheduler.pxd, request.py with request.pxd,
+its driver, driver.py with driver.pxd: Cython's pure-Python mode)
 and, where no build exists, interpreted from the same source: both must decide alike.
 
 Checked on the simulator's DISB runs (every workload and the recorded trace, five
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from av_infer._cy.compiled import PURE_MODULES, is_compiled, stale
 from av_infer.bench.sim_speed import _digests
-from av_infer.sched import request, scheduler
+from av_infer.sched import driver, request, scheduler
 
 ROOT = Path(__file__).resolve().parents[2]
 SECONDS = "0.2"
@@ -27,19 +27,22 @@ CONFIGS = ["issue13"]
 
 def test_the_suite_runs_the_compiled_scheduler() -> None:
     """``make test`` builds it (setup.py); a stale build is refused at start (conftest)."""
-    assert PURE_MODULES == ("sched.request", "sched.scheduler")
+    assert PURE_MODULES == ("sched.request", "sched.scheduler", "sched.driver")
     assert is_compiled(scheduler), scheduler.__file__
     assert is_compiled(request), request.__file__
+    assert is_compiled(driver), driver.__file__
     assert not stale()
 
 
 def test_compiled_and_interpreted_scheduler_decide_alike(tmp_path: Path) -> None:
     out = tmp_path / "interpreted.json"
-    code = ("import json, sys; import av_infer; from av_infer.sched import request, scheduler; "
+    code = ("import json, sys; import av_infer; "
+            "from av_infer.sched import driver, request, scheduler; "
             "from av_infer._cy.compiled import is_compiled; "
             "from av_infer.bench.sim_speed import _digests; "
             "assert not is_compiled(scheduler), scheduler.__file__; "
             "assert not is_compiled(request), request.__file__; "
+            "assert not is_compiled(driver), driver.__file__; "
             f"json.dump(_digests({SECONDS}, {CONFIGS!r}, 'interpreted'), "
             "open(sys.argv[1], 'w'))")
     env = {**os.environ, "AV_INFER_INTERPRETED": "1"}
