@@ -25,13 +25,16 @@ class LatencyRecorder:
     """The last ``cap`` samples (seconds, in a numpy ring) plus all-time count/sum/max.
 
     ``add`` is O(1); ``sample`` copies the ring (a memcpy) so callers holding the stats lock
-    keep it for microseconds and compute percentiles after releasing it."""
-
-    __slots__ = ("_ring", "_size", "_cap", "count", "total", "max")
+    keep it for microseconds and compute percentiles after releasing it. Compiled where
+    built (``latency.pxd``: ``add`` a C method storing through a typed view of the ring);
+    the same code runs interpreted elsewhere (``_view`` is then the ring itself)."""
 
     def __init__(self, cap: int = SAMPLE_CAP) -> None:
+        if cap < 1:
+            raise ValueError(f"cap must be >= 1, got {cap!r}")
         self._cap = int(cap)
         self._ring = np.empty(0, dtype=np.float64)  # grows to cap
+        self._view = self._ring
         self._size = 0  # len(self._ring), kept (add reads it on every sample)
         self.count = 0
         self.total = 0.0
@@ -39,16 +42,16 @@ class LatencyRecorder:
 
     def add(self, seconds: float) -> None:
         n = self.count
-        ring = self._ring
         if n < self._size:
-            ring[n] = seconds  # filling (the common case: one store, no modulo)
+            self._view[n] = seconds  # filling (the common case: one store, no modulo)
         elif n >= self._cap:
-            ring[n % self._cap] = seconds
+            self._view[n % self._cap] = seconds
         else:  # full below the cap: grow (doubling, at most to the cap)
             grown = np.empty(min(self._cap, max(64, 2 * n)), dtype=np.float64)
-            grown[:n] = ring[:n]
+            grown[:n] = self._ring[:n]
             grown[n] = seconds
             self._ring = grown
+            self._view = grown
             self._size = len(grown)
         self.count = n + 1
         self.total += seconds

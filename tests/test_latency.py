@@ -35,3 +35,39 @@ def test_empty_and_summary() -> None:
     s = summarize_ms(r.sample())
     assert math.isclose(s["p50"], 2.0) and math.isclose(s["max"], 3.0)
     assert math.isclose(s["mean"], 2.0)
+
+
+def test_compiled_and_interpreted_recorders_agree() -> None:
+    """The recorder is compiled where built (av_infer/latency.pxd); the same source run by
+    the interpreter (``AV_INFER_INTERPRETED=1``) keeps the same samples and figures through
+    filling, growing and wrapping, and both refuse a cap below 1."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from av_infer import latency
+    from av_infer._cy.compiled import is_compiled
+
+    code = ("import json, sys; import av_infer; from av_infer import latency as L; "
+            "from av_infer._cy.compiled import is_compiled; "
+            "assert is_compiled(L) == (sys.argv[1] == '1'), L.__file__; "
+            "out = []\n"
+            "for cap in (1, 5, 64, 100):\n"
+            "    r = L.LatencyRecorder(cap)\n"
+            "    for i in range(3 * cap + 70):\n"
+            "        r.add((i * 7919 % 1000) / 1e3)\n"
+            "    a, n, t, m = r.sample(); out.append([a.tolist(), n, t, m])\n"
+            "try:\n    L.LatencyRecorder(0)\nexcept ValueError:\n    out.append('refused')\n"
+            "print(json.dumps(out))")
+    runs = {}
+    for interpreted in ("", "1"):
+        env = {**os.environ, "AV_INFER_INTERPRETED": interpreted}
+        if not interpreted:
+            env.pop("AV_INFER_INTERPRETED")
+        flag = "0" if interpreted else ("1" if is_compiled(latency) else "0")
+        runs[interpreted] = json.loads(subprocess.run(
+            [sys.executable, "-c", code, flag], env=env, check=True, capture_output=True,
+            text=True).stdout)
+    assert runs[""] == runs["1"]
+    assert runs[""][-1] == "refused"

@@ -25,8 +25,9 @@ from pathlib import Path
 
 #: dotted names below ``av_infer`` (``sched.scheduler`` -> av_infer/sched/scheduler.py)
 #: (dependencies first: ``use_interpreted`` loads them in this order; the scheduler
-#: imports the request module, the driver the scheduler)
-PURE_MODULES: tuple[str, ...] = ("sched.request", "sched.scheduler", "sched.driver")
+#: imports the request module, the driver the scheduler; the latency recorders are
+#: imported by the scheduler's statistics and the cpu device)
+PURE_MODULES: tuple[str, ...] = ("latency", "sched.request", "sched.scheduler", "sched.driver")
 
 _PKG = Path(__file__).resolve().parents[1]
 

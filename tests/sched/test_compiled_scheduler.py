@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from av_infer import latency
 from av_infer._cy.compiled import PURE_MODULES, is_compiled, stale
 from av_infer.bench.sim_speed import _digests
 from av_infer.sched import driver, request, scheduler
@@ -27,7 +28,8 @@ CONFIGS = ["issue13"]
 
 def test_the_suite_runs_the_compiled_scheduler() -> None:
     """``make test`` builds it (setup.py); a stale build is refused at start (conftest)."""
-    assert PURE_MODULES == ("sched.request", "sched.scheduler", "sched.driver")
+    assert PURE_MODULES == ("latency", "sched.request", "sched.scheduler", "sched.driver")
+    assert is_compiled(latency), latency.__file__
     assert is_compiled(scheduler), scheduler.__file__
     assert is_compiled(request), request.__file__
     assert is_compiled(driver), driver.__file__
@@ -43,6 +45,8 @@ def test_compiled_and_interpreted_scheduler_decide_alike(tmp_path: Path) -> None
             "assert not is_compiled(scheduler), scheduler.__file__; "
             "assert not is_compiled(request), request.__file__; "
             "assert not is_compiled(driver), driver.__file__; "
+            "from av_infer import latency; "
+            "assert not is_compiled(latency), latency.__file__; "
             f"json.dump(_digests({SECONDS}, {CONFIGS!r}, 'interpreted'), "
             "open(sys.argv[1], 'w'))")
     env = {**os.environ, "AV_INFER_INTERPRETED": "1"}
