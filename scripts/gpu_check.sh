@@ -15,7 +15,9 @@
 #              default 1 = REEF's), all with av_infer under reef; then A fp32 with av_infer
 #              under prio_streams (BE co-running at low stream priority, as torch's
 #              systems do: is the BE gap, 0.43x on the H200's second lease, REEF's idle
-#              BE during RT or our per-model speed?)              -> peer_torch.json
+#              BE during RT or our per-model speed?); then A fp32 under reef with
+#              av_infer's RT model as one CUDA graph launch a request (--rt-graphs 2,
+#              docs/cuda_graphs.md; never on a GPU before)        -> peer_torch.json
 #   gil        issue 30/31: scripts/gpu_gil_check.py, is the RT client late because of the
 #              GIL? (H200, 2026-11-27: RT client late p99 2-10 ms under av_infer, 0.1-0.2
 #              ms under torch) the avi system of peer torch A fp32, switch interval 5000
@@ -60,14 +62,17 @@
 # H200: log, steps, gpu_vendor, peer_torch, gpu_check, disb_cuda, sim_profiles, disb_sim).
 # scripts/*.py import av_infer from the checkout: PYTHONPATH gets the checkout first (the
 # GPU image's python3 has no av_infer installed; the graphs step failed on that, 2026-11-27).
-# Order = priority (2026-11-27): build, vendor, peer_torch, gil, pytest, sim_profiles,
-# sim_disb, then the steps that already ran on a GPU (bench, disb_*, sweep_*: H100
-# 2026-11-26; pad_select, graphs: H200 2026-11-27). The steps above are described in
+# Order = priority (2026-11-27, third session): build, vendor, peer_torch, pytest, graphs
+# (RT as one graph: new), sim_profiles, sim_disb, then the steps that already ran on a GPU
+# (bench, disb_*, sweep_*: H100 2026-11-26; pad_select: H200 2026-11-27; gil: H200, both
+# leases, no lever found). The steps above are described in
 # their topic's order, not run order. A 15-minute lease fits about three calls started
 # while the machine is warm (2026-11-27: 425 + 147 + 245 s of commands, 866 s held):
-#   1. GPU_CHECK_STEPS=build,vendor,peer_torch,gil,pytest GPU_CHECK_BUDGET_S=540 (timeout_s 590;
-#      H200 2026-11-27 second lease: 447 s before the prio_streams peer run was added, ~50 s)
-#   2. GPU_CHECK_STEPS=build,sim_profiles,sim_disb GPU_CHECK_BUDGET_S=... (what is left)
+#   1. GPU_CHECK_STEPS=build,vendor,peer_torch,pytest GPU_CHECK_BUDGET_S=540 (timeout_s 590;
+#      H200 2026-11-27 second lease: 447 s with gil and three peer runs; peer runs ~50 s
+#      each, now five; gil (two leases, no lever found) left out of the recipe)
+#   2. GPU_CHECK_STEPS=build,graphs,sim_profiles,sim_disb GPU_CHECK_BUDGET_S=... (what is
+#      left; graphs first: RT as one graph, never measured on a GPU)
 # (build is seconds when the tree's extensions are already built there).
 #
 # Knobs: GPU_CHECK_STEPS (comma list of the steps above; default all), GPU_CHECK_BUDGET_S,
@@ -222,14 +227,16 @@ disb() {
     echo "${cmd[*]}"
     "${cmd[@]}"
 }
-# peer WORKLOAD PRECISION [POLICY]: one av-infer bench --peer torch run into
-# $PARTS/peer_<n>.json (POLICY: av_infer's, default reef)
+# peer WORKLOAD PRECISION [POLICY [ARGS...]]: one av-infer bench --peer torch run into
+# $PARTS/peer_<n>_....json (POLICY: av_infer's, default reef; ARGS: more bench arguments)
 peer() {
-    local wl=$1 prec=$2 pol=${3:-reef} n
+    local wl=$1 prec=$2 pol=${3:-reef} n tag=""
+    shift 3 2>/dev/null || shift $#
     n=$(ls "$PARTS"/peer_*.json 2>/dev/null | wc -l)
+    [ $# -gt 0 ] && tag=_$(echo "$*" | tr -c 'a-zA-Z0-9\n' '_' | tr -s '_' | sed 's/^_//;s/_$//')
     local cmd=("$PY" -m av_infer.cli bench --peer torch --workload "$wl" --precision "$prec"
                --rate-scale "$PEER_RATE_SCALE" --duration "$PEER_S" --no-progress
-               --policy "$pol" --json "$PARTS/peer_${n}_${wl}_${prec}_${pol}.json")
+               --policy "$pol" "$@" --json "$PARTS/peer_${n}_${wl}_${prec}_${pol}${tag}.json")
     echo "${cmd[*]}"
     "${cmd[@]}"
 }
@@ -243,11 +250,11 @@ if [ "$rc" -ne 0 ]; then
     exit 1
 fi
 step vendor 150 "$PY" -m av_infer.bench.gpu_vendor --out "$OUTDIR"
-step peer_torch 220 bash -c 'peer A fp32 && peer A fp16 && peer C fp32 && peer A fp32 prio_streams'
-step gil 130 "$PY" scripts/gpu_gil_check.py --workload A --precision fp32 --rounds 2 \
-    --out "$PARTS/gil"
+step peer_torch 280 bash -c 'peer A fp32 && peer A fp16 && peer C fp32 && peer A fp32 prio_streams && peer A fp32 reef --rt-graphs 2'
 step pytest 150 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/devices/test_cuda_device.py \
     tests/kernels/test_cuda_compile.py tests/devices/test_cuda_vendor.py --junitxml="$PARTS/gpu_pytest.xml"
+step graphs 270 "$PY" scripts/gpu_graphs_check.py --out "$PARTS/graphs" --repeats 10 --trials 20 \
+    --graph-ops 1,4 --rt-graphs 2 --vendor auto
 step sim_profiles 120 bash scripts/gpu_sim_steps.sh profiles "$OUTDIR"
 step sim_disb 420 bash scripts/gpu_sim_steps.sh disb "$OUTDIR"
 step bench 240 "$PY" -m av_infer.bench.gpu_bench --out "$OUTDIR" --pair-seconds "$PAIR_S"
@@ -268,8 +275,8 @@ for pol in reef wait; do
     done
 done
 step pad_select 210 "$PY" scripts/gpu_pad_select_check.py --reps 10
-step graphs 270 "$PY" scripts/gpu_graphs_check.py --out "$PARTS/graphs" --repeats 10 --trials 20 \
-    --graph-ops 1,4 --rt-graphs 2 --vendor auto
+step gil 130 "$PY" scripts/gpu_gil_check.py --workload A --precision fp32 --rounds 2 \
+    --out "$PARTS/gil"
 COMMIT=${GPU_CHECK_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 for f in gpu_vendor.json peer_torch.json; do [ -f "$OUTDIR/$f" ] && cp "$OUTDIR/$f" "$PARTS/"; done
 "$PY" -m av_infer.bench.gpu_summary "$PARTS" --commit "$COMMIT" \

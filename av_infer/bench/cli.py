@@ -149,6 +149,10 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--vendor", choices=["off", "auto", "force"], default="auto",
                    help="--peer torch: av_infer's cuda vendor ops (cuDNN/cuBLASLt; "
                    "%(default)s)")
+    g.add_argument("--rt-graphs", type=_rt_graphs_arg, default=0, metavar="N",
+                   help="--peer torch: av_infer's RT model as one CUDA graph launch per "
+                   "request, N graph instances per model (0..8; 0: per-op launches; "
+                   "docs/cuda_graphs.md; %(default)s)")
     g.add_argument("--rt-model", default="resnet152",
                    help="zoo name, exported model (ocr_det, ocr_rec, ocr_cls) or ONNX path "
                    "(%(default)s)")
@@ -241,6 +245,19 @@ def _option_value(v: str) -> Any:
     return v
 
 
+def _rt_graphs_arg(v: str) -> int:
+    """``--rt-graphs``: the range ``CudaDevice(rt_graphs=)`` accepts, refused at parse time."""
+    from av_infer.devices.cuda import MAX_RT_GRAPHS
+
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an integer 0..{MAX_RT_GRAPHS}, got {v!r}") from None
+    if not 0 <= n <= MAX_RT_GRAPHS:
+        raise argparse.ArgumentTypeError(f"an integer 0..{MAX_RT_GRAPHS}, got {v!r}")
+    return n
+
+
 def cmd_peer(args: argparse.Namespace) -> int:
     """``av-infer bench --peer ort``: av_infer beside plain ORT threads, one run."""
     import json
@@ -311,7 +328,8 @@ def cmd_peer_torch(args: argparse.Namespace) -> int:
     cfg = TorchPeerConfig.for_workload(
         args.workload, args.rate_scale, be_clients=be_clients, precision=args.precision,
         policy=policy, c=args.c, duration=args.duration, warmup=args.warmup,
-        scale=args.scale or "full", vendor=args.vendor, progress=not args.no_progress)
+        scale=args.scale or "full", vendor=args.vendor, progress=not args.no_progress,
+        rt_graphs=args.rt_graphs)
     try:
         doc = run_torch_peer(cfg)
     except PeerUnavailable as e:
@@ -411,6 +429,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         sys.setswitchinterval(args.switch_interval_us * 1e-6)
     if args.peer == "torch":
         return cmd_peer_torch(args)
+    if args.rt_graphs:  # a cuda device option of the torch comparison only: never ignored
+        raise SystemExit("bench: --rt-graphs applies to --peer torch (the cuda device); for "
+                         "other runs on the cuda device set AV_INFER_CUDA_RT_GRAPHS=N")
     if args.peer:
         return cmd_peer(args)
     if args.compare_sim or args.refit_contention or args.refit_host or args.refit_pad:

@@ -47,8 +47,11 @@ def build_summary(out_dir: Path, gpu: str | None, commit: str | None) -> dict[st
                "torch_graphs_ms": r.get("torch_graphs_ms"), "ok": bool(r.get("ok"))}
               for r in vend.get("models", [])]
     hc = (vend.get("host_cost") or {}).get("vendor") or {}
+    # the rows' shape names no policy and no RT graphs: the prio_streams run and the
+    # RT-as-one-graph run (``--rt-graphs``) stay in peer_torch.json
     runs = [r for r in peer.get("runs", []) if isinstance(r, dict)
-            and (r.get("config") or {}).get("policy", "reef") == "reef"]
+            and (r.get("config") or {}).get("policy", "reef") == "reef"
+            and not (r.get("config") or {}).get("rt_graphs")]
     pre: dict[str, Any] = {"p50": None, "p99": None, "n": 0}
     for r in runs:
         p = (r.get("avi") or {}).get("preemption_us") or {}

@@ -67,6 +67,11 @@ class TorchPeerConfig:
     device_id: int = 0
     #: the avi system on the CPU emulator (tests: proves the wiring, measures nothing)
     emulate: bool = False
+    #: av_infer's RT model as one CUDA graph launch per request (``CudaDevice(rt_graphs=N)``,
+    #: docs/cuda_graphs.md): graph instances per model, 0 = the plain per-op path; the
+    #: device's ``rt_graphs`` telemetry (instances taken, pool exhausted, refusals) goes
+    #: into the avi system's report, so a run says whether the graphs actually ran
+    rt_graphs: int = 0
 
     @classmethod
     def for_workload(cls, workload: str, rate_scale: float = 1.0, **kw: Any) -> TorchPeerConfig:
@@ -186,7 +191,8 @@ def _open_avi(cfg: TorchPeerConfig, out: dict[str, Any]
     from av_infer.model import zoo
 
     clients = cfg.clients()
-    dev = CudaDevice(device_id=cfg.device_id, c=cfg.c, vendor=cfg.vendor, emulate=cfg.emulate)
+    dev = CudaDevice(device_id=cfg.device_id, c=cfg.c, vendor=cfg.vendor, emulate=cfg.emulate,
+                     rt_graphs=cfg.rt_graphs)
     r = Runtime(dev, policy=cfg.policy, c=cfg.c, max_be_streams=len(clients))
     try:
         r.load_model("rt", str(zoo.path(cfg.rt_model, cfg.scale)), pin=True,
@@ -218,6 +224,7 @@ def _open_avi(cfg: TorchPeerConfig, out: dict[str, Any]
         out["preemption_us"] = {"p50": _us(d.get("p50")), "p99": _us(d.get("p99")),
                                 "n": d.get("count")}
         out["preemptions"] = st.get("preemptions")
+        out["rt_graphs"] = dev.telemetry().get("rt_graphs")
         r.close()
 
     return rt_infer, be_fns, close
@@ -310,7 +317,9 @@ def format_torch_peer(doc: dict[str, Any]) -> str:
     lines = [f"peer torch: workload {doc['workload']}, RT {cfg['rt_model']} @ "
              f"{cfg['rt_rate']:g} Hz, BE clients {', '.join(clients)}, "
              f"{doc['precision']}, {cfg['duration']:g} s each, policy {cfg['policy']} "
-             f"(vendor {cfg['vendor']})",
+             f"(vendor {cfg['vendor']}"
+             + (f", RT as one graph: {cfg['rt_graphs']} instances" if cfg.get("rt_graphs")
+                else "") + ")",
              f"{'system':<22}{'RT p50 ms':>10}{'p99':>8}{'p99.9':>8}{'RT n':>7}{'BE req/s':>10}"
              f"{'preempt p50/p99 us':>20}"]
     for s in SYSTEMS[::-1]:

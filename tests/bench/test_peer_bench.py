@@ -60,6 +60,22 @@ def test_cli_switch_interval_is_applied_recorded_and_repeated(capsys):
         sys.setswitchinterval(before)
 
 
+def test_cli_rt_graphs_is_refused_where_it_would_be_ignored(capsys):
+    """``--rt-graphs`` (the cuda device's RT-as-one-graph, ``--peer torch``): out of range
+    is refused at parse time, and a run it does not apply to refuses it instead of running
+    without it."""
+    for bad in ("9", "-1", "two"):
+        with pytest.raises(SystemExit) as e:
+            main(["bench", "--peer", "torch", "--rt-graphs", bad])
+        assert e.value.code == 2
+    assert "0..8" in capsys.readouterr().err
+    for argv in (["bench", "--peer", "ort", "--rt-graphs", "2"],
+                 ["bench", "--device", "sim", "--rt-graphs", "1"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert "--rt-graphs applies to --peer torch" in str(e.value.code)
+
+
 def test_peer_command_repeats_the_load():
     """The command printed beside a peer figure (``make demo``'s line, the CLI's JSON)
     parses back into the same load."""

@@ -428,7 +428,16 @@ def test_peer_torch_avi_side_and_gpu_summary_on_the_emulator(tmp_path):
     assert "error" not in other["avi"], other["avi"]
     assert other["config"]["policy"] == "prio_streams" and other["avi"]["rt_n"] >= 1
     assert other["avi"]["preemption_us"]["n"] == 0  # streams never preempt
-    (tmp_path / "peer_torch.json").write_text(json.dumps({"runs": [doc, other]}))
+    # and with av_infer's RT model as one graph launch a request (the GPU script's fifth
+    # peer run): the graphs ran (instances taken, none refused), and the run stays out of
+    # the summary's rows too
+    graphs = run_torch_peer(dataclasses.replace(cfg, rt_graphs=2, duration=0.8))
+    assert "error" not in graphs["avi"], graphs["avi"]
+    assert graphs["config"]["rt_graphs"] == 2 and graphs["avi"]["rt_n"] >= 1
+    g = graphs["avi"]["rt_graphs"]
+    assert g["active"] and g["taken"] >= graphs["avi"]["rt_n"] and g["launch_refused"] == 0, g
+    assert doc["avi"]["rt_graphs"]["taken"] == 0  # the plain run took none
+    (tmp_path / "peer_torch.json").write_text(json.dumps({"runs": [doc, other, graphs]}))
     assert gpu_vendor.main(["--emulate", "--out", str(tmp_path), "--models", "tiny_cnn",
                             "--reps", "1", "--chain-ops", "8"]) == 0
     vend = json.loads((tmp_path / "gpu_vendor.json").read_text())
