@@ -29,6 +29,14 @@ c = 1) needs one with those options.
 *and scheduler*, written to ``OUT``; run it in two checkouts (e.g. a ``git worktree`` of
 the base, with ``PYTHONPATH`` at it) and compare with ``--against``: a scheduler change
 that must not change any decision is checked this way.
+
+``--completion-cost``: what one kernel completion costs in the ``bench`` runs (issue 31):
+process CPU of ``Bench.run_policy`` per completion, and the thread CPU spent inside the
+device's completion callback (the driver, the scheduler's handling and decision, the
+device calls and answers it makes), per completion, less the cost of the two clock reads
+around it (calibrated in the same process). The rest is the device model's event loop and
+the harness's arrivals. Repeat it (``--rounds``): one 2-core VM shared with other work
+varies by ±20 %.
 """
 
 from __future__ import annotations
@@ -122,6 +130,59 @@ def device_speed(sim_cls: Any, gpu: str, seconds: float) -> dict[str, Any]:
             "kernels": st["kernels"], "batches_per_s": round(st["batches"] / wall),
             "kernels_per_s": round(st["kernels"] / wall),
             "digest": hashlib.sha1(repr(ends).encode()).hexdigest()[:12]}
+
+
+def completion_cost(workload: str, gpu: str, seconds: float, policies: list[str]) -> list[dict]:
+    """Per policy: completions, process CPU per completion of the run, thread CPU per
+    completion inside the completion callback (see the module docstring)."""
+    from av_infer.bench.harness import Bench, BenchConfig
+    from av_infer.bench.workload import load_workload
+    from av_infer.devices.sim import SimDevice
+
+    clock = time.thread_time_ns
+    acc = [0, 0]
+
+    def timed_start(dev: Any, on_complete: Any) -> None:
+        def timed(comp: Any) -> None:
+            t = clock()
+            on_complete(comp)
+            acc[0] += clock() - t
+            acc[1] += 1
+
+        start(dev, timed)
+
+    def nop(comp: Any) -> None:
+        pass
+
+    cal = 0  # two clock reads and a Python call, as around the callback
+    for _ in range(100_000):
+        t = clock()
+        nop(None)
+        cal += clock() - t
+    cal_us = cal / 100_000 / 1e3
+    cfg = BenchConfig(device="sim", duration=seconds, gpu=gpu, progress=False, standalone_n=5,
+                      contention="none", dkp_placement="reserved", be_min_share=0.1,
+                      timeline=False)
+    bench = Bench(load_workload(workload), cfg)
+    bench.standalone()
+    start = SimDevice.start
+    rows = []
+    SimDevice.start = timed_start  # type: ignore[method-assign]
+    try:
+        for p in policies:
+            acc[0] = acc[1] = 0
+            c0 = time.process_time()
+            run = bench.run_policy(p)
+            cpu = time.process_time() - c0
+            n = max(1, acc[1])
+            rows.append({"workload": workload, "policy": p, "virtual_s": seconds,
+                         "completions": acc[1], "cpu_s": round(cpu, 3),
+                         "cpu_per_completion_us": round(cpu / n * 1e6, 2),
+                         "callback_us": round(acc[0] / n / 1e3 - cal_us, 2),
+                         "clock_pair_us": round(cal_us, 2), "requests": len(run.records)})
+    finally:
+        SimDevice.start = start  # type: ignore[method-assign]
+    return rows
 
 
 def bench_speed(workload: str, gpu: str, seconds: float, policies: list[str]) -> list[dict]:
@@ -229,12 +290,33 @@ def main(argv: list[str] | None = None) -> int:
                          "then exit")
     ap.add_argument("--against", metavar="FILE",
                     help="with --digests: the runs that differ from FILE (exit 1 if any)")
+    ap.add_argument("--completion-cost", action="store_true",
+                    help="CPU per kernel completion of the bench runs, and inside the "
+                         "completion callback (driver + scheduler), then exit")
+    ap.add_argument("--rounds", type=int, default=1, help="with --completion-cost")
     a = ap.parse_args(argv)
     names = [n for n in a.equiv_configs.split(",") if n]
     bad = [n for n in names if n not in EQUIV_CONFIGS]
     if bad:
         ap.error(f"unknown --equiv-configs {bad}; choose from {list(EQUIV_CONFIGS)}")
     eq = None
+    if a.completion_cost:
+        pols = [p for p in a.policies.split(",") if p]
+        rows = [r | {"round": i} for i in range(a.rounds)
+                for r in completion_cost(a.workload, a.gpu, a.seconds, pols)]
+        if a.json == "-":
+            print(json.dumps(rows, indent=2))
+            return 0
+        for r in rows:
+            print(f"round {r['round']} {r['workload']} {r['policy']:<8} {r['virtual_s']:g} "
+                  f"virtual s: {r['completions']} completions, run {r['cpu_s']} s CPU = "
+                  f"{r['cpu_per_completion_us']} us a completion, of which "
+                  f"{r['callback_us']} us in the completion callback (clock pair "
+                  f"{r['clock_pair_us']} us subtracted)")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(rows, f, indent=2)
+        return 0
     if a.digests:
         mine = _digests(a.seconds, names, "this checkout")
         with open(a.digests, "w") as f:

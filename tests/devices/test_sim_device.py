@@ -291,6 +291,7 @@ def test_completions_equal_what_the_dataclass_constructor_builds() -> None:
     for c in h.done:
         ref = Completion(c.stream, c.task, c.kernel, c.executed, c.t_start, c.t_end, c.parts)
         assert type(c) is Completion and c == ref and hash(c) == hash(ref)
+        assert list(vars(c).items()) == list(vars(ref).items())  # the same dict, in order
         assert c.parts == () and c.t_stop != c.t_stop  # NaN: not a killed cpu segment
 
 
