@@ -7,7 +7,7 @@ boundaries, ``edf_preempt``); they differ in how BE work shares the device with 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from av_infer.errors import InvalidParameterError
@@ -34,11 +34,14 @@ class Policy:
     available: bool = True
     padding: bool = False  # RT launches padded with blocks of preempted BE tasks (DKP)
     doc: str = ""
+    #: BE tasks may start or continue while RT work is queued or running (derived from the
+    #: fields above, once: the scheduler reads it on every RT request, and a slot read is a
+    #: C-level load where a property was a Python frame)
+    be_concurrent_with_rt: bool = field(init=False, repr=False, compare=False)
 
-    @property
-    def be_concurrent_with_rt(self) -> bool:
-        """BE tasks may start or continue while RT work is queued or running."""
-        return self.accepts_be and not self.exclusive and self.preempt == "none"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "be_concurrent_with_rt", self.accepts_be
+                           and not self.exclusive and self.preempt == "none")
 
 
 POLICIES: dict[str, Policy] = {
