@@ -26,8 +26,10 @@ from pathlib import Path
 #: dotted names below ``av_infer`` (``sched.scheduler`` -> av_infer/sched/scheduler.py)
 #: (dependencies first: ``use_interpreted`` loads them in this order; the scheduler
 #: imports the request module, the driver the scheduler; the latency recorders are
-#: imported by the scheduler's statistics and the cpu device)
-PURE_MODULES: tuple[str, ...] = ("latency", "sched.request", "sched.scheduler", "sched.driver")
+#: imported by the scheduler's statistics and the cpu device; the scheduler cimports the
+#: devices' completion records)
+PURE_MODULES: tuple[str, ...] = ("latency", "devices.completion", "sched.request",
+                                 "sched.scheduler", "sched.driver")
 
 _PKG = Path(__file__).resolve().parents[1]
 
@@ -60,11 +62,14 @@ def use_interpreted() -> None:
         name = f"av_infer.{mod}"
         if name in sys.modules:
             continue
-        parent = name.rpartition(".")[0]
-        importlib.import_module(parent)
         path = _PKG / (mod.replace(".", "/") + ".py")
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
+        # in sys.modules before its package is imported: a package whose ``__init__``
+        # imports the module (av_infer.devices imports devices.completion through
+        # devices.base) then gets this one, not the extension
         sys.modules[name] = module
         spec.loader.exec_module(module)
+        parent, _, child = name.rpartition(".")
+        setattr(importlib.import_module(parent), child, module)

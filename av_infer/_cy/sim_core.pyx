@@ -21,17 +21,16 @@ never change and are unique, so this is the order a stable sort before every pla
 pass gives).
 """
 
-import dataclasses
 from collections import deque
 
-from cpython.object cimport PyObject_GenericSetAttr
 from libc.math cimport ceil
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport free, malloc, realloc
 
 from av_infer._cy.vhq cimport VHQ
 
-from av_infer.devices.base import Completion, ResetInfo
+from av_infer.devices.base import ResetInfo
+from av_infer.devices.completion import Completion
 from av_infer.devices.faults import InjectedFault
 
 #: Resource units of one SM; a block of a kernel with occupancy b costs ``U // b``.
@@ -40,38 +39,12 @@ U = 1 << 20
 #: contention slowdown the bandwidth held at that moment would give it.
 QUIET_MARGIN = 1.25
 
-#: ``Completion``'s fields: :func:`_completion` fills the first seven from its arguments
-#: and the others with their defaults, as the dataclass's ``__init__`` would; if the
-#: dataclass no longer has that shape (other leading fields, a default factory, a
-#: ``__post_init__``) it calls the constructor instead.
-_ARGS = ("stream", "task", "kernel", "executed", "t_start", "t_end", "parts")
-_fields = dataclasses.fields(Completion)
-cdef tuple _DEFAULTS = tuple((f.name, f.default) for f in _fields[len(_ARGS):])
-cdef bint _FAST = (tuple(f.name for f in _fields[:len(_ARGS)]) == _ARGS
-                   and not hasattr(Completion, "__post_init__")
-                   and all(d is not dataclasses.MISSING for _, d in _DEFAULTS))
-cdef object _new = object.__new__
-
-
 cdef object _completion(int stream, object task, int kernel, bint executed, double t_start,
                         double t_end, object parts):
-    """``Completion(stream, task, ...)``, built field by field (``object.__setattr__``)
-    minus the Python-level call, which was a third of the simulator's time per kernel.
-    (One ``__dict__`` write, as ``Completion.__init__`` does, measured no faster here:
-    the instance's own shared-key storage is replaced by a dict with keys of its own.)"""
-    if not _FAST:
-        return Completion(stream, task, kernel, executed, t_start, t_end, parts)
-    c = _new(Completion)
-    PyObject_GenericSetAttr(c, "stream", stream)
-    PyObject_GenericSetAttr(c, "task", task)
-    PyObject_GenericSetAttr(c, "kernel", kernel)
-    PyObject_GenericSetAttr(c, "executed", executed)
-    PyObject_GenericSetAttr(c, "t_start", t_start)
-    PyObject_GenericSetAttr(c, "t_end", t_end)
-    PyObject_GenericSetAttr(c, "parts", parts)
-    for name, default in _DEFAULTS:
-        PyObject_GenericSetAttr(c, name, default)
-    return c
+    """``Completion(stream, task, ...)``: the record type is compiled (devices/completion.pxd:
+    a C-level constructor with C fields; the field-by-field build that this function made of
+    the dataclass it replaced is no longer needed), interpreted under AV_INFER_INTERPRETED."""
+    return Completion(stream, task, kernel, executed, t_start, t_end, parts)
 
 
 cdef struct _Ev:

@@ -34,79 +34,9 @@ from typing import Any
 import numpy as np
 
 from av_infer._cy.vhq import MAX_C
+from av_infer.devices.completion import Completion
 from av_infer.devices.faults import FaultInjector
 from av_infer.model.plan import Plan
-
-_NAN = float("nan")
-_set = object.__setattr__
-
-
-@dataclass(frozen=True, init=False)
-class Completion:
-    """One launch left the device: it ran (``executed``) or evicted itself at its flag check.
-
-    ``executed`` is ``None`` where the device cannot tell (CUDA kernels that return at the
-    flag check look like completed ones).
-
-    A frozen dataclass (equality, hash, ``fields``, ``replace``, refused assignment) whose
-    ``__init__`` is written out: one is built per launch, and the generated one of a frozen
-    class writes each of its eleven fields with ``object.__setattr__`` (19 k instructions a
-    record; this one, the same value in one ``__dict__`` write, 9 k: docs/request_path.md).
-    """
-
-    stream: int
-    task: int
-    kernel: int
-    executed: bool | None
-    t_start: float
-    t_end: float
-    #: padded launch (``Device.enqueue_padded``): the BE parts that ran with it, each
-    #: ``(task, kernel, first_block, n_blocks, blocks_per_sm)``; () for a plain launch.
-    #: The device owns the parts as part of its launch record from ``enqueue_padded`` on;
-    #: they leave it here (the launch completed) or in ``ResetInfo.dropped_parts`` (a reset
-    #: dropped the launch), exactly once
-    parts: tuple[tuple[int, int, int, int, int], ...] = ()
-    #: a launch that was running when its stream's flag went up (cpu): when it gave its core
-    #: back, i.e. the flag time plus the CPU time it used after it (its thread's CPU clock),
-    #: so the wait of that thread for the GIL or a core before it could report is not
-    #: counted; NaN otherwise (then ``t_end`` is the stop)
-    #: (the one NaN object ``_NAN``, as ``__init__``: records sim_core builds compare equal)
-    t_stop: float = _NAN
-    #: CPU seconds the launch used on the thread that ran it (its thread's CPU clock), where
-    #: the device measures it (cpu, RT lanes); NaN otherwise. Beside ``t_end - t_start`` it
-    #: tells a launch slowed by the machine (CPU time grows with it: caches, memory) from one
-    #: that waited (for a core or the GIL: CPU time does not grow)
-    cpu_s: float = _NAN
-    #: launches this record stands for: kernels ``kernel .. kernel + count - 1`` of
-    #: ``task``, consecutive on ``stream`` (a *coalesced* record, only from a device started
-    #: with ``coalesce=True``, see ``Device.coalesces``). ``t_start`` is the first one's,
-    #: ``t_end`` the last one's; the status is success for all, ``executed`` the same for
-    #: all, no padded launch among them (``parts`` is ()), ``t_stop`` and ``cpu_s`` NaN.
-    #: ``Scheduler.on_complete`` applies it exactly as ``count`` single records
-    count: int = 1
-    #: per launch of a coalesced record, ``(t_start, t_end)`` of each, flattened:
-    #: ``(t_start_0, t_end_0, t_start_1, t_end_1, ...)`` (``2 * count`` values); () when
-    #: ``count`` is 1. What a single record per launch would have carried (preemption
-    #: latency, "kernel" listener events, a first kernel's start)
-    times: tuple[float, ...] = ()
-
-    def __init__(self, stream: int, task: int, kernel: int, executed: bool | None,
-                 t_start: float, t_end: float,
-                 parts: tuple[tuple[int, int, int, int, int], ...] = (),
-                 t_stop: float = _NAN, cpu_s: float = _NAN, count: int = 1,
-                 times: tuple[float, ...] = ()) -> None:
-        _set(self, "__dict__", {"stream": stream, "task": task, "kernel": kernel,
-                                "executed": executed, "t_start": t_start, "t_end": t_end,
-                                "parts": parts, "t_stop": t_stop, "cpu_s": cpu_s,
-                                "count": count, "times": times})
-
-    def singles(self) -> list[Completion]:
-        """The single records this one stands for, in stream order ([self] if count 1)."""
-        if self.count == 1:
-            return [self]
-        tt = self.times
-        return [Completion(self.stream, self.task, self.kernel + i, self.executed,
-                           tt[2 * i], tt[2 * i + 1]) for i in range(self.count)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,8 @@ What the types buy: ``Task`` and ``StreamState`` are ``cdef class``es with C fie
 scheduler's decision routines are ``cdef`` methods called as C functions, and their
 ``Task``/``StreamState`` locals read fields as struct members instead of through the
 interpreter (docs/request_path.md, "The compiled core"); the same for ``Task.req``, a
-``Request``, and its ``Timings`` (request.pxd, cimported). Every name Python code reads
+``Request``, and its ``Timings`` (request.pxd, cimported), and for the devices'
+``Completion`` records (devices/completion.pxd, cimported). Every name Python code reads
 (tests, ``ModelServices``, the engine, the listeners' payloads) keeps its name: fields are
 ``public``; entry points stay ``def``/``cpdef``. ``nonecheck`` is on (scheduler.py's first
 line): a ``None`` where a task or stream is expected raises instead of crashing.
@@ -15,6 +16,7 @@ line): a ``None`` where a task or stream is expected raises instead of crashing.
 
 cimport cython
 
+from av_infer.devices.completion cimport Completion
 from av_infer.sched.request cimport Request, Timings
 
 cdef int QUEUED, RUNNING, PAUSED, PREEMPTED, ABORTING, DONE
@@ -117,9 +119,9 @@ cdef class Scheduler:
     @cython.locals(task=Task)
     cpdef on_arrival(self, Request req, entry)
     @cython.locals(s=StreamState, task=Task, k0=int, i=int, be=bint, tm=Timings)
-    cpdef on_complete(self, comp)
+    cpdef on_complete(self, Completion comp)
     @cython.locals(s=StreamState, task=Task, n=int, k0=int, done=int, i=int)
-    cdef bint _coalescible(self, comp) except -1
+    cdef bint _coalescible(self, Completion comp) except -1
     @cython.locals(s=StreamState)
     cdef _apply_capacity(self, int c, policy)
     cdef _schedule(self, bint settled=*)

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from av_infer._cy.dkp_select import Selector
-from av_infer.devices.base import Completion, Device, ResetInfo
+from av_infer.devices.base import Device, ResetInfo
+from av_infer.devices.completion import Completion
 from av_infer.errors import (
     AvInferError,
     DeadlineMissedError,

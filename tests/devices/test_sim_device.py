@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from av_infer.devices.base import Completion
+from av_infer.devices.completion import FIELDS
 from av_infer.devices.sim import SimDevice
 from av_infer.model.plan import Geometry, Kernel, Plan
 from av_infer.profiles import GPUS, KernelProfile, ModelProfile, load_reef_trace
@@ -280,9 +281,9 @@ def test_unknown_profile_is_derived_from_geometry() -> None:
         SimDevice("mi50", {"g": make_profile("g", 2, 10.0)}).load_plan(make_plan("g", 3))
 
 
-def test_completions_equal_what_the_dataclass_constructor_builds() -> None:
-    # sim_core builds Completion without calling its __init__ (speed): same object, fields
-    # in order, defaults (t_stop) included, hashable and comparable like any other
+def test_completions_equal_what_the_constructor_builds() -> None:
+    # sim_core builds the records the devices all build (devices/completion.py): the same
+    # type, every field in order, defaults (t_stop) included, hashable and comparable
     h = Harness({"m": (3, 20.0, 60, 1)})
     s = h.dev.open_stream(0)
     h.dev.enqueue(s, h.task("m"), 0, 2)
@@ -291,7 +292,8 @@ def test_completions_equal_what_the_dataclass_constructor_builds() -> None:
     for c in h.done:
         ref = Completion(c.stream, c.task, c.kernel, c.executed, c.t_start, c.t_end, c.parts)
         assert type(c) is Completion and c == ref and hash(c) == hash(ref)
-        assert list(vars(c).items()) == list(vars(ref).items())  # the same dict, in order
+        assert [getattr(c, f) for f in FIELDS][:6] == [getattr(ref, f) for f in FIELDS][:6]
+        assert repr(c) == repr(ref)  # every field, in order (NaN prints alike)
         assert c.parts == () and c.t_stop != c.t_stop  # NaN: not a killed cpu segment
 
 
