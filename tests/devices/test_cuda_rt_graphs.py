@@ -21,23 +21,18 @@ import numpy as np
 import pytest
 
 from av_infer.devices.base import Completion
-from av_infer.devices.cuda import availability
 from av_infer.kernels.cuda.samples import chain_plan
 from tests.checks import be_bit_identical_under_rt, require
-from tests.devices.test_cuda_graphs import _Graphs, _ort, _zoo, graph_runs
-
-EMU_OK, EMU_WHY = availability(emulate=True)
-
-
-def _device(**kw):
-    require(None if not EMU_OK else "ok", f"the CUDA emulator cannot run: {EMU_WHY}")
-    from av_infer.devices.cuda import CudaDevice
-
-    return CudaDevice(emulate=True, **kw)
-
-
-def _emu(dev) -> ctypes.CDLL:
-    return ctypes.CDLL(dev._driver_path)
+from tests.devices.test_cuda_graphs import (
+    EMU_OK,
+    EMU_WHY,
+    _device,
+    _emu,
+    _Graphs,
+    _ort,
+    _zoo,
+    graph_runs,
+)
 
 
 def vendor_runs(dev) -> tuple[int, int]:
