@@ -29,7 +29,8 @@ from pathlib import Path
 #: imported by the scheduler's statistics and the cpu device; the scheduler cimports the
 #: devices' completion records)
 PURE_MODULES: tuple[str, ...] = ("latency", "devices.completion", "sched.request",
-                                 "sched.scheduler", "sched.driver")
+                                 "sched.scheduler", "sched.driver",
+                                 "devices.cpu_lanes")
 
 _PKG = Path(__file__).resolve().parents[1]
 
