@@ -37,3 +37,16 @@ cdef class Request:
     cdef public int stream
     cdef public object caller_runs
     cdef public double hard_deadline
+
+
+@cython.final
+cdef class Result:
+    cdef public object request_id
+    cdef public object model
+    cdef public object client
+    cdef public object priority
+    cdef public object outputs
+    cdef public Timings timings
+    cdef public double deadline
+    cdef public double hard_deadline
+    cdef public double kappa

@@ -10,7 +10,6 @@ from __future__ import annotations
 import enum
 import math
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -93,21 +92,48 @@ class Timings:
         return self.start - self.arrival
 
 
-@dataclass
 class Result:
-    """What a successful request's future resolves to."""
+    """What a successful request's future resolves to.
 
-    request_id: int
-    model: str
-    client: str
-    priority: Priority
-    outputs: dict[str, np.ndarray]
-    timings: Timings
-    deadline: float = math.inf  # the soft deadline (absolute, device clock)
-    #: the hard deadline (absolute; inf: none) and the accuracy factor κ of the model that
-    #: served it (a variant group's variant; 1 otherwise): paper 001's quality inputs
-    hard_deadline: float = math.inf
-    kappa: float = 1.0
+    ``deadline`` is the soft deadline (absolute, device clock); ``hard_deadline`` the hard
+    one (absolute; inf: none) and ``kappa`` the accuracy factor κ of the model that served
+    it (a variant group's variant; 1 otherwise): paper 001's quality inputs.
+
+    Written by hand as ``Timings`` is (the dataclass's constructor, ``repr`` and field-wise
+    ``==``; unhashable): compiled, a ``cdef class`` (request.pxd) built once a request
+    without a Python frame; interpreted, a plain class with the same names."""
+
+    def __init__(self, request_id: int, model: str, client: str, priority: Priority,
+                 outputs: dict[str, np.ndarray], timings: Timings,
+                 deadline: float = math.inf, hard_deadline: float = math.inf,
+                 kappa: float = 1.0) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.client = client
+        self.priority = priority
+        self.outputs = outputs
+        self.timings = timings
+        self.deadline = deadline
+        self.hard_deadline = hard_deadline
+        self.kappa = kappa
+
+    def _astuple(self) -> tuple:
+        return (self.request_id, self.model, self.client, self.priority, self.outputs,
+                self.timings, self.deadline, self.hard_deadline, self.kappa)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._astuple() == other._astuple()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value (as the dataclass)
+
+    def __repr__(self) -> str:
+        return (f"Result(request_id={self.request_id!r}, model={self.model!r}, "
+                f"client={self.client!r}, priority={self.priority!r}, "
+                f"outputs={self.outputs!r}, timings={self.timings!r}, "
+                f"deadline={self.deadline!r}, hard_deadline={self.hard_deadline!r}, "
+                f"kappa={self.kappa!r})")
 
     @property
     def deadline_met(self) -> bool:

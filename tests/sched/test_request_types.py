@@ -64,6 +64,15 @@ def test_result_reads_the_timings() -> None:
     res = Result(1, "m", "c", Priority.RT, {}, tm, deadline=2.5)
     assert res.deadline_met and res.timings.latency == 1.0 and res.timings.queueing == 0.5
     assert "timings=Timings(arrival=1.0" in repr(res)
+    assert repr(res).startswith("Result(request_id=1, model='m', client='c', ")
+    twin = Result(1, "m", "c", Priority.RT, {}, tm, deadline=2.5)  # (Timings' NaNs: same tm)
+    assert res == twin and res != Result(2, "m", "c", Priority.RT, {}, tm)
+    assert repr(pickle.loads(pickle.dumps(res))) == repr(res)
+    with pytest.raises(TypeError):
+        hash(res)
+    late = Result(1, "m", "c", Priority.RT, {}, Timings(0.0, 0.0, 0.0, 3.0), deadline=2.0,
+                  hard_deadline=4.0, kappa=0.8)
+    assert not late.deadline_met and late.quality == pytest.approx(0.4)
 
 
 def test_the_same_behaviour_interpreted() -> None:
