@@ -176,7 +176,8 @@ def completion_cost(workload: str, gpu: str, seconds: float, policies: list[str]
             cpu = time.process_time() - c0
             n = max(1, acc[1])
             rows.append({"workload": workload, "policy": p, "virtual_s": seconds,
-                         "completions": acc[1], "cpu_s": round(cpu, 3),
+                         "completions": acc[1], "kernels": run.device.get("kernels"),
+                         "cpu_s": round(cpu, 3),
                          "cpu_per_completion_us": round(cpu / n * 1e6, 2),
                          "callback_us": round(acc[0] / n / 1e3 - cal_us, 2),
                          "clock_pair_us": round(cal_us, 2), "requests": len(run.records)})

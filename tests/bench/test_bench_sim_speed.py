@@ -50,6 +50,21 @@ def test_digests_against_a_file_name_the_runs_that_differ(
     assert key in capsys.readouterr().out
 
 
+def test_completion_cost_counts_every_completion_and_restores_the_device() -> None:
+    """``--completion-cost`` wraps the simulator's completion callback for its runs only:
+    it sees every kernel completion of the run (the device's own count) and puts
+    ``SimDevice.start`` back afterwards."""
+    from av_infer.devices.sim import SimDevice
+
+    start = SimDevice.start
+    rows = sim_speed.completion_cost("A", "h100", 0.05, ["reef"])
+    assert SimDevice.start is start
+    (r,) = rows
+    assert r["policy"] == "reef" and r["requests"] > 0
+    assert r["completions"] == r["kernels"] > 0
+    assert r["cpu_per_completion_us"] > 0 and r["clock_pair_us"] > 0
+
+
 def test_equivalence_refuses_an_unknown_configuration() -> None:
     with pytest.raises(SystemExit):
         sim_speed.main(["--equivalence", SIM_PY, "--equiv-configs", "nope"])
