@@ -408,7 +408,7 @@ cdef class SimCore:
     cdef readonly dict _failed
     cdef SmPool _sms
     cdef double _bw_load
-    cdef object _residency
+    cdef dict _residency  # stream -> (batch starts, batch ends); None: not recorded
     cdef list _order, _rev_order
     cdef object _on_complete
     cdef bint _closed, _reserved
@@ -929,9 +929,11 @@ cdef class SimCore:
             k.bw_res -= bw
             self._bw_load -= bw
         if self._residency is not None and k.parent is None:
-            se = self._residency.setdefault(k.stream.id, ([], []))
-            se[0].append(bt.t0)
-            se[1].append(self._t)
+            se = self._residency.get(k.stream.id)  # (not setdefault: no lists made per batch)
+            if se is None:
+                se = self._residency[k.stream.id] = ([], [])
+            (<list>se[0]).append(bt.t0)
+            (<list>se[1]).append(self._t)
         k.running -= n
         if k.running == 0 and k.pending == 0:
             if k.parent is not None:  # a padding part of a padded launch
