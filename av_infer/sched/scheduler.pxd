@@ -95,6 +95,7 @@ cdef class Scheduler:
     cdef public long long coalesced_applied
     cdef public long long coalesced_split
 
+    cpdef post(self, tuple event)
     cdef _handle(self, tuple ev)
     cpdef bint idle(self)
     cdef _handler_failed(self, tuple ev, exc)

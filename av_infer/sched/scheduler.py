@@ -395,12 +395,17 @@ class Scheduler:
         request, or RT waiting for BE launches to drain (``wait``), is not overload."""
         if not self.rt_queue:
             return False
-        if any(s.flagged and s.outstanding > 0 for s in self.be_streams):
-            return False  # RT waits for BE launches to leave: BE is not the one starved
+        # plain loops, not any() over a generator: this runs on every decision, and a
+        # generator is a closure object and a frame each time (compiled, these are C loops)
+        for s in self.be_streams:
+            if s.flagged and s.outstanding > 0:
+                return False  # RT waits for BE launches to leave: BE is not the one starved
         if self.be_queues:
             return True
-        return any(s.owner is not None and s.owner.state in (PREEMPTED, PAUSED)
-                   for s in self.be_streams)
+        for s in self.be_streams:
+            if s.owner is not None and s.owner.state in (PREEMPTED, PAUSED):
+                return True
+        return False
 
     def _be_granted(self) -> bool:
         """Is BE in a grant now (see ``be_min_share``); starts one when BE starved."""
