@@ -1,8 +1,8 @@
 """Python thread CPU per kernel on the cuda device's completion path, by batch size.
 
 The path: the completion thread polls the dispatcher's ring, books each record
-(``CudaDevice._completed``) and hands it to the engine (``Engine.on_complete`` ->
-``Driver.post`` -> compiled ``Scheduler.on_complete`` -> ``_schedule``), holding the GIL
+(``CudaDevice._completed``) and hands it to the driver (``Driver.complete``, the devices'
+completion entry -> compiled ``Scheduler.on_complete`` -> ``_schedule``), holding the GIL
 throughout. Coalescing (docs/request_path.md, "Coalesced completions") makes that once per
 record of ``count`` consecutive kernels instead of once per kernel.
 
