@@ -27,7 +27,6 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -554,7 +553,7 @@ class Runtime:
             fut.add_done_callback(lambda f, c=req.client: self._record_utility(c, f))
         if entry.variants is not None:
             fut.add_done_callback(lambda f, g=req.model: self._record_quality(g, f))
-        fut.helper = partial(self._help, req)  # called as helper(fut): C, no frame
+        fut.request = req  # a waiting thread runs its launches (RequestFuture._help)
         # caller_runs: an enqueue made on this thread while it handles its own arrival skips
         # the worker's wake-up, since this thread runs the launches right after (a start on
         # any other thread, or later, wakes a worker: nothing is left unrun)
@@ -562,16 +561,6 @@ class Runtime:
         self._driver.post(("arrival", req, entry))
         req.caller_runs = 0
         return fut
-
-    def _help(self, req: Request, fut: Future) -> None:
-        """A caller blocks on ``fut``: run its request's launches on this thread while no
-        lane thread is (``Device.run_pending``), instead of waking one."""
-        run = self._device.run_pending
-        done = partial(getattr, fut, "resolved")  # ``until()``: a C call, no Python frame
-        while not fut.resolved:
-            s = req.stream
-            if s < 0 or not run(s, done):
-                return
 
     def _record_utility(self, client: str, fut: Future) -> None:
         try:

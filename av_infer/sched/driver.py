@@ -40,6 +40,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from queue import SimpleQueue
 from typing import Any
 
@@ -68,9 +69,9 @@ class RequestFuture(Future):
     """A Future whose done-callbacks run where the driver delivers them (its callback
     thread), not on whichever thread resolved it.
 
-    A thread that blocks on it (``result``/``exception``) first *helps*: ``helper(self)``
-    runs the request's queued launches on that thread when no lane is running them (the
-    device's ``run_pending``), so a caller that waits anyway costs no thread hand-off.
+    A thread that blocks on it (``result``/``exception``) first *helps*: it runs the
+    request's queued launches itself (``request``; the device's ``run_pending``) while no
+    lane thread is running them, so a caller that waits anyway costs no thread hand-off.
 
     Lean (one per request, docs/request_path.md): a ``Future`` makes a
     ``threading.Condition`` over an ``RLock`` when it is built and takes it on every
@@ -102,11 +103,12 @@ class RequestFuture(Future):
         else:
             super().__init__()
         self._driver = driver
-        #: runs the request's launches on a waiting thread (``Runtime._help``); it holds
-        #: the request, which holds this future: dropped once resolved, so a request is
-        #: freed when its last reference goes instead of by the cycle collector (whose
-        #: collections, every few hundred requests, cost about 12 k instructions a request)
-        self.helper: Callable[[RequestFuture], None] | None = None
+        #: the request whose launches a waiting thread runs (``_help``; set by the runtime
+        #: when it posts the request). It holds this future: dropped once resolved, so a
+        #: request is freed when its last reference goes instead of by the cycle collector
+        #: (whose collections, every few hundred requests, cost about 12 k instructions a
+        #: request)
+        self.request: Any = None
         #: set once a result or an exception is in (a plain read, unlike ``done()``,
         #: which takes the future's lock: helpers poll it between launches)
         self.resolved = False
@@ -131,11 +133,11 @@ class RequestFuture(Future):
                         self._result = result
                         self._state = _FINISHED
                         self.resolved = True
-                        self.helper = None
+                        self.request = None
                         return
             super().set_result(result)  # waiters, callbacks; or InvalidStateError
             self.resolved = True
-            self.helper = None
+            self.request = None
 
         def done(self) -> bool:
             return self._state in _DONE_STATES
@@ -162,7 +164,7 @@ class RequestFuture(Future):
         def set_result(self, result: Any) -> None:
             super().set_result(result)
             self.resolved = True
-            self.helper = None
+            self.request = None
 
         def result(self, timeout: float | None = None) -> Any:
             self._help()
@@ -178,17 +180,26 @@ class RequestFuture(Future):
         # lock-free copy of ``set_result``'s
         super().set_exception(exception)  # waiters, callbacks; or InvalidStateError
         self.resolved = True
-        self.helper = None
+        self.request = None
 
     def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
         deliver = self._driver.deliver
         super().add_done_callback(lambda f: deliver(fn, f))
 
     def _help(self) -> None:
-        h = self.helper
-        # not on the thread inside the scheduler (``Driver.holds``, inline)
-        if h is not None and not self.resolved and self._driver._holder != _get_ident():
-            h(self)
+        """Run the request's launches on this thread while no lane thread is
+        (``Device.run_pending``), until it is resolved or nothing is left to run here
+        (a busy lane is left to its holder or worker). Not on the thread inside the
+        scheduler (``Driver.holds``, inline)."""
+        req = self.request
+        if req is None or self.resolved or self._driver._holder == _get_ident():
+            return
+        run = self._driver.device.run_pending
+        until = partial(getattr, self, "resolved")  # ``until()``: a C call, no Python frame
+        while not self.resolved:
+            s = req.stream
+            if s < 0 or not run(s, until):
+                return
 
 
 class Driver:
