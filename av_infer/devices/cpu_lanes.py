@@ -1,5 +1,5 @@
 # cython: annotation_typing=False, nonecheck=True, language_level=3
-# cython: boundscheck=True, wraparound=True
+# cython: boundscheck=True, wraparound=True, binding=False
 """The cpu device's lanes and the per-request path over them, as typed compiled code.
 
 Why a module of its own: ``CpuDevice`` (``devices/cpu.py``) derives from the ``Device``
@@ -22,7 +22,9 @@ the start of every launch, the kill handshake under ``lane.lock``, renicing only
 runs worth killing, the launch in hand answered by :meth:`LaneEngine.fail_hand` before
 anything escapes a drain, every transmitted launch completed exactly once, the same
 ``Completion`` fields. This file is the one source: it runs interpreted wherever it is
-not built, and with ``AV_INFER_INTERPRETED=1``.
+not built, and with ``AV_INFER_INTERPRETED=1``. Compiled with ``binding=False``: the
+``cpdef`` methods are plain C methods, so the device's bound hot methods are builtin
+methods, called without a Cython function's bound-method layer.
 """
 
 from __future__ import annotations
@@ -331,7 +333,7 @@ class LaneEngine:
         lane: _Lane = self.lanes[stream]
         if not lane.dq:
             return False
-        if not lane.helpable or self.stopping or not lane.token.acquire(blocking=False):
+        if not lane.helpable or self.stopping or not lane.token.acquire(False):
             # left to the worker (or to the thread running the lane, which re-checks the
             # queue when it lets go): launches enqueued for a helper were not signalled
             _signal(lane.wake)
@@ -364,7 +366,7 @@ class LaneEngine:
             wake.acquire()  # blocks without the GIL
             if self.stopping:
                 return
-            if not token.acquire(blocking=False):
+            if not token.acquire(False):
                 continue  # a caller is helping: it signals again if it leaves work
             try:
                 self._drain_loop(lane, None)
