@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import math
 from concurrent.futures import Future
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +33,14 @@ class Priority(enum.IntEnum):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise ValueError(f"priority must be 'RT', 'BE', 0 or 1, got {value!r}")
         return cls(int(value))
+
+
+def _fields_equal(a: Any, b: object) -> bool:
+    """The dataclasses' ``==`` for the hand-written value records (``Timings``,
+    ``Result``): same class, then field by field (``_astuple``)."""
+    if b.__class__ is not a.__class__:
+        return NotImplemented
+    return a._astuple() == b._astuple()  # type: ignore[attr-defined]
 
 
 class Timings:
@@ -71,9 +80,7 @@ class Timings:
                 self.kernels_padded, self.received, self.run_cpu)
 
     def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return self._astuple() == other._astuple()  # type: ignore[attr-defined]
+        return _fields_equal(self, other)
 
     __hash__ = None  # type: ignore[assignment]  # mutable, compared by value (as the dataclass)
 
@@ -122,9 +129,7 @@ class Result:
                 self.timings, self.deadline, self.hard_deadline, self.kappa)
 
     def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return self._astuple() == other._astuple()  # type: ignore[attr-defined]
+        return _fields_equal(self, other)
 
     __hash__ = None  # type: ignore[assignment]  # mutable, compared by value (as the dataclass)
 
