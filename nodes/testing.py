@@ -80,6 +80,8 @@ class TesterNode(Node):
     and the executor stops for good. Endpoints without event handlers have no waitables;
     subscriptions themselves are handled safely there."""
 
+    __test__ = False  # not a test class (pytest collects names starting with 'Test')
+
     def create_publisher(self, *args: Any, **kw: Any) -> Any:
         kw.setdefault("event_callbacks", PUB_EVENTS)
         return super().create_publisher(*args, **kw)
