@@ -337,7 +337,7 @@ class CpuDevice(Device):
             with lane.lock:
                 lane.capacity = None
                 lane.vhq.c = self._c
-                self._transmit(lane, True)
+                transmit(lane, True)
 
     def set_stream_capacity(self, stream: int, c: int) -> None:
         if not 1 <= c <= MAX_CAPACITY:
@@ -346,7 +346,7 @@ class CpuDevice(Device):
         with lane.lock:
             lane.capacity = int(c)
             lane.vhq.c = int(c)
-            self._transmit(lane, True)
+            transmit(lane, True)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self, on_complete: CompletionCallback) -> None:
@@ -440,7 +440,7 @@ class CpuDevice(Device):
 
     def _respawn(self, lane: _Lane, err: BaseException) -> None:
         """The lane's worker is dying of ``err`` (its launch in hand was answered by
-        ``_fail_hand``): a new thread takes the lane over and runs what is queued."""
+        ``LaneEngine.fail_hand``): a new thread takes the lane over and runs what is queued."""
         log.error("cpu device: lane %d worker died (%s: %s); restarting it",
                   lane.id, type(err).__name__, err)
         with self._lock:
@@ -449,10 +449,6 @@ class CpuDevice(Device):
             lane.restarts += 1
             self._spawn(lane)
         _signal(lane.wake)  # launches left in the device queue
-
-    def _fail_hand(self, lane: _Lane, err: BaseException) -> None:
-        """``LaneEngine.fail_hand``: answer the launch a dying thread held."""
-        self._lanes_engine.fail_hand(lane, err)
 
     def _apply_os_priority(self, lane: _Lane) -> None:
         """The worker's OS priority (devices.os_priority): BE lanes niced (only while a model
@@ -468,11 +464,6 @@ class CpuDevice(Device):
         lane.nice, lane.prio_desc = nice, desc
         lane.helpable = (not desc.startswith("SCHED_FIFO")
                          and (nice is None or self._renice_helpers))
-
-    @staticmethod
-    def _transmit(lane: _Lane, wake: bool) -> None:
-        """``cpu_lanes.transmit`` (caller holds ``lane.lock``)."""
-        transmit(lane, wake)
 
     def run_pending(self, stream: int, until: Any) -> bool:
         """Caller-runs (``Device.run_pending``, ``LaneEngine.run_pending``)."""

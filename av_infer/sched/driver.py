@@ -232,21 +232,20 @@ class Driver:
     # -- entering the scheduler ---------------------------------------------------------
     def post(self, event: tuple) -> None:
         """Handle ``event`` now on this thread, or leave it to the thread inside."""
-        self._pending.append(event)
-        self._drain(None)
+        self._drain(event)
 
     def complete(self, comp: Any) -> None:
         """One launch (or a coalesced record of several) left the device:
-        ``post(("complete", comp))``. The devices' completion entry (the engine starts
-        them with ``Device.start(driver.complete)``): when nothing waits in the queue and
-        no thread is inside, the event goes to the scheduler without the queue."""
+        ``post(("complete", comp))``, the devices' completion entry (the engine starts
+        them with ``Device.start(driver.complete)``)."""
         self._drain(("complete", comp))
 
     def _drain(self, first: tuple | None) -> None:
         """Handle ``first`` (an event not yet queued, or None) and every queued event on
         this thread, or leave them to the thread inside. ``first`` skips the queue only
-        when the queue is empty and this thread got in; otherwise it is queued like any
-        event (so events are handled in the order they were posted)."""
+        when the queue is empty and this thread got in (every ``post`` and ``complete``
+        when nothing waits: no append and pop); otherwise it is queued like any event (so
+        events are handled in the order they were posted)."""
         pending = self._pending
         lock = self._lock
         sched = self.sched
