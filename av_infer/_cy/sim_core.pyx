@@ -39,14 +39,6 @@ U = 1 << 20
 #: contention slowdown the bandwidth held at that moment would give it.
 QUIET_MARGIN = 1.25
 
-cdef object _completion(int stream, object task, int kernel, bint executed, double t_start,
-                        double t_end, object parts):
-    """``Completion(stream, task, ...)``: the record type is compiled (devices/completion.pxd:
-    a C-level constructor with C fields; the field-by-field build that this function made of
-    the dataclass it replaced is no longer needed), interpreted under AV_INFER_INTERPRETED."""
-    return Completion(stream, task, kernel, executed, t_start, t_end, parts)
-
-
 cdef struct _Ev:
     double t
     long long seq
@@ -975,6 +967,7 @@ cdef class SimCore:
             self._start_head(s)
         self._pump(s)
         if self._on_complete is not None:
-            self._on_complete(_completion(s.id, k.task, kernel, executed, k.t_start, self._t,
-                                          k.done_parts))
+            # the compiled record (devices/completion.pxd; the .py under AV_INFER_INTERPRETED)
+            self._on_complete(Completion(s.id, k.task, kernel, executed, k.t_start, self._t,
+                                         k.done_parts))
         return 0
