@@ -1,3 +1,4 @@
+# cython: annotation_typing=False, language_level=3
 """A request's input tensors at the API boundary: validation and zero-copy buffers.
 
 Why here: the runtime checks inputs exactly (names, shapes, dtypes; no silent casts)
@@ -56,7 +57,9 @@ def validate_inputs(model: str, spec: Spec, inputs: Any,
         dt = _DTYPES.get(dtype)
         if dt is None:
             dt = _DTYPES[dtype] = np.dtype(dtype)
-        if v.shape != tuple(shape) or v.dtype != dt:
+        vdt = v.dtype  # numpy's dtypes of the built-in types are one object each: ``is``
+        if v.shape != (shape if type(shape) is tuple else tuple(shape)) or (
+                vdt is not dt and vdt != dt):
             raise InvalidInputError(
                 f"model {model!r} input {name!r}: expected {dtype}{list(shape)}, "
                 f"got {v.dtype}{list(v.shape)}")

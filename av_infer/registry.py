@@ -1,3 +1,4 @@
+# cython: annotation_typing=False, language_level=3
 """The model registry of one Runtime: models, their sources, variant groups and client
 configurations, under one lock.
 
@@ -8,6 +9,11 @@ whole under the same lock, so a submit never sees half of one. The registry hold
 loaded and how clients are configured*; it never talks to the device or the scheduler
 (``engine.Engine`` does) and does no compiling, so every method is short and never blocks
 on the scheduler while holding the lock.
+
+Compiled where built (``registry.pxd``, Cython's pure-Python mode,
+av_infer/_cy/compiled.py): ``ModelRegistry`` is a ``cdef class`` whose ``resolve`` the
+compiled admission calls as a C method on every submit; its tables keep their names
+(``public`` fields). The ``.py`` is the one source and runs interpreted where not built.
 """
 
 from __future__ import annotations

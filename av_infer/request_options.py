@@ -1,3 +1,4 @@
+# cython: annotation_typing=False, language_level=3
 """What one request asks for besides its model and inputs: :class:`RequestOptions`.
 
 Why a value: ``Runtime.submit``/``infer`` take eight per-request options (priority,
@@ -9,20 +10,24 @@ caller passed (``None``: the client's configured default) and validates nothing;
 runtime validates it once, when it builds the request, so a bad option becomes the
 request's typed error (an already-failed future), never an exception out of ``submit``.
 
-It is built once per request on the hot path, so :meth:`RequestOptions.of` makes one
-without the frozen dataclass's per-field ``object.__setattr__`` (same value, same
-equality, still frozen).
+It is built once per request on the hot path, so it is compiled where built
+(``request_options.pxd``, Cython's pure-Python mode, av_infer/_cy/compiled.py): a ``cdef
+class`` with C fields, made with one C constructor call and read by the compiled
+admission (``admission.py``) as struct members. The ``.py`` is the one source and runs
+interpreted where it is not built.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import FrozenInstanceError
 from typing import Any
+
+import cython
 
 from av_infer.errors import InvalidParameterError
 
-__all__ = ["ARRIVAL_AHEAD_S", "ARRIVAL_MAX_AGE_S", "RequestOptions", "seconds"]
+__all__ = ["ARRIVAL_AHEAD_S", "ARRIVAL_MAX_AGE_S", "FIELDS", "RequestOptions", "seconds"]
 
 #: a request's ``arrival`` (``submit``/``infer``) must lie on ``now()``'s clock: at most this
 #: long before ``now()`` and no later than ``ARRIVAL_AHEAD_S`` after it. Latency, EDF order
@@ -34,11 +39,13 @@ ARRIVAL_MAX_AGE_S = 3600.0
 #: a hair before it
 ARRIVAL_AHEAD_S = 1e-3
 
-_new = object.__new__
 _set = object.__setattr__
 
+#: the options, in constructor order
+FIELDS = ("priority", "deadline", "client", "arrival", "drop_late", "hard_deadline",
+          "variant_group", "borrow")
 
-@dataclass(frozen=True)
+
 class RequestOptions:
     """One request's options, as the caller gave them (``None``: the client's default).
 
@@ -48,28 +55,67 @@ class RequestOptions:
     start after the deadline; ``variant_group``: serve the model by this group;
     ``borrow``: the runtime may read the caller's input arrays in place (``infer``
     without a timeout: the caller waits) instead of copying them.
+
+    A value: read-only fields (assignment raises ``FrozenInstanceError``), field-wise
+    ``==`` and ``hash``, a ``repr`` naming every field, picklable (what the frozen
+    dataclass it replaces gave; ``FIELDS`` lists the fields in constructor order).
     """
 
-    priority: Any = None
-    deadline: Any = None
-    client: Any = "default"
-    arrival: Any = None
-    drop_late: Any = None
-    hard_deadline: Any = None
-    variant_group: Any = None
-    borrow: bool = False
+    def __init__(self, priority: Any = None, deadline: Any = None, client: Any = "default",
+                 arrival: Any = None, drop_late: Any = None, hard_deadline: Any = None,
+                 variant_group: Any = None, borrow: bool = False) -> None:
+        if cython.compiled:  # C fields: written here, read-only from Python
+            self.priority = priority
+            self.deadline = deadline
+            self.client = client
+            self.arrival = arrival
+            self.drop_late = drop_late
+            self.hard_deadline = hard_deadline
+            self.variant_group = variant_group
+            self.borrow = borrow
+        else:  # interpreted: one __dict__ write past the refusing __setattr__
+            _set(self, "__dict__", {"priority": priority, "deadline": deadline,
+                                    "client": client, "arrival": arrival,
+                                    "drop_late": drop_late, "hard_deadline": hard_deadline,
+                                    "variant_group": variant_group, "borrow": bool(borrow)})
 
     @classmethod
     def of(cls, priority: Any, deadline: Any, client: Any, arrival: Any, drop_late: Any,
            hard_deadline: Any, variant_group: Any, borrow: bool) -> RequestOptions:
-        """The same value as ``RequestOptions(...)`` with every field given, built with one
-        attribute write instead of eight (the request path builds one per request)."""
-        o = _new(cls)
-        _set(o, "__dict__", {"priority": priority, "deadline": deadline, "client": client,
-                             "arrival": arrival, "drop_late": drop_late,
-                             "hard_deadline": hard_deadline,
-                             "variant_group": variant_group, "borrow": borrow})
-        return o
+        """The same value as ``RequestOptions(...)`` with every field given (kept for
+        callers of the dataclass era's fast constructor)."""
+        return cls(priority, deadline, client, arrival, drop_late, hard_deadline,
+                   variant_group, borrow)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def _key(self) -> tuple:
+        return (self.priority, self.deadline, self.client, self.arrival, self.drop_late,
+                self.hard_deadline, self.variant_group, self.borrow)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RequestOptions):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __ne__(self, other: object) -> bool:
+        if not isinstance(other, RequestOptions):
+            return NotImplemented
+        return self._key() != other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return "RequestOptions(" + ", ".join(
+            f"{n}={v!r}" for n, v in zip(FIELDS, self._key())) + ")"
+
+    def __reduce__(self) -> tuple:
+        return (RequestOptions, self._key())
 
 
 def seconds(what: str, v: Any, allow_inf: bool = False) -> float:

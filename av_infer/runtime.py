@@ -20,10 +20,8 @@ input tensors.
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
-import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -32,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from av_infer.admission import Admission
 from av_infer.devices.base import Device
 from av_infer.engine import Engine
 from av_infer.errors import (
@@ -40,7 +39,7 @@ from av_infer.errors import (
     RuntimeClosedError,
     UnknownModelError,
 )
-from av_infer.inputs import InputBuffers, Spec, fmt_spec, validate_inputs
+from av_infer.inputs import InputBuffers, Spec, fmt_spec
 from av_infer.model.plan import Plan
 from av_infer.model.plan_store import PlanStore
 from av_infer.profiles import ModelProfile
@@ -51,17 +50,14 @@ from av_infer.request_options import (
     ARRIVAL_AHEAD_S,
     ARRIVAL_MAX_AGE_S,
     RequestOptions,
-    seconds,
 )
-from av_infer.sched.driver import RequestFuture
-from av_infer.sched.request import Priority, Request, Result, Timings
+from av_infer.sched.request import Priority, Result
 from av_infer.sched.scheduler import ModelEntry
 
 __all__ = ["ARRIVAL_AHEAD_S", "ARRIVAL_MAX_AGE_S", "InputBuffers", "ModelInfo",
            "RequestOptions", "Runtime"]
 
-_options = RequestOptions.of
-_get_ident = threading.get_ident
+_options = RequestOptions
 
 
 @dataclass(frozen=True)
@@ -153,8 +149,16 @@ class Runtime:
         self._lock = self._reg.lock
         self._models = self._reg.models
         self._utility = UtilityTracker()
-        self._ids = itertools.count(1)
-        self._closed = False
+        #: validates, builds and posts every request (compiled; owns the closed flag and
+        #: the request ids)
+        self._admit = Admission(self._reg, self._device, self._driver,
+                                self._record_utility, self._record_quality)
+
+    @property
+    def _closed(self) -> bool:
+        """New submits are refused (``close`` was called); the flag's owner is the
+        admission, which refuses them."""
+        return self._admit.closed
 
     # -- the driver -------------------------------------------------------------------------
     def _control(self, fn: Callable[[], Any], wait: bool = True) -> Any:
@@ -443,9 +447,9 @@ class Runtime:
         itself skip the worker's wake-up that a plain ``submit`` signals (20-90 µs a request
         on the 2-core VM, docs/request_path.md). The inputs are copied as by ``submit``.
         """
-        fut = self._submit(model, inputs, _options(priority, deadline, client, arrival,
-                                                   drop_late, hard_deadline, variant_group,
-                                                   False), run_here)
+        fut = self._admit.submit(model, inputs, _options(priority, deadline, client, arrival,
+                                                         drop_late, hard_deadline,
+                                                         variant_group, False), run_here)
         if run_here:
             fut._help()  # what result() does first: runs its idle-lane launches here
         return fut
@@ -472,95 +476,10 @@ class Runtime:
         them in place until ``infer`` returns (ONNX Runtime's ``InferenceSession.run``
         contract: do not change them from another thread meanwhile). With a ``timeout`` the
         request may outlive the call, so they are copied as ``submit`` copies them."""
-        fut = self._submit(model, inputs, _options(priority, deadline, client, arrival,
-                                                   drop_late, hard_deadline, variant_group,
-                                                   timeout is None), True)
+        fut = self._admit.submit(model, inputs, _options(priority, deadline, client, arrival,
+                                                         drop_late, hard_deadline,
+                                                         variant_group, timeout is None), True)
         return fut.result(timeout)
-
-    def _submit(self, model: str, inputs: Any, opts: RequestOptions,
-                caller_runs: bool) -> RequestFuture:
-        """One request: validated (the typed error of the first thing wrong fails the
-        future, nothing is queued), built once, posted to the driver. One look at the
-        registry, under one acquisition of its lock (this runs on every submit; the
-        validation is inline here, one Python call less per request)."""
-        fut: RequestFuture = RequestFuture(self._driver)
-        try:
-            if self._closed:
-                raise RuntimeClosedError("runtime is closed")
-            client = opts.client
-            if not isinstance(client, str) or not client:
-                raise InvalidParameterError(f"client must be a non-empty string, got {client!r}")
-            cfg, gname, grp, entry = self._reg.resolve(model, client, opts.variant_group)
-            if gname is not None:
-                if grp is None:
-                    raise UnknownModelError(f"unknown variant group {gname!r}; defined: "
-                                            f"{self.variant_groups()}")
-                if model != gname and model not in grp[0].models:
-                    raise InvalidParameterError(
-                        f"model {model!r} is not in variant group {gname!r} {grp[0].models}")
-                model = gname
-            if entry is None:
-                raise UnknownModelError(f"unknown model {model!r}; loaded: {self.models()}")
-            priority = opts.priority
-            if priority is None:
-                prio = cfg.priority
-            else:
-                try:
-                    prio = Priority.parse(priority)
-                except (ValueError, TypeError) as e:
-                    raise InvalidParameterError(str(e)) from None
-            copied = validate_inputs(model, entry.input_spec, inputs, opts.borrow)
-            received = self._device.now()
-            arrival = opts.arrival
-            if arrival is None:
-                arrival = received
-            else:
-                arrival = seconds("arrival", arrival)
-                if not received - ARRIVAL_MAX_AGE_S <= arrival <= received + ARRIVAL_AHEAD_S:
-                    raise InvalidParameterError(
-                        f"arrival must be on now()'s clock, within {ARRIVAL_MAX_AGE_S:g} s before "
-                        f"now() ({received:.6f}) and not after it (+{ARRIVAL_AHEAD_S * 1e3:g} ms); "
-                        f"got {arrival!r}")
-            deadline = opts.deadline
-            if deadline is None:
-                deadline = arrival + cfg.relative_deadline if cfg.relative_deadline else math.inf
-            else:
-                deadline = seconds("deadline", deadline, allow_inf=True)
-            hard_deadline = opts.hard_deadline
-            if hard_deadline is None:
-                hard = arrival + cfg.hard_deadline if cfg.hard_deadline else math.inf
-                hard = max(hard, deadline)  # a per-request soft deadline may pass the client's hard
-            else:
-                hard = seconds("hard_deadline", hard_deadline, allow_inf=True)
-                if deadline == math.inf:  # a hard deadline alone: a step utility (soft = hard)
-                    deadline = hard
-                if hard < deadline:
-                    raise InvalidParameterError(
-                        f"hard_deadline {hard} is before the (soft) deadline {deadline}")
-            drop_late = opts.drop_late
-            if drop_late is None:
-                drop_late = cfg.drop_late
-            elif not isinstance(drop_late, (bool, np.bool_)):
-                raise InvalidParameterError(f"drop_late must be a bool, got {drop_late!r}")
-            req = Request(next(self._ids), model, copied, prio, client, deadline, bool(drop_late),
-                          Timings(arrival, received=received), None, hard_deadline=hard)
-        except AvInferError as e:
-            self._count_submit_error(e)
-            fut.set_exception(e)
-            return fut
-        req.future = fut
-        if cfg.utility:  # the tracker follows configure_client, as this flag does
-            fut.add_done_callback(lambda f, c=req.client: self._record_utility(c, f))
-        if entry.variants is not None:
-            fut.add_done_callback(lambda f, g=req.model: self._record_quality(g, f))
-        fut.request = req  # a waiting thread runs its launches (RequestFuture._help)
-        # caller_runs: an enqueue made on this thread while it handles its own arrival skips
-        # the worker's wake-up, since this thread runs the launches right after (a start on
-        # any other thread, or later, wakes a worker: nothing is left unrun)
-        req.caller_runs = _get_ident() if caller_runs else 0
-        self._driver.post(("arrival", req, entry))
-        req.caller_runs = 0
-        return fut
 
     def _record_utility(self, client: str, fut: Future) -> None:
         try:
@@ -568,9 +487,6 @@ class Runtime:
         except BaseException:  # noqa: BLE001 - a failed request is worth 0
             lat = None
         self._utility.record(client, lat)
-
-    def _count_submit_error(self, e: AvInferError) -> None:
-        self._reg.count_submit_error(e.code)
 
     # -- settings ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -708,7 +624,7 @@ class Runtime:
         RuntimeClosedError at once. Idempotent; every future is answered on return."""
         with self._lock:
             already = self._closed
-            self._closed = True
+            self._admit.closed = True
         self._engine.close(drain, timeout, already)
 
     def __enter__(self) -> Runtime:

@@ -353,18 +353,45 @@ def test_a_bad_max_batch_is_refused_before_a_device_is_made(monkeypatch) -> None
     assert len(made) == 1
 
 
-def test_request_options_is_one_frozen_value() -> None:
-    from dataclasses import FrozenInstanceError, fields
+@pytest.mark.parametrize("interpreted", [False, True])
+def test_request_options_is_one_frozen_value(interpreted: bool) -> None:
+    """The same value compiled (request_options.pxd) and interpreted: fields in
+    constructor order, keyword defaults, ``==``/``hash``, read-only, repr, pickling."""
+    import os
+    import subprocess
+    import sys
 
-    from av_infer.request_options import RequestOptions
-    names = [f.name for f in fields(RequestOptions)]
-    assert names == ["priority", "deadline", "client", "arrival", "drop_late",
-                     "hard_deadline", "variant_group", "borrow"]
-    fast = RequestOptions.of("rt", 1.0, "cam", None, True, 2.0, None, False)
-    assert fast == RequestOptions("rt", 1.0, "cam", None, True, 2.0, None, False)
-    assert hash(fast) == hash(RequestOptions("rt", 1.0, "cam", None, True, 2.0, None, False))
-    with pytest.raises(FrozenInstanceError):
-        fast.client = "other"  # type: ignore[misc]
+    code = """
+import pickle
+from dataclasses import FrozenInstanceError
+from av_infer.request_options import FIELDS, RequestOptions
+assert FIELDS == ("priority", "deadline", "client", "arrival", "drop_late",
+                  "hard_deadline", "variant_group", "borrow")
+fast = RequestOptions.of("rt", 1.0, "cam", None, True, 2.0, None, False)
+assert fast == RequestOptions("rt", 1.0, "cam", None, True, 2.0, None, False)
+assert fast != RequestOptions("rt", 1.0, "cam", None, True, 2.0, None, True)
+assert hash(fast) == hash(RequestOptions("rt", 1.0, "cam", None, True, 2.0, None, False))
+assert [getattr(fast, n) for n in FIELDS] == ["rt", 1.0, "cam", None, True, 2.0, None, False]
+d = RequestOptions()
+assert (d.client, d.borrow, d.priority) == ("default", False, None)
+assert RequestOptions(client="x", borrow=True).client == "x"
+assert pickle.loads(pickle.dumps(fast)) == fast
+assert repr(fast).startswith("RequestOptions(priority='rt', deadline=1.0, client='cam'")
+for name in ("client", "borrow", "new"):
+    try:
+        setattr(fast, name, "other")
+    except FrozenInstanceError:
+        pass
+    else:
+        raise AssertionError(name)
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "AV_INFER_INTERPRETED"}
+    if interpreted:
+        env["AV_INFER_INTERPRETED"] = "1"
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
 
 
 def test_removing_a_group_a_client_is_configured_with_changes_that_client() -> None:

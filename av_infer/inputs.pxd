@@ -1,0 +1,6 @@
+# cython: language_level=3
+"""C types for ``inputs.py`` (Cython's pure-Python mode; av_infer/_cy/compiled.py):
+``validate_inputs`` runs on every submit, so it is a C function the compiled admission
+(``admission.pxd``) calls directly; Python callers call it as before."""
+
+cpdef dict validate_inputs(model, spec, inputs, bint borrow=*)

@@ -1,0 +1,19 @@
+# cython: language_level=3
+"""C types for ``registry.py`` (Cython's pure-Python mode, av_infer/_cy/compiled.py): the
+registry a ``cdef class`` whose tables are ``public`` fields (Python code reads and
+writes the same names) and whose per-request look-up, ``resolve``, is a C method the
+compiled admission (``admission.pxd`` cimports it) calls directly."""
+
+cimport cython
+
+
+@cython.final
+cdef class ModelRegistry:
+    cdef public object lock
+    cdef public dict models
+    cdef public dict sources
+    cdef public dict groups
+    cdef public dict clients
+    cdef public dict submit_errors
+
+    cpdef tuple resolve(self, model, client, variant_group)
