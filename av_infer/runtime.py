@@ -14,8 +14,8 @@ Layout (issue 31, docs/request_path.md): this module is the API; ``engine.Engine
 builds and holds the device, scheduler, cache, services and driver and validates every
 engine setting (one ``check_*`` per setting); ``registry.ModelRegistry`` holds models,
 sources, variant groups and client configurations under one lock;
-``request_options.RequestOptions`` carries one request's options; ``inputs`` validates
-input tensors.
+``request_options.RequestOptions`` carries one request's options; ``admission.Admission``
+(compiled) validates, builds and posts each request; ``inputs`` validates input tensors.
 """
 
 from __future__ import annotations
