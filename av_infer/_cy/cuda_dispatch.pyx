@@ -105,6 +105,8 @@ cdef struct GatedOp:
     CUgraphConditionalHandle cond
     CUfunction op_func
     uint32_t geom[7]
+    int captured                # a vendor op captured into the IF body (op is NULL): its
+                                # arguments are baked in, nothing to update per launch
 
 #: a gated graph (docs/cuda_graphs.md): ``n`` gated ops of plan kernels ``first..first+n-1``
 #: chained in kernel order (gate_0 -> IF_0 -> gate_1 -> IF_1 ...), instantiated once
@@ -161,6 +163,11 @@ ctypedef CUresult (*p_cuGraphExecKernelNodeSetParams)(CUgraphExec, CUgraphNode,
                                                       const KernelNodeParams*) noexcept nogil
 ctypedef CUresult (*p_cuStreamBeginCapture)(CUstream, int) noexcept nogil
 ctypedef CUresult (*p_cuStreamEndCapture)(CUstream, CUgraph*) noexcept nogil
+#: CUDA 12.3+ (CUDA 13.0's cuda.h): cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph
+#: hGraph, const CUgraphNode* dependencies, const CUgraphEdgeData* dependencyData, size_t
+#: numDependencies, CUstreamCaptureMode mode); edge data is always NULL here
+ctypedef CUresult (*p_cuStreamBeginCaptureToGraph)(CUstream, CUgraph, const CUgraphNode*,
+                                                   const void*, size_t, int) noexcept nogil
 #: a vendor op's launcher (``cuda_vendor.pyx``: ``vendor_launch``): (op, the task's packed
 #: struct of the kernel, CUstream, the stream's vendor context) -> 0 or a vendor status
 ctypedef int (*p_vendor_launch)(void*, const char*, CUstream, void*) noexcept nogil
@@ -200,6 +207,8 @@ cdef struct Driver:
     # optional: stream capture (RT as one graph; NULL where the driver lacks them)
     p_cuStreamBeginCapture cuStreamBeginCapture
     p_cuStreamEndCapture cuStreamEndCapture
+    # optional: capture into an existing graph (vendor ops inside gated graphs)
+    p_cuStreamBeginCaptureToGraph cuStreamBeginCaptureToGraph
 
 cdef dict _drivers = {}   # library path -> address of its Driver (never freed)
 
@@ -291,6 +300,10 @@ cdef Driver* _driver(str path) except NULL:
     # one-argument call), so there is no fallback name
     d.cuStreamBeginCapture = <p_cuStreamBeginCapture>_sym(lib, b"cuStreamBeginCapture_v2", NULL)
     d.cuStreamEndCapture = <p_cuStreamEndCapture>_sym(lib, b"cuStreamEndCapture", NULL)
+    # optional: capture into an existing graph (CUDA 12.3+; vendor ops inside gated graphs,
+    # docs/cuda_graphs.md). Missing: those vendor ops keep the host flag check (reported)
+    d.cuStreamBeginCaptureToGraph = <p_cuStreamBeginCaptureToGraph>_sym(
+        lib, b"cuStreamBeginCaptureToGraph", NULL)
     cdef CUresult r = d.cuInit(0)
     if r != CUDA_SUCCESS:
         free(d)
@@ -362,6 +375,7 @@ cdef struct Stream:
     uint64_t glaunched          # gated graph launches
     uint64_t gops               # ops those launches held (one vHQ index each)
     uint64_t gskipped           # gated ops whose gate stayed shut (flag up): did not run
+    uint64_t gvops              # vendor ops those launches held (captured into IF bodies)
     # launch units: a graph of several ops is ONE entry against c (docs/request_path.md
     # section 2); plain launches are one unit each. cunits = c (RING: no limit of its own)
     uint8_t unit_end[RING]      # the slot holds the last index of its launch unit
@@ -643,6 +657,7 @@ cdef class Dispatcher:
                 "vendor_launched": st.vlaunched, "vendor_skipped": st.vskipped,
                 "graphs": bool(st.graphs), "graph_launched": st.glaunched,
                 "graph_ops": st.gops, "graph_skipped": st.gskipped,
+                "graph_vendor_ops": st.gvops,
                 "unit_capacity": st.cunits if st.cunits < RING else None,
                 "rt_graphs": bool(st.rtg), "rt_graph_launched": st.rglaunched,
                 "rt_graph_ops": st.rgops, "rt_graph_refused": st.rgrefused,
@@ -694,16 +709,100 @@ cdef class Dispatcher:
             raise ValueError(f"units must be >= 1, got {n}")
         self._st[s].cunits = n if n < RING else RING
 
-    def gated_graph(self, uintptr_t gate_func, op_funcs, bytes geom, int first=0):
+    def vendor_graph_missing(self):
+        """The entry points vendor ops inside gated graphs need that the driver lacks
+        ([] where it has them): the gated graph's and stream capture into a graph."""
+        d = self._drv
+        have = {"cuStreamBeginCaptureToGraph": d.cuStreamBeginCaptureToGraph != NULL,
+                "cuStreamEndCapture": d.cuStreamEndCapture != NULL}
+        return self.graphs_missing() + [k for k, v in have.items() if not v]
+
+    cdef tuple _capture(self, CUstream cst, CUgraph into, CUgraph* out, funcs, geom,
+                        const char* a, offs, vendor, uintptr_t vctx, int32_t k0, int32_t n):
+        """The one place ops are stream-captured (RT graphs and vendor ops inside gated
+        graphs): begin a capture on ``cst`` (``into`` NULL: ``cuStreamBeginCapture_v2``, a
+        new graph; else ``cuStreamBeginCaptureToGraph`` into that graph, e.g. a conditional
+        node's body), issue ``n`` ops (list positions ``0..n-1``, plan kernels
+        ``k0..k0+n-1``): ours as ``cuLaunchKernel`` with the zero flag word and the struct
+        at ``a + offs[i]``, vendor ops (``vendor[i]`` = (launcher, op)) through the same
+        launcher as the dispatcher's with ``vctx``; then ``cuStreamEndCapture`` (always,
+        also after a failed call) into ``out``. Returns (CUresult, the call that gave it,
+        whether it was a vendor status)."""
+        cdef Driver* d = self._drv
+        cdef CUresult r, r2
+        cdef const uint32_t* g
+        cdef void* params[2]
+        cdef p_vendor_launch vf
+        cdef int32_t i
+        cdef int vend = 0
+        cdef CUgraph got = NULL
+        if into == NULL:
+            what = "cuStreamBeginCapture_v2"
+            r = d.cuStreamBeginCapture(cst, CU_STREAM_CAPTURE_MODE_RELAXED)
+        else:
+            what = f"cuStreamBeginCaptureToGraph(kernel {k0})"
+            r = d.cuStreamBeginCaptureToGraph(cst, into, NULL, NULL, 0,
+                                              CU_STREAM_CAPTURE_MODE_RELAXED)
+        if r != CUDA_SUCCESS:
+            return r, what, 0
+        for i in range(n):
+            if vendor is not None and vendor[i] is not None:
+                vend = 1
+                what = f"the vendor op of kernel {k0 + i} (captured)"
+                vf = <p_vendor_launch><uintptr_t>vendor[i][0]
+                r = vf(<void*><uintptr_t>vendor[i][1], a + <int64_t>offs[i], cst, <void*>vctx)
+            else:
+                vend = 0
+                what = f"cuLaunchKernel of kernel {k0 + i} (captured)"
+                g = (<const uint32_t*><const char*>geom) + GEOM_WORDS * i
+                params[0] = &self._zero
+                params[1] = <void*>(a + <int64_t>offs[i])
+                r = d.cuLaunchKernel(<CUfunction><uintptr_t>funcs[i], g[0], g[1], g[2], g[3],
+                                     g[4], g[5], g[6], cst, params, NULL)
+            if r != CUDA_SUCCESS:
+                break
+        r2 = d.cuStreamEndCapture(cst, &got)  # always ends the capture
+        if r == CUDA_SUCCESS and r2 != CUDA_SUCCESS:
+            return r2, f"cuStreamEndCapture(kernel {k0})" if into != NULL else "cuStreamEndCapture", 0
+        if r == CUDA_SUCCESS:
+            out[0] = got
+        elif got != NULL and into == NULL:
+            d.cuGraphDestroy(got)
+        return r, what, vend
+
+    def gated_graph(self, uintptr_t gate_func, op_funcs, bytes geom, int first=0, vendor=None,
+                    bytes args=None, offs=None, uintptr_t vctx=0):
         """Build and instantiate one gated graph: per op ``i`` (plan kernel ``first + i``)
         gate kernel -> IF node { op kernel }, the pairs chained in kernel order. ``op_funcs``:
         one CUfunction or a list of 1..MAX_GRAPH_OPS; ``geom``: 7 uint32 words per op.
+
+        ``vendor``: per op None or (launcher, op address): that op is a vendor op, captured
+        into its IF node's body with ``cuStreamBeginCaptureToGraph`` on the capture stream
+        (``_capture``), with its packed struct at ``args[offs[i]:]`` and ``vctx`` (a vendor
+        context bound to the capture stream, its workspace): the arena and workspace
+        addresses are baked into the graph, so it serves only tasks whose arena that is
+        (``CudaDevice``'s vendor graph instances, docs/cuda_graphs.md).
 
         Returns its address (for ``register_task``'s ``graphs``, at each of its kernels);
         raises RuntimeError naming the refusing call and its CUresult (the caller falls back
         to plain launches and says so)."""
         funcs = list(op_funcs) if isinstance(op_funcs, (list, tuple)) else [op_funcs]
         cdef int n = len(funcs)
+        cdef bint has_vendor = vendor is not None and any(v is not None for v in vendor)
+        if has_vendor:
+            if len(vendor) != n or args is None or offs is None or len(offs) != n:
+                raise ValueError("vendor ops need a vendor entry, args and an offset per op")
+            for j, o2 in enumerate(offs):
+                if not 0 <= o2 < len(args):
+                    raise ValueError(f"argument offset of op {j} outside the blob")
+            missing = self.vendor_graph_missing()
+            if missing:
+                raise RuntimeError(f"the driver lacks {', '.join(missing)}")
+        cdef CUstream cst = NULL
+        cdef const char* ablob = NULL
+        if has_vendor:
+            cst = <CUstream><uintptr_t>self.capture_stream()
+            ablob = args
         if not 1 <= n <= MAX_GRAPH_OPS:
             raise ValueError(f"a gated graph holds 1..{MAX_GRAPH_OPS} ops, got {n}")
         if len(geom) != n * GEOM_WORDS * 4:
@@ -730,6 +829,8 @@ cdef class Dispatcher:
         cdef void* gparams[4]
         cdef void* oparams[2]
         cdef CUgraph body = NULL
+        cdef CUgraph cap = NULL
+        cdef int vstat = 0
         cdef CUgraphNode cond_node = NULL
         cdef CUgraphNode prev = NULL
         cdef Driver* d = self._drv
@@ -770,6 +871,12 @@ cdef class Dispatcher:
                 if r == CUDA_SUCCESS:
                     body = cp.phGraph_out[0]
                     prev = cond_node
+            if r == CUDA_SUCCESS and has_vendor and vendor[i] is not None:
+                # a vendor op: its library calls captured into the IF node's body
+                o.captured = 1
+                r, what, vstat = self._capture(cst, body, &cap, None, None, ablob, [offs[i]],
+                                               [vendor[i]], vctx, first + i, 1)
+                continue
             if r == CUDA_SUCCESS:  # the op, in the IF node's body
                 what = "cuGraphAddNode(op kernel in the IF body)"
                 memset(np_, 0, NODE_PARAMS_BYTES)
@@ -787,7 +894,7 @@ cdef class Dispatcher:
             r = d.cuGraphInstantiateWithFlags(&gg.exec, gg.graph, 0)
         for i in range(n):
             o = &gg.ops[i]
-            if r == CUDA_SUCCESS:
+            if r == CUDA_SUCCESS and not o.captured:
                 # every launch updates the op nodes inside the IF bodies of the executable
                 # graph: probe it now, so a driver that refuses it falls back here, not per
                 # launch
@@ -814,6 +921,8 @@ cdef class Dispatcher:
             if gg.graph != NULL:
                 d.cuGraphDestroy(gg.graph)
             free(gg)
+            if vstat:  # a vendor library status under capture, not a CUresult
+                raise RuntimeError(f"{what} refused: status {r} (code {r})")
             raise RuntimeError(f"{what} refused: {_errstr(d, r)} (CUresult {r})")
         return <uintptr_t>gg
 
@@ -890,38 +999,11 @@ cdef class Dispatcher:
             raise MemoryError()
         rg.nk = n
         cdef Driver* d = self._drv
-        cdef const char* a = args
-        cdef const uint32_t* g
-        cdef void* params[2]
-        cdef CUresult r, r2
-        cdef p_vendor_launch vf
-        cdef int32_t k
-        cdef int vend = 0
-        what = "cuStreamBeginCapture_v2"
+        cdef CUresult r
+        cdef int vend
         self._cur()
-        r = d.cuStreamBeginCapture(cst, CU_STREAM_CAPTURE_MODE_RELAXED)
-        if r == CUDA_SUCCESS:
-            for k in range(n):
-                g = (<const uint32_t*><const char*>geom) + GEOM_WORDS * k
-                if vendor is not None and vendor[k] is not None:
-                    vend = 1
-                    what = f"the vendor op of kernel {k} (captured)"
-                    vf = <p_vendor_launch><uintptr_t>vendor[k][0]
-                    r = vf(<void*><uintptr_t>vendor[k][1], a + <int64_t>offs[k], cst, <void*>vctx)
-                else:
-                    vend = 0
-                    what = f"cuLaunchKernel of kernel {k} (captured)"
-                    params[0] = &self._zero
-                    params[1] = <void*>(a + <int64_t>offs[k])
-                    r = d.cuLaunchKernel(<CUfunction><uintptr_t>funcs[k], g[0], g[1], g[2], g[3],
-                                         g[4], g[5], g[6], cst, params, NULL)
-                if r != CUDA_SUCCESS:
-                    break
-            r2 = d.cuStreamEndCapture(cst, &rg.graph)  # always ends the capture
-            if r == CUDA_SUCCESS and r2 != CUDA_SUCCESS:
-                r = r2
-                vend = 0
-                what = "cuStreamEndCapture"
+        r, what, vend = self._capture(cst, NULL, &rg.graph, funcs, geom, args, offs, vendor,
+                                      vctx, 0, n)
         if r == CUDA_SUCCESS:
             what = "cuGraphInstantiateWithFlags(captured graph)"
             r = d.cuGraphInstantiateWithFlags(&rg.exec, rg.graph, 0)
@@ -1473,7 +1555,9 @@ cdef class Dispatcher:
                         gparams[3] = &k32[i]
                         kp.kernelParams = gparams
                         r = self._drv.cuGraphExecKernelNodeSetParams(gg.exec, o.gate, &kp)
-                        if r == CUDA_SUCCESS and held:
+                        if held and o.captured:  # baked into the body: nothing to update
+                            st.gvops += 1
+                        elif r == CUDA_SUCCESS and held:
                             kp.func = o.op_func
                             g = o.geom
                             kp.gridDimX, kp.gridDimY, kp.gridDimZ = g[0], g[1], g[2]

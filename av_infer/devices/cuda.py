@@ -118,6 +118,9 @@ GRAPH_MODES = ("off", "be")
 MAX_GRAPH_OPS = 16
 #: ``CudaDevice(rt_graphs=N)``: graph instances (arena + captured graph) per model, at most
 MAX_RT_GRAPHS = 8
+#: ``CudaDevice(vendor_graphs=N)``: BE graph instances (arena + gated graphs with the vendor
+#: ops captured into their IF bodies) per model, at most
+MAX_VENDOR_GRAPHS = 8
 
 
 def availability(device_id: int = 0, emulate: bool = False) -> tuple[bool, str]:
@@ -184,6 +187,10 @@ class _Model:
     #: tasks of this plan were enqueued on an RT / a BE stream (which tasks take instances)
     rt_seen: bool = False
     be_seen: bool = False
+    #: vendor ops inside gated graphs (``vendor_graphs=N``, docs/cuda_graphs.md): the plan's
+    #: BE graph instances and those no task holds (both under ``CudaDevice._books``)
+    vg_pool: list[_VendorInstance] = field(default_factory=list)
+    vg_free: list[_VendorInstance] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -196,6 +203,22 @@ class _RtInstance:
     blob: bytes
     graph: int
     ws: Any = None
+
+
+@dataclass(eq=False)
+class _VendorInstance:
+    """One arena of a plan's vendor graph pool (docs/cuda_graphs.md, "Vendor ops inside
+    gated graphs"): the arena, the argument structs packed for it, a vendor workspace of
+    its own, and the task's graph table: per kernel the gated graph that launches it
+    (graphs with vendor ops captured into their IF bodies bake this arena's and this
+    workspace's addresses; the plan's own gated graphs for kernels of ours elsewhere; 0
+    for a vendor op that fell back to the host flag check)."""
+
+    arena: Any
+    blob: bytes
+    ws: Any
+    table: list[int]
+    built: list[int]
 
 
 @dataclass(eq=False)
@@ -213,6 +236,8 @@ class _Task:
     grec: Any = None
     #: the RT graph instance whose arena this task uses (back to the pool when freed)
     rt: _RtInstance | None = None
+    #: the vendor graph instance whose arena this task uses (back to the pool when freed)
+    vg: _VendorInstance | None = None
 
 
 def _split_item(item: tuple) -> list[tuple]:
@@ -244,7 +269,8 @@ class CudaDevice(Device):
                  workspace_mb: int | None = None, graphs: str | None = None,
                  pad_select: str | None = None, graph_ops: int | None = None,
                  pad_levels: str | Sequence[int] | None = None,
-                 vendor_choices: str | None = None, rt_graphs: int | str | None = None) -> None:
+                 vendor_choices: str | None = None, rt_graphs: int | str | None = None,
+                 vendor_graphs: int | str | None = None) -> None:
         """``emulate``: run on the CPU emulator (docs/cuda_emu.md); ``sms`` is then the
         SM count padding selection assumes (a real GPU reports its own).
 
@@ -284,8 +310,28 @@ class CudaDevice(Device):
         an RT stream, runs as ONE graph launch and one completion record of all its
         kernels (docs/cuda_graphs.md, "RT as one graph"). No free instance, a range that
         is not the whole task, or any refusal by the driver: the plain per-op path (the
-        same results), counted in ``telemetry()["rt_graphs"]``."""
+        same results), counted in ``telemetry()["rt_graphs"]``.
+        ``vendor_graphs``: vendor ops inside gated BE graphs (0..8; default
+        ``$AV_INFER_CUDA_VENDOR_GRAPHS``, else 0 = off; needs ``graphs="be"`` and vendor ops;
+        emulator only so far): each plan with vendor ops gets, at load, N BE graph
+        instances (an arena and a workspace of its own, and gated graphs whose IF bodies
+        hold the vendor calls captured with ``cuStreamBeginCaptureToGraph`` for that
+        arena); a BE task that takes one runs its vendor ops behind gates like the kernels
+        of ours. No free instance: the host flag check for its vendor ops, as without.
+        A refusal (the driver lacks the call, a capture or an instantiation refused) keeps
+        that op on the host flag check, named in ``telemetry()["vendor_graphs"]`` and the
+        log (docs/cuda_graphs.md, "Vendor ops inside gated graphs")."""
         import os
+
+        vg_s = vendor_graphs if vendor_graphs is not None else os.environ.get(
+            "AV_INFER_CUDA_VENDOR_GRAPHS", "").strip() or 0
+        try:
+            vgn = int(vg_s)
+        except (TypeError, ValueError):
+            raise ValueError(f"vendor_graphs must be an integer, got {vg_s!r}") from None
+        if isinstance(vg_s, float | bool) or not 0 <= vgn <= MAX_VENDOR_GRAPHS:
+            raise ValueError(
+                f"vendor_graphs must be an integer in 0..{MAX_VENDOR_GRAPHS}, got {vg_s!r}")
 
         rtg_s = rt_graphs if rt_graphs is not None else os.environ.get(
             "AV_INFER_CUDA_RT_GRAPHS", "").strip() or 0
@@ -399,6 +445,15 @@ class CudaDevice(Device):
         self._rt_addrs: set[int] = set()
         if rtg:
             self._init_rt_graphs()
+        #: vendor ops inside gated graphs (docs/cuda_graphs.md): instances per plan,
+        #: whether in use, why not; ``taken`` / ``exhausted`` as for RT graphs; per plan
+        #: its instances, the vendor ops gated and those that fell back (kernel -> reason)
+        self.vendor_graphs = vgn
+        self._vg: dict[str, Any] = {"instances": vgn, "active": False,
+                                    "reason": "off" if vgn == 0 else "", "taken": 0,
+                                    "exhausted": 0, "plans": {}}
+        if vgn:
+            self._init_vendor_graphs()
         #: one owner of _tasks / _zombies / _padded (module docstring, "Threads")
         self._books = threading.Lock()
         #: BE parts of the padded launches queued or in flight, by (RT task, kernel): the
@@ -462,12 +517,15 @@ class CudaDevice(Device):
         self._graphs["active"] = True
         self._graphs["reason"] = ""
 
-    def _graph_groups(self, m: _Model) -> list[tuple[int, int]]:
+    def _graph_groups(self, m: _Model, vendor: bool = False) -> list[tuple[int, int]]:
         """(first kernel, ops) of each gated graph of a plan: runs of consecutive kernels
         of ours (vendor ops keep the host flag check and end a run) cut into pieces of
-        ``graph_ops`` from the run's start."""
+        ``graph_ops`` from the run's start. ``vendor``: vendor ops join the runs (a vendor
+        graph instance captures them into their IF bodies)."""
         groups: list[tuple[int, int]] = []
         k, nk = 0, len(m.funcs)
+        if vendor:
+            return [(f, min(self.graph_ops, nk - f)) for f in range(0, nk, self.graph_ops)]
         while k < nk:
             if m.vendor and m.vendor[k] is not None:
                 k += 1
@@ -509,6 +567,125 @@ class CudaDevice(Device):
             self._disp.destroy_gated_graph(a)
             self._graph_addrs.discard(a)
         m.graphs = []
+
+    # -- vendor ops inside gated graphs (docs/cuda_graphs.md) ------------------------------
+    def _init_vendor_graphs(self) -> None:
+        """Vendor graphs need gated graphs on, vendor ops, and capture into a graph."""
+        why = ""
+        if not self._graphs["active"]:
+            why = ("gated graphs are off" if self.graphs_mode == "off"
+                   else f"gated graphs refused ({self._graphs['reason']})")
+        elif self._vendor is None:
+            why = "vendor ops are off (vendor='off')"
+        else:
+            missing = self._disp.vendor_graph_missing()
+            if missing:
+                why = f"the driver lacks {', '.join(missing)}"
+        if why:
+            self._vg["reason"] = why
+            log.warning("cuda: vendor ops inside gated graphs refused, vendor ops keep the "
+                        "host flag check: %s", why)
+            return
+        self._vg["active"] = True
+
+    def _vendor_gated(self, m: _Model, first: int, n: int, blob: bytes, vctx: int) -> int:
+        """One gated graph over kernels first..first+n-1 for one arena (``blob``): the
+        vendor ops among them captured into their IF bodies with ``vctx``."""
+        ks = range(first, first + n)
+        return self._disp.gated_graph(self._gate_func, m.funcs[first:first + n],
+                                      m.geom[first * 28:(first + n) * 28], first,
+                                      [m.vendor[k] for k in ks], blob,
+                                      [m.args.offs[k] for k in ks], vctx)
+
+    def _vendor_instance(self, m: _Model, fallback: dict[int, str]) -> _VendorInstance:
+        """One vendor graph instance: per group of ``_graph_groups(vendor=True)`` that
+        holds a vendor op one graph for this arena; a group refused is retried op by op
+        (each vendor op alone: a refusal leaves it 0 = host flag check, its reason in
+        ``fallback``; kernels of ours keep the plan's own gated graphs)."""
+        mem, nk = self._mem, len(m.funcs)
+        arena = mem.alloc(m.plan.arena_bytes)
+        blob = m.args.for_arena(mem.ptr(arena))
+        ws = mem.alloc(max(self._ws_bytes, 256))  # baked into the captured calls: its own
+        vctx = self._vendor.stream_ctx(self._disp.capture_stream(), mem.ptr(ws),
+                                       self._ws_bytes)
+        table = list(m.graphs) if m.graphs else [0] * nk
+        built: list[int] = []
+        for first, n in self._graph_groups(m, vendor=True):
+            ks = range(first, first + n)
+            if not any(m.vendor[k] is not None for k in ks):
+                continue
+            try:
+                a = self._vendor_gated(m, first, n, blob, vctx)
+                built.append(a)
+                table[first:first + n] = [a] * n
+                continue
+            except RuntimeError as e:
+                if n == 1:
+                    fallback[first] = str(e)
+                    continue
+            for k in ks:  # the group was refused: op by op
+                if m.vendor[k] is None:
+                    continue
+                try:
+                    a = self._vendor_gated(m, k, 1, blob, vctx)
+                except RuntimeError as e:
+                    fallback[k] = str(e)
+                    continue
+                built.append(a)
+                table[k] = a
+        return _VendorInstance(arena, blob, ws, table, built)
+
+    def _build_vendor_graphs(self, m: _Model) -> None:
+        """The plan's pool of ``vendor_graphs`` instances, built at load. Vendor ops that
+        could not be gated keep the host flag check (per op, named in telemetry and the
+        log); a plan none of whose vendor ops could be gated gets no instance."""
+        nv = sum(1 for v in m.vendor if v is not None)
+        fallback: dict[int, str] = {}
+        pool: list[_VendorInstance] = []
+        for _ in range(self.vendor_graphs):
+            inst = self._vendor_instance(m, fallback)
+            pool.append(inst)
+            if not inst.built:
+                break
+        gated = sum(1 for k, v in enumerate(m.vendor)
+                    if v is not None and pool and pool[0].table[k])
+        row: dict[str, Any] = {"instances": len(pool), "vendor_ops": nv, "gated": gated,
+                               "fallback": {k: fallback[k] for k in sorted(fallback)}}
+        if fallback:
+            log.warning("cuda: %s: %d of %d vendor op(s) keep the host flag check (not "
+                        "gated): %s", m.plan.name, len(fallback), nv,
+                        "; ".join(f"kernel {k}: {w}" for k, w in sorted(fallback.items())))
+        if gated == 0:
+            for inst in pool:
+                for a in inst.built:
+                    self._disp.destroy_gated_graph(a)
+            row["instances"] = 0
+            self._vg["plans"][m.plan.name] = row
+            return
+        for inst in pool:
+            self._graph_addrs.update(inst.built)
+        m.vg_pool, m.vg_free = pool, list(pool)
+        m.weight_bytes += sum(int(i.arena.nbytes) + int(i.ws.nbytes) for i in pool)
+        self._vg["plans"][m.plan.name] = row
+
+    def _free_vendor_graphs(self, m: _Model) -> None:
+        for inst in m.vg_pool:
+            for a in inst.built:
+                self._disp.destroy_gated_graph(a)
+                self._graph_addrs.discard(a)
+        m.vg_pool, m.vg_free = [], []
+
+    def _take_vendor(self, m: _Model) -> _VendorInstance | None:
+        """A free vendor graph instance for a new task of ``m``, or None (host flag check
+        for its vendor ops). Tasks of a plan seen on RT streams only take none."""
+        if not m.vg_pool or (m.rt_seen and not m.be_seen):
+            return None
+        with self._books:
+            if m.vg_free:
+                self._vg["taken"] += 1
+                return m.vg_free.pop()
+            self._vg["exhausted"] += 1
+        return None
 
     # -- RT as one graph (docs/cuda_graphs.md) ---------------------------------------------
     def _init_rt_graphs(self) -> None:
@@ -582,6 +759,9 @@ class CudaDevice(Device):
         if t is not None and t.rt is not None:
             t.model.rt_free.append(t.rt)
             t.rt = None
+        if t is not None and t.vg is not None:
+            t.model.vg_free.append(t.vg)
+            t.vg = None
 
     def _rt_refusals(self) -> None:
         """Report RT graph launches the driver refused (they ran plain, as one unit)."""
@@ -762,6 +942,8 @@ class CudaDevice(Device):
             self._build_vendor_ops(m)
         if self._graphs["active"]:
             self._build_graphs(m)
+        if self._vg["active"] and self._graphs["active"] and m.vendor:
+            self._build_vendor_graphs(m)
         if self._rt["active"]:
             self._build_rt_graphs(m)
         return m
@@ -788,6 +970,7 @@ class CudaDevice(Device):
         self._profiles.pop(id(handle), None)
         self._pads.forget_plan(handle)  # modules holding its bodies: unloaded at close()
         self._free_graphs(handle)
+        self._free_vendor_graphs(handle)
         self._free_rt_graphs(handle)
         self._disp.unload_module(handle.module)
         handle.weights = None
@@ -807,27 +990,33 @@ class CudaDevice(Device):
     def new_task(self, handle: Any, task: int) -> None:
         plan: Plan = handle.plan
         inst = self._take_rt(handle) if handle.rt_pool else None
+        vg = self._take_vendor(handle) if handle.vg_pool and inst is None else None
         if inst is not None:  # its graph arena: the graph bakes these addresses
             arena, blob = inst.arena, inst.blob
+        elif vg is not None:  # its vendor graphs bake these addresses
+            arena, blob = vg.arena, vg.blob
         else:
             arena = self._mem.alloc(plan.arena_bytes)
             blob = handle.args.for_arena(self._mem.ptr(arena))
         offs = list(handle.args.offs)
+        graphs = vg.table if vg is not None else handle.graphs
         grec = None
-        if handle.graphs:
+        if graphs:
             grec = self._mem.pinned(4 * (len(handle.funcs) + 1)).view(np.uint32)
             grec[:] = 0
         try:
             self._disp.register_task(task, handle.funcs, handle.geom, blob, offs,
-                                     handle.vendor or None, handle.graphs or None,
+                                     handle.vendor or None, graphs or None,
                                      int(grec.ctypes.data) if grec is not None else 0,
                                      inst.graph if inst is not None else 0)
         except BaseException:
-            if inst is not None:
-                with self._books:
+            with self._books:
+                if inst is not None:
                     handle.rt_free.append(inst)
+                if vg is not None:
+                    handle.vg_free.append(vg)
             raise
-        t = _Task(handle, arena, blob, offs, grec=grec, rt=inst)
+        t = _Task(handle, arena, blob, offs, grec=grec, rt=inst, vg=vg)
         with self._books:
             self._tasks[task] = t
         if self._pads.in_use():  # padding in use: upload now, not in a padded launch
@@ -940,7 +1129,8 @@ class CudaDevice(Device):
 
     def enqueue(self, stream: int, task: int, first: int, last: int,
                 wake: bool = True) -> None:
-        if self._rt["active"]:  # which plans run on RT streams (who takes graph instances)
+        if self._rt["active"] or self._vg["active"]:  # which plans run on RT streams
+            # (who takes RT / vendor graph instances)
             t = self._tasks.get(task)
             if t is not None:
                 if self._prio[stream] > 0:
@@ -1293,6 +1483,8 @@ class CudaDevice(Device):
                           "launches_by_variant": dict(self._pad_variants),
                           **self._pads.stats()}
         out["graphs"] = {**self._graphs, "plans": dict(self._graphs["plans"])}
+        out["vendor_graphs"] = {**self._vg,
+                                "plans": {k: dict(v) for k, v in self._vg["plans"].items()}}
         out["rt_graphs"] = {**self._rt,
                             "plans": {k: dict(v) for k, v in self._rt["plans"].items()}}
         out["vendor"] = {"mode": self.vendor_mode, "choices": self.vendor_choices,

@@ -712,6 +712,7 @@ struct emu_stream {
     struct emu_stream* reg_next;
     struct emu_graph* capture;  /* stream capture in progress (graph_emu.c), guarded by mu */
     CUresult capture_err;       /* the capture was invalidated by an uncapturable operation */
+    int capture_into;           /* cuStreamBeginCaptureToGraph: the graph is the caller's */
 };
 
 /* Stream capture (graph_emu.c): an operation enqueued on a capturing stream becomes a

@@ -67,13 +67,21 @@ def _default_dir() -> Path:
     return default_cache_dir() / "emu"
 
 
-def build_driver(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+def build_driver(cache_dir: str | os.PathLike[str] | None = None,
+                 defines: tuple[str, ...] = ()) -> Path:
     """Path of the built ``libavi_cuda_emu.so`` (compiled on a cache miss).
 
     ``cache_dir`` defaults to ``default_cache_dir()/emu`` (``$AV_INFER_CUDA_CACHE`` or
-    ``~/.cache/av_infer/cuda``). Raises :class:`DriverBuildError` without a C compiler or
-    when the compiler fails (the message names the compiler and quotes its output).
+    ``~/.cache/av_infer/cuda``). ``defines``: preprocessor names for a variant of the
+    driver (tests: ``AVI_EMU_NO_CAPTURE_TO_GRAPH`` builds a driver without
+    ``cuStreamBeginCaptureToGraph``, as one older than CUDA 12.3); part of the cache key.
+    Raises :class:`DriverBuildError` without a C compiler or when the compiler fails (the
+    message names the compiler and quotes its output).
     """
+    for d in defines:
+        if not d.isidentifier():
+            raise ValueError(f"not a preprocessor name: {d!r}")
+    dflags = tuple(f"-D{d}" for d in sorted(defines))
     cc = find_cc()
     if cc is None:
         raise DriverBuildError("no host C compiler for the CUDA emulator driver "
@@ -82,7 +90,8 @@ def build_driver(cache_dir: str | os.PathLike[str] | None = None) -> Path:
               + GRAPH_SOURCE.read_bytes())
     version = _cc_version(cc)
     h = hashlib.sha256()
-    for part in (source, cc.encode(), version.encode(), " ".join(CFLAGS + LIBS).encode()):
+    for part in (source, cc.encode(), version.encode(),
+                 " ".join(CFLAGS + dflags + LIBS).encode()):
         h.update(part)
         h.update(b"\0\1")
     out_dir = Path(cache_dir) if cache_dir is not None else _default_dir()
@@ -93,7 +102,7 @@ def build_driver(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{LIB_STEM}-", suffix=".so.tmp", dir=out_dir)
     os.close(fd)
     try:
-        cmd = [*shlex.split(cc), *CFLAGS, "-o", tmp, str(DRIVER_SOURCE), *LIBS]
+        cmd = [*shlex.split(cc), *CFLAGS, *dflags, "-o", tmp, str(DRIVER_SOURCE), *LIBS]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         except (OSError, subprocess.SubprocessError) as e:

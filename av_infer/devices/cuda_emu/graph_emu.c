@@ -46,6 +46,21 @@
  * answers 901 (as if the capture had been invalidated), 5 cuGraphInstantiateWithFlags
  * refuses captured graphs (801), 6 cuGraphLaunch refuses executable graphs made from a
  * capture (801; nothing is enqueued).
+ *
+ * Capture into an existing graph (vendor ops inside gated BE graphs, docs/cuda_graphs.md,
+ * "Vendor ops inside gated graphs"): cuStreamBeginCaptureToGraph(stream, graph, deps,
+ * depData, ndeps, mode) with CUDA 13.0's prototype; the graph may be a conditional node's
+ * body. The captured operations are appended to that graph (after the given dependencies,
+ * which must already be in it; edge data must be NULL); cuStreamEndCapture then returns
+ * the same graph (the caller's: it is never freed here, also not when the capture was
+ * invalidated: then 901 and *ph = NULL, the nodes captured so far stay in the graph).
+ * Nodes made this way are marked, and a graph holding one anywhere (bodies included) is a
+ * "body-captured" graph to the hooks. Test hooks (avi_emu_graph_refuse): 7
+ * cuStreamBeginCaptureToGraph answers 801, 8 cuGraphInstantiateWithFlags refuses a graph
+ * holding body-captured nodes (801); avi_emu_capture_refuse_nth(n): only the n-th
+ * cuStreamBeginCaptureToGraph from now answers 801 (one op refused, the others not).
+ * Built with -DAVI_EMU_NO_CAPTURE_TO_GRAPH the library does not export
+ * cuStreamBeginCaptureToGraph at all (a driver older than CUDA 12.3).
  */
 
 typedef unsigned long long CUgraphConditionalHandle;
@@ -138,6 +153,7 @@ struct emu_gnode {
     struct emu_graph* body;
     /* host (EMU_NODE_HOST) */
     struct emu_hostnode* host;
+    int body_captured;        /* made by cuStreamBeginCaptureToGraph */
 };
 
 struct emu_graph {
@@ -163,10 +179,12 @@ struct emu_gexec {
 
 static atomic_int g_graph_refuse;
 static atomic_int g_graph_fail_after;
+static atomic_int g_capture_refuse_nth;
 static _Atomic unsigned long long g_graph_launches, g_graph_kernels;
 
 EXPORT void avi_emu_graph_refuse(int on) { atomic_store(&g_graph_refuse, on); }
 EXPORT void avi_emu_graph_fail_after(int n) { atomic_store(&g_graph_fail_after, n); }
+EXPORT void avi_emu_capture_refuse_nth(int n) { atomic_store(&g_capture_refuse_nth, n); }
 EXPORT void avi_emu_graph_runs(unsigned long long out[2]) {
     out[0] = atomic_load(&g_graph_launches);
     out[1] = atomic_load(&g_graph_kernels);
@@ -365,6 +383,7 @@ static struct emu_graph* graph_copy(struct emu_graph* g, int keep_orig) {
         m->smem = n->smem;
         m->cond = n->cond;
         m->host = n->host;
+        m->body_captured = n->body_captured;
         if (m->host) atomic_fetch_add(&m->host->refs, 1);
         graph_append(c, m);
         if (n->f) {
@@ -383,11 +402,22 @@ fail:
     return NULL;
 }
 
+static int has_body_captured(struct emu_graph* g) {
+    for (struct emu_gnode* n = g->head; n; n = n->next)
+        if (n->body_captured || (n->body && has_body_captured(n->body))) return 1;
+    return 0;
+}
+
 EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* ph, CUgraph g, unsigned long long flags) {
     if (!ph || !g || g->magic != MAGIC_GRAPH || g->is_body || flags) return CUDA_ERROR_INVALID_VALUE;
     if (g->instantiated) return CUDA_ERROR_NOT_PERMITTED;
     if (g->captured && atomic_load(&g_graph_refuse) == 5) {
         set_error("cuGraphInstantiateWithFlags: captured graph refused (avi_emu_graph_refuse(5))");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (atomic_load(&g_graph_refuse) == 8 && has_body_captured(g)) {
+        set_error("cuGraphInstantiateWithFlags: graph with nodes captured into a body refused "
+                  "(avi_emu_graph_refuse(8))");
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     struct emu_gexec* x = calloc(1, sizeof *x);
@@ -594,6 +624,8 @@ static int capture_op(struct emu_stream* s, struct op* op) {
                   "(the capture is invalidated)", op->kind);
         return 0;
     }
+    n->in_body = s->capture->is_body;
+    n->body_captured = s->capture_into;
     graph_append(s->capture, n);
     free(op);
     return 1;
@@ -620,9 +652,49 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream h, int mode) {
     }
     s->capture = g;
     s->capture_err = CUDA_SUCCESS;
+    s->capture_into = 0;
     pthread_mutex_unlock(&s->mu);
     return CUDA_SUCCESS;
 }
+
+#ifndef AVI_EMU_NO_CAPTURE_TO_GRAPH
+typedef void CUgraphEdgeData; /* only NULL is accepted here */
+
+EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream h, CUgraph g, const CUgraphNode* deps,
+                                            const CUgraphEdgeData* depData, size_t ndeps,
+                                            int mode) {
+    if ((uintptr_t)h <= 2) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* legacy stream */
+    struct emu_stream* s = resolve(h);
+    if (!s) return CUDA_ERROR_INVALID_HANDLE;
+    if (!g || g->magic != MAGIC_GRAPH || (ndeps && !deps) || depData)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (g->instantiated) return CUDA_ERROR_NOT_PERMITTED; /* conditional graphs: one instantiation */
+    for (size_t i = 0; i < ndeps; ++i) /* dependencies: nodes already in this graph */
+        if (!deps[i] || deps[i]->magic != MAGIC_GNODE || !in_graph(g, deps[i]))
+            return CUDA_ERROR_INVALID_VALUE;
+    if (atomic_load(&g_graph_refuse) == 7) {
+        set_error("cuStreamBeginCaptureToGraph: refused (avi_emu_graph_refuse(7))");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    int nth = atomic_load(&g_capture_refuse_nth);
+    if (nth > 0 && atomic_fetch_sub(&g_capture_refuse_nth, 1) == 1) {
+        set_error("cuStreamBeginCaptureToGraph: refused (avi_emu_capture_refuse_nth)");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    pthread_mutex_lock(&s->mu);
+    if (s->capture || s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    s->capture = g;
+    s->capture_err = CUDA_SUCCESS;
+    s->capture_into = 1;
+    pthread_mutex_unlock(&s->mu);
+    return CUDA_SUCCESS;
+}
+#endif
 
 EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph* ph) {
     if (!ph) return CUDA_ERROR_INVALID_VALUE;
@@ -631,8 +703,10 @@ EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph* ph) {
     pthread_mutex_lock(&s->mu);
     struct emu_graph* g = s->capture;
     CUresult err = s->capture_err;
+    int into = s->capture_into;
     s->capture = NULL;
     s->capture_err = CUDA_SUCCESS;
+    s->capture_into = 0;
     pthread_mutex_unlock(&s->mu);
     *ph = NULL;
     if (!g) return CUDA_ERROR_ILLEGAL_STATE; /* not capturing */
@@ -641,7 +715,7 @@ EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph* ph) {
         err = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     }
     if (err != CUDA_SUCCESS) {
-        graph_free(g, 1);
+        if (!into) graph_free(g, 1); /* capture into a graph: the caller's graph stays */
         return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     }
     *ph = g;
