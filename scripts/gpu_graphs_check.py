@@ -10,6 +10,11 @@ are counted as ran / skipped / unknown (plain launches cannot tell), then the ta
 restored (gated: from the gate record's progress; plain: from the vHQ's done) and must
 equal the unpreempted outputs bit for bit. ``--graph-ops 1,4``: the gated mode once per
 k, graphs of k ops per launch (``CudaDevice(graph_ops=k)``; one vHQ entry each).
+``--vendor-graphs N`` (default 0): the BE modes run with ``--vendor``'s vendor ops, and
+the gated modes with ``CudaDevice(vendor_graphs=N)``: the vendor ops captured into their
+gates' IF bodies (docs/cuda_graphs.md, "Vendor ops inside gated graphs"); the plain mode
+keeps them on the host flag check. Each mode then reports ``vendor_graphs`` (telemetry:
+ops gated, fallbacks and why) and the stream's ``graph_vendor_ops``.
 
 RT mode (``--rt-graphs N``, run first; docs/cuda_graphs.md "RT as one graph"): the model
 as RT requests on the highest-priority stream, plain (``rt_graphs=0``) then as one graph
@@ -23,6 +28,7 @@ as soon as it is done (before the BE modes).
     python scripts/gpu_graphs_check.py --out DIR                 # GPU, full-size resnet152
     python scripts/gpu_graphs_check.py --out DIR --rt-graphs 2 --vendor auto   # + RT mode
     python scripts/gpu_graphs_check.py --emulate --variant scaled --model tiny_cnn --out DIR
+    python scripts/gpu_graphs_check.py --out DIR --vendor force --vendor-graphs 2 --graph-ops 1,4
     python scripts/gpu_graphs_check.py --emulate --variant scaled --model tiny_cnn \
         --rt-graphs 2 --rt-only --vendor force --out DIR
 
@@ -60,7 +66,9 @@ def run_mode(mode: str, args: argparse.Namespace, plan: Any, x: dict[str, np.nda
     from av_infer.devices.cuda import CudaDevice
     from av_infer.devices.cuda_vendor import TOLERANCE, max_error
 
-    dev = CudaDevice(emulate=args.emulate, graphs=mode, c=args.c, graph_ops=graph_ops)
+    vg = args.vendor_graphs if mode == "be" else 0
+    dev = CudaDevice(emulate=args.emulate, graphs=mode, c=args.c, graph_ops=graph_ops,
+                     vendor=args.vendor if args.vendor_graphs else "off", vendor_graphs=vg)
     q: queue.Queue = queue.Queue()
     s = dev.open_stream(0)
     dev.start(q.put)
@@ -71,6 +79,8 @@ def run_mode(mode: str, args: argparse.Namespace, plan: Any, x: dict[str, np.nda
         h = dev.load_plan(plan)
         n = len(plan.kernels)
         out["graphs"] = dev.telemetry()["graphs"]
+        if args.vendor_graphs:
+            out["vendor_graphs"] = dev.telemetry()["vendor_graphs"]
 
         def wait(t: int, k: int) -> None:
             while last.get(t, -1) < k:
@@ -292,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rt-graphs", type=int, default=0,
                     help="RT mode first: plain vs CudaDevice(rt_graphs=N) (0: no RT mode)")
     ap.add_argument("--rt-only", action="store_true", help="the RT mode only")
-    ap.add_argument("--vendor", default="off", help="RT mode: off | auto | force")
+    ap.add_argument("--vendor", default="off",
+                    help="RT mode (and the BE modes with --vendor-graphs): off | auto | force")
+    ap.add_argument("--vendor-graphs", type=int, default=0,
+                    help="BE modes with --vendor's ops; gated modes: CudaDevice(vendor_graphs=N)")
     ap.add_argument("--be-model", default="resnet152", help="RT mode: the BE client's model")
     ap.add_argument("--rt-gap-ms", type=float, default=1.0,
                     help="RT mode beside BE: pause between RT requests")

@@ -420,6 +420,35 @@ def test_a_driver_without_capture_to_graph_falls_back_and_says_so(monkeypatch, c
         d.close()
 
 
+# -- the GPU step's script -------------------------------------------------------------------
+def test_gpu_graphs_check_with_vendor_graphs_on_the_emulator(tmp_path):
+    """scripts/gpu_graphs_check.py --vendor force --vendor-graphs 1 end to end on the
+    emulator (tiny_cnn: 3 of its 5 kernels vendor ops): every mode right, restores
+    bit-identical; the gated modes run the vendor ops through graphs and know what the
+    flag caught (nothing unknown), the plain mode keeps them on the host flag check."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_graphs_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_graphs_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _device().close()  # skips where the emulator cannot run
+    rc = mod.main(["--emulate", "--variant", "scaled", "--model", "tiny_cnn", "--repeats", "2",
+                   "--trials", "4", "--graph-ops", "1,4", "--vendor", "force",
+                   "--vendor-graphs", "1", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "gpu_graphs.json").read_text())
+    assert rc == 0 and [m["mode"] for m in res["modes"]] == ["off", "be", "be"]
+    off, be, be4 = res["modes"]
+    assert off["stream"]["vendor_launched"] > 0 and off["stream"]["graph_vendor_ops"] == 0
+    for m in (be, be4):
+        assert m["ok"] and m["preempt"]["caught"]["unknown"] == 0
+        assert m["preempt"]["restored_bit_identical"]
+        assert m["vendor_graphs"]["plans"]["tiny_cnn"]["gated"] == 3
+        assert m["stream"]["graph_vendor_ops"] > 0 and m["stream"]["vendor_launched"] == 0
+
+
 # -- the declared ABI -----------------------------------------------------------------------
 def test_declared_capture_to_graph_abi_matches_cuda_h(tmp_path):
     """``cuStreamBeginCaptureToGraph`` as ``cuda_dispatch.pyx`` declares it (CUstream,
