@@ -73,6 +73,99 @@ def runner(dev):
     return Runner(dev)
 
 
+# -- the emulated entry point (graph_emu.c) -----------------------------------------------
+def test_emulated_capture_into_a_conditional_body():
+    """cuStreamBeginCaptureToGraph into an IF node's body: launches are captured, not run;
+    cuStreamEndCapture hands back the same graph; the body runs at launch when the handle
+    is set (here by its default) and not when it is 0; an event record invalidates the
+    capture (901, no graph) and the caller's graph stays valid; hooks 7, 8 and
+    capture_refuse_nth answer 801 as documented."""
+    import ctypes
+
+    from tests.devices.test_cuda_graphs import _Graphs
+
+    d = _device()
+    try:
+        G = _Graphs(d)
+        L = G.L
+        L.cuStreamBeginCaptureToGraph.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
+                                                  ctypes.c_void_p, ctypes.c_void_p,
+                                                  ctypes.c_size_t, ctypes.c_int]
+        L.cuStreamEndCapture.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+        L.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
+            ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+        L.cuEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        L.cuEventCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+        L.cuGraphCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+        words = np.zeros(4, dtype=np.uint32)
+
+        def launch(i: int, v: int) -> int:
+            p, val = ctypes.c_uint64(words.ctypes.data + 4 * i), ctypes.c_uint32(v)
+            arr = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(val))
+            return L.cuLaunchKernel(G.put, 1, 1, 1, 1, 1, 1, 0, G.stream, arr, None)
+
+        def gated(default: int):
+            graph, h = ctypes.c_void_p(), ctypes.c_uint64()
+            assert L.cuGraphCreate(ctypes.byref(graph), 0) == 0
+            assert L.cuGraphConditionalHandleCreate(ctypes.byref(h), graph, None, default,
+                                                    1) == 0
+            rc, body = G.add_if(graph, [], h.value)
+            assert rc == 0
+            return graph, body
+
+        def capture_into(body, i: int, v: int):
+            assert L.cuStreamBeginCaptureToGraph(G.stream, body, None, None, 0, 2) == 0
+            assert launch(i, v) == 0
+            out = ctypes.c_void_p()
+            rc = L.cuStreamEndCapture(G.stream, ctypes.byref(out))
+            return rc, out.value
+
+        for default, want in ((1, 7), (0, 0)):
+            words[:] = 0
+            graph, body = gated(default)
+            rc, got = capture_into(body, 0, 7)
+            assert rc == 0 and got == body.value  # the same graph back
+            assert L.cuStreamSynchronize(G.stream) == 0 and words[0] == 0  # captured, not run
+            exe = ctypes.c_void_p()
+            assert L.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, 0) == 0
+            G.launch_sync(exe)
+            assert words[0] == want
+            assert L.cuGraphExecDestroy(exe) == 0 and L.cuGraphDestroy(graph) == 0
+        # an event record invalidates the capture; the caller's graph stays valid
+        graph, body = gated(1)
+        ev = ctypes.c_void_p()
+        assert L.cuEventCreate(ctypes.byref(ev), 2) == 0
+        assert L.cuStreamBeginCaptureToGraph(G.stream, body, None, None, 0, 2) == 0
+        assert launch(1, 5) == 0 and L.cuEventRecord(ev, G.stream) != 0
+        out = ctypes.c_void_p()
+        assert L.cuStreamEndCapture(G.stream, ctypes.byref(out)) == 901 and not out.value
+        assert words[1] == 0 and L.cuGraphDestroy(graph) == 0
+        # the hooks
+        hooks = L.avi_emu_graph_refuse
+        try:
+            graph, body = gated(1)
+            hooks(7)
+            assert L.cuStreamBeginCaptureToGraph(G.stream, body, None, None, 0, 2) == 801
+            hooks(0)
+            L.avi_emu_capture_refuse_nth(2)
+            assert capture_into(body, 2, 1)[0] == 0
+            assert L.cuStreamBeginCaptureToGraph(G.stream, body, None, None, 0, 2) == 801
+            assert capture_into(body, 2, 2)[0] == 0  # only the 2nd was refused
+            hooks(8)
+            exe = ctypes.c_void_p()
+            assert L.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, 0) == 801
+            hooks(0)
+            assert L.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, 0) == 0
+            G.launch_sync(exe)
+            assert words[2] == 2  # both captured launches ran, in order
+            assert L.cuGraphExecDestroy(exe) == 0 and L.cuGraphDestroy(graph) == 0
+        finally:
+            hooks(0)
+            L.avi_emu_capture_refuse_nth(0)
+    finally:
+        d.close()
+
+
 # -- the option --------------------------------------------------------------------------
 @pytest.mark.parametrize("bad", [-1, 9, "x", 1.5, True])
 def test_vendor_graphs_is_validated_first(bad):
