@@ -47,7 +47,9 @@
 #              GPU_CHECK_BUDGET_S=540 (~7 min)
 #   graphs     issue 30 item 2: scripts/gpu_graphs_check.py, full-size resnet152 on a BE
 #              stream, plain vs gated CUDA graphs of 1 and of 4 ops per launch
-#              (docs/cuda_graphs.md): vs ORT, e2e
+#              (docs/cuda_graphs.md), with its vendor ops (plain: on the host flag
+#              check; gated: captured into the gates' IF bodies, vendor_graphs=2;
+#              telemetry says per op where a capture was refused): vs ORT, e2e
 #              latency, host us/launch, flag-to-stop us, ran/skipped; first its RT mode:
 #              resnet152 as RT requests plain vs one graph launch each (rt_graphs=2,
 #              vendor auto; alone and beside a BE client; host us/request; bit-identical;
@@ -254,7 +256,7 @@ step peer_torch 280 bash -c 'peer A fp32 && peer A fp16 && peer C fp32 && peer A
 step pytest 150 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests/devices/test_cuda_device.py \
     tests/kernels/test_cuda_compile.py tests/devices/test_cuda_vendor.py --junitxml="$PARTS/gpu_pytest.xml"
 step graphs 270 "$PY" scripts/gpu_graphs_check.py --out "$PARTS/graphs" --repeats 10 --trials 20 \
-    --graph-ops 1,4 --rt-graphs 2 --vendor auto
+    --graph-ops 1,4 --rt-graphs 2 --vendor auto --vendor-graphs 2
 step sim_profiles 120 bash scripts/gpu_sim_steps.sh profiles "$OUTDIR"
 step sim_disb 420 bash scripts/gpu_sim_steps.sh disb "$OUTDIR"
 step bench 240 "$PY" -m av_infer.bench.gpu_bench --out "$OUTDIR" --pair-seconds "$PAIR_S"
