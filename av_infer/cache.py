@@ -1,3 +1,4 @@
+# cython: annotation_typing=False, language_level=3
 """ModelCache: device memory as an LRU cache of compiled models (Rafiqi §3.4).
 
 Why: more models than fit on the device must still be served, and a model's first use must
@@ -36,7 +37,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -54,20 +54,32 @@ Mode = Literal["thread", "inline", "manual"]
 _MODES = ("thread", "inline", "manual")
 
 
-@dataclass(eq=False)
 class _Entry:
-    """One registered model: its plan (host copy) and where it is now."""
+    """One registered model: its plan (host copy) and where it is now.
 
-    name: str
-    plan: Plan
-    pinned: bool = False
-    state: str = "host"  # host | loading | resident
-    gone: bool = False  # unregistered (a load running then is undone)
-    handle: Any = None
-    size: int | None = None  # measured resident bytes (None before the first load)
-    refs: int = 0
-    loads: int = 0
-    waiters: list[Future] = field(default_factory=list)
+    Written by hand (compared by identity, as the ``eq=False`` dataclass it was):
+    compiled, a ``cdef class`` with C fields (cache.pxd) that ``retain``/``release`` read
+    as struct members on every request."""
+
+    def __init__(self, name: str, plan: Plan, pinned: bool = False, state: str = "host",
+                 gone: bool = False, handle: Any = None, size: int | None = None,
+                 refs: int = 0, loads: int = 0, waiters: list[Future] | None = None) -> None:
+        self.name = name
+        self.plan = plan
+        self.pinned = pinned
+        self.state = state  # host | loading | resident
+        self.gone = gone  # unregistered (a load running then is undone)
+        self.handle = handle
+        self.size = size  # measured resident bytes (None before the first load)
+        self.refs = refs
+        self.loads = loads
+        self.waiters = [] if waiters is None else waiters
+
+    def __repr__(self) -> str:
+        return (f"_Entry(name={self.name!r}, plan={self.plan!r}, pinned={self.pinned!r}, "
+                f"state={self.state!r}, gone={self.gone!r}, handle={self.handle!r}, "
+                f"size={self.size!r}, refs={self.refs!r}, loads={self.loads!r}, "
+                f"waiters={self.waiters!r})")
 
     @property
     def expected(self) -> int:
@@ -259,7 +271,9 @@ class ModelCache:
         ``count`` records the hit or miss (the scheduler's one look per task start)."""
         with self._lock:
             # the table read directly (once per request); ``_get`` only to raise
-            e = self._entries.get(name) or self._get(name)
+            e = self._entries.get(name)
+            if e is None:
+                e = self._get(name)
             if e.state != "resident":
                 self._misses += count
                 return None

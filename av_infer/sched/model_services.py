@@ -1,3 +1,4 @@
+# cython: annotation_typing=False, language_level=3
 """Glue between the scheduler and the model cache / adaptive batcher.
 
 Why a separate module: the scheduler core stays about preemption and EDF; it asks this one
@@ -23,10 +24,15 @@ one-way: ModelServices never touches the scheduler's queues, tasks or methods.
 
 Everything here runs inside the scheduler's driver, never blocks and never waits for a
 load.
+
+Compiled (model_services.pxd, Cython's pure-Python mode; the ``.py`` runs interpreted
+where it is not built), ``ModelServices`` is a ``cdef class`` and ``acquire``/``release``,
+called once each per request, are C methods that call the cache's (cache.pxd) as C.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -212,8 +218,8 @@ class ModelServices:
         waiting = name in self._parked
         self._counted.add(t.tid)
         self._parked.setdefault(name, []).append(t)
-        if not waiting:
-            fut.add_done_callback(lambda f, n=name: self._loaded(n, f))
+        if not waiting:  # (a partial, not a lambda: no closure in a compiled cpdef method)
+            fut.add_done_callback(functools.partial(self._loaded, name))
         return None
 
     def _loaded(self, name: str, fut: Future) -> None:
