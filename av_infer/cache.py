@@ -269,7 +269,11 @@ class ModelCache:
         """Hold a resident model for a task: returns its handle (refcount +1, LRU touched),
         or None, retaining nothing, when it is not resident (ask ``ensure_resident``).
         ``count`` records the hit or miss (the scheduler's one look per task start)."""
-        with self._lock:
+        # the lock taken by its methods, not by ``with``: compiled, a ``with`` looks up and
+        # binds ``__enter__`` and ``__exit__`` on every pass (half of this call's cost)
+        lock = self._lock
+        lock.acquire()
+        try:
             # the table read directly (once per request); ``_get`` only to raise
             e = self._entries.get(name)
             if e is None:
@@ -281,10 +285,14 @@ class ModelCache:
             e.refs += 1
             self._lru.move_to_end(name)
             return e.handle
+        finally:
+            lock.release()
 
     def release(self, name: str) -> None:
         """Drop one hold taken by ``retain``/``acquire``; the model becomes evictable at 0."""
-        with self._lock:
+        lock = self._lock  # taken as in ``retain`` (once per request)
+        lock.acquire()
+        try:
             e = self._entries.get(name)
             if e is None or e.refs <= 0:
                 raise InvalidParameterError(f"release of model {name!r} that is not retained")
@@ -299,6 +307,8 @@ class ModelCache:
                 and self._over_limits()))  # no limits (the default): nothing to trim
             if work:
                 self._mark()
+        finally:
+            lock.release()
         if work:
             self._after_change()
 
