@@ -58,6 +58,7 @@ cdef class _Lane:
     cdef public object thread
     cdef public object running
     cdef public object ro_spare
+    cdef public bint ro_killed
     cdef public double run_t0
     cdef public double run_est
     cdef public bint busy

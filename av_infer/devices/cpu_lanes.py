@@ -49,6 +49,10 @@ log = logging.getLogger("av_infer.devices.cpu")
 _POOL = 4
 _NAN = float("nan")
 _clocks = threading.local()
+#: the clocks a lane's drain reads, as module globals (compiled: no ``time.<name>``
+#: attribute read per drain)
+_perf_counter = time.perf_counter
+_clock_gettime = time.clock_gettime
 
 
 def _thread_ids() -> tuple[int, int]:
@@ -174,6 +178,7 @@ class _Lane:
         self.thread = None
         self.running = None
         self.ro_spare = None
+        self.ro_killed = False  # set_preempt terminated ``running`` (its RunOptions)
         self.run_t0 = 0.0
         self.run_est = 0.0
         self.busy = False
@@ -312,6 +317,7 @@ class LaneEngine:
                 if ro is not None and self.kill:
                     if self.worth_killing(lane.run_est, now - lane.run_t0):
                         ro.terminate = True  # ORT stops at its next kernel boundary
+                        lane.ro_killed = True
                         if lane.niced:
                             # what it still runs (to ORT's next node) is lost work: the
                             # lowest priority, so it takes no time from RT's cores (the
@@ -410,7 +416,7 @@ class LaneEngine:
         answer the launch in hand (``fail_hand``) before anything that escapes it
         (outside the per-launch handler) goes on."""
         lock, dq, vhq = lane.lock, lane.dq, lane.vhq
-        now, clock_gettime = time.perf_counter, time.clock_gettime
+        now, clock_gettime = _perf_counter, _clock_gettime
         tasks = self.tasks
         ran = False
         clk, tid = getattr(_clocks, "ids", None) or _thread_ids()
@@ -436,6 +442,7 @@ class LaneEngine:
                     ro = lane.ro_spare or rec.model.runner.run_options()
                     lane.ro_spare = None
                     lane.running, lane.run_t0, lane.run_est = ro, t0, rec.model.est_s[k]
+                    lane.ro_killed = False
                 lane.busy, lane.run_clk, lane.run_tid, lane.flag_mark = executed, clk, tid, None
             ran = True
             cpu0 = -1.0  # set where the launch runs and is measured
@@ -481,7 +488,11 @@ class LaneEngine:
                     renice(own)
                     lane.niced = False
                 lane.running = None
-                if ro is not None and not ro.terminate:  # never killed: reusable
+                # never killed: reusable. ``ro_killed`` (a C field) instead of reading
+                # ``ro.terminate`` (an ORT property, ~1 k instructions): set_preempt sets
+                # both under this lock; the device's close, the other writer of
+                # ``terminate``, sets ``stopping`` first (and nothing runs after it)
+                if ro is not None and not lane.ro_killed and not self.stopping:
                     lane.ro_spare = ro
                 lane.busy = False
                 mark, lane.flag_mark = lane.flag_mark, None

@@ -15,6 +15,9 @@ below are ``public``: Python code reads and writes the same names.
 compiled as it is.
 """
 
+cimport cython
+
+from av_infer.sched.request cimport Request
 from av_infer.sched.scheduler cimport Scheduler
 
 
@@ -40,3 +43,7 @@ cdef class Driver:
     cpdef post(self, tuple event)
     cpdef complete(self, comp)
     cdef _drain(self, first)
+
+
+@cython.locals(s=int)
+cdef _help_run(fut, Driver driver, Request req)

@@ -192,14 +192,8 @@ class RequestFuture(Future):
         (a busy lane is left to its holder or worker). Not on the thread inside the
         scheduler (``Driver.holds``, inline)."""
         req = self.request
-        if req is None or self.resolved or self._driver._holder == _get_ident():
-            return
-        run = self._driver.device.run_pending
-        until = partial(getattr, self, "resolved")  # ``until()``: a C call, no Python frame
-        while not self.resolved:
-            s = req.stream
-            if s < 0 or not run(s, until):
-                return
+        if req is not None and not self.resolved:
+            _help_run(self, self._driver, req)
 
 
 class Driver:
@@ -387,6 +381,19 @@ class Driver:
             q.put(None)
         if th is not threading.current_thread():
             th.join(timeout)
+
+
+def _help_run(fut: RequestFuture, driver: Driver, req: Any) -> None:
+    """``RequestFuture._help``'s loop (compiled: a C function with ``driver`` and ``req``
+    typed, so the driver's fields and the request's stream are C reads, driver.pxd)."""
+    if driver._holder == _get_ident():
+        return
+    run = driver.device.run_pending
+    until = partial(getattr, fut, "resolved")  # ``until()``: a C call, no Python frame
+    while not fut.resolved:
+        s = req.stream
+        if s < 0 or not run(s, until):
+            return
 
 
 def _run_callback(driver: Driver, fn: Callable[[Future], Any], fut: Future) -> None:

@@ -20,6 +20,7 @@ from av_infer.devices.completion cimport Completion
 from av_infer.sched.request cimport Request, Timings
 
 cdef int QUEUED, RUNNING, PAUSED, PREEMPTED, ABORTING, DONE
+cdef double _INF, _NINF
 
 
 @cython.final
@@ -62,11 +63,23 @@ cdef class StreamState:
 @cython.final
 cdef class Scheduler:
     cdef public object device
-    cdef public object policy
+    # the policy (``policy``, a property: ``_use_policy`` is the one writer) and the
+    # fields of it the decisions read, as C fields
+    cdef object _policy
+    cdef bint _p_accepts_be
+    cdef bint _p_exclusive
+    cdef bint _p_rt_hi
+    cdef bint _p_padding
+    cdef bint _p_be_concurrent
+    cdef bint _p_preempts
+    cdef bint _p_wait
     cdef public int c
     cdef public bint edf_preempt
     cdef public bint preempt_drain
-    cdef public object stats
+    cdef readonly object stats
+    cdef object _slock
+    cdef dict _clients
+    cdef dict _models
     cdef public list listeners
     cdef public object rt_queue
     cdef public object be_queues
@@ -95,6 +108,8 @@ cdef class Scheduler:
     cdef public long long coalesced_applied
     cdef public long long coalesced_split
 
+    cdef _use_policy(self, pol)
+    @cython.locals(comp=Completion)
     cpdef post(self, tuple event)
     cdef _handle(self, tuple ev)
     cpdef bint idle(self)
@@ -139,7 +154,7 @@ cdef class Scheduler:
     @cython.locals(s=StreamState, resume=int)
     cdef _rt_switch(self, Task cur)
     cdef _account_dropped(self, Task task, StreamState s, info)
-    @cython.locals(s=StreamState, t=Task, keep=int, mine=bint)
+    @cython.locals(s=StreamState, t=Task, keep=int, mine=bint, head=Task, tm=Timings)
     cdef _preempt_be(self)
     cdef int _be_room_beside_rt(self, int rt_tasks)
     @cython.locals(s=StreamState, t=Task, rt_mode=bint)

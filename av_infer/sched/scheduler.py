@@ -26,13 +26,13 @@ RT arrival does to running BE work is the policy's ``preempt`` kind (see policie
 from __future__ import annotations
 
 import functools
-import heapq
 import logging
 import math
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from heapq import heappop, heappush
+from threading import get_ident
 from typing import Any
 
 from av_infer._cy.dkp_select import Selector
@@ -67,6 +67,11 @@ _STATE_NAMES = ("queued", "running", "paused", "preempted", "aborting", "done")
 #: ``Priority(...).name`` by ``Task.rt`` (the enum's ``name`` is a Python-level property:
 #: a call per read on the request path)
 _PRIO = ("BE", "RT")
+#: constants the decisions compare with, read as module globals (compiled: C doubles,
+#: scheduler.pxd), not as ``math.inf`` / ``Priority.RT`` attribute reads on every event
+_INF = math.inf
+_NINF = -math.inf
+_RT = Priority.RT
 
 
 @dataclass(eq=False)
@@ -148,8 +153,9 @@ class Task:
         #: a member of a batch task: that task (a hard-deadline drop answers it alone)
         self.batch: Task | None = None
         # fixed at creation (read on every event)
-        self.tid = req.id
-        self.rt = req.priority == Priority.RT
+        # (read through the typed field: compiled, C reads of the Request's fields)
+        self.tid = self.req.id
+        self.rt = self.req.priority == _RT
 
     def __repr__(self) -> str:
         return (f"Task(tid={self.tid}, model={self.req.model!r}, rt={self.rt}, "
@@ -193,11 +199,17 @@ class Scheduler:
         """``policy`` and ``c`` arrive validated (``engine.check_policy``/``check_c``, the
         one validator of each); the scheduler holds the live values."""
         self.device = device
-        self.policy: Policy = policy
+        self._use_policy(policy)
         self.c = c
         self.edf_preempt = bool(edf_preempt)
         self.preempt_drain = bool(preempt_drain)
         self.stats = Stats()
+        # the statistics' lock and tables, held for the compiled code (typed fields: no
+        # attribute reads per request); ``stats`` is set here only (read-only compiled),
+        # and a ``Stats`` never replaces its lock or tables
+        self._slock = self.stats.lock
+        self._clients = self.stats.clients
+        self._models = self.stats.models
         self.listeners: list[Listener] = []
         self.rt_queue = RtQueue()
         self.be_queues = BeQueues()
@@ -221,7 +233,7 @@ class Scheduler:
         self.be_min_share = 0.1
         self._be_wait = False  # BE work is held back by RT (as of the last decision)
         self._be_seen = 0.0  # device time BE last progressed or started waiting
-        self._grant_until = -math.inf
+        self._grant_until = _NINF
         self._answers: list[tuple[Future, Any, bool]] = []
         self._busy = False
         #: cache/batching hooks (av_infer.sched.model_services.ModelServices), set by Runtime
@@ -238,7 +250,7 @@ class Scheduler:
         self.streams: dict[int, StreamState] = {
             s.id: s for s in (*self.rt_par, self.rt_plain, *self.be_streams)
         }
-        self._apply_capacity(self.c, self.policy)
+        self._apply_capacity(self.c, self._policy)
         # DKP: candidate slots (one per BE stream). Which BE parts ride in which RT launch
         # is the device's launch record (Completion.parts, ResetInfo.dropped_parts).
         self.sms = _device_sms(device)
@@ -260,11 +272,13 @@ class Scheduler:
         wait there, so this is never re-entered (a re-entry is a bug and raises)."""
         if self._busy:
             raise RuntimeError("Scheduler.post re-entered: post events through the Driver")
-        if event[0] == "complete" and event[1].count != 1 and not self._coalescible(event[1]):
-            self.coalesced_split += 1
-            for one in event[1].singles():  # exactly as if the device had sent them so
-                self.post(("complete", one))
-            return
+        if event[0] == "complete":
+            comp = event[1]  # (typed: ``count`` is a C read)
+            if comp.count != 1 and not self._coalescible(comp):
+                self.coalesced_split += 1
+                for one in comp.singles():  # exactly as if the device had sent them so
+                    self.post(("complete", one))
+                return
         self._busy = True
         try:
             try:
@@ -313,7 +327,7 @@ class Scheduler:
         Logged and counted (``stats()["handler_errors"]``), never swallowed."""
         kind = ev[0]
         log.error("scheduler: %s handler failed", kind, exc_info=exc)
-        with self.stats.lock:
+        with self._slock:
             self.stats.handler_errors[kind] = self.stats.handler_errors.get(kind, 0) + 1
         err = exc if isinstance(exc, AvInferError) else DeviceFaultError(
             f"scheduler: handling {kind} failed: {type(exc).__name__}: {exc}")
@@ -372,17 +386,17 @@ class Scheduler:
     def next_timer(self) -> float:
         """Device time of the next timed decision (a queued drop_late request's deadline,
         the end of a BE grant, the moment waiting BE work starves); inf if none."""
-        due = math.inf
+        due = _INF
         late = self._late
         while late:
             _, _, hard, t = late[0]
             if t.answered or (t.allocated and not hard):
-                heapq.heappop(late)
+                heappop(late)
                 continue
             due = late[0][0]
             break
-        if self.be_min_share > 0 and self.policy.preempt != "none":
-            if self._grant_until > -math.inf:
+        if self.be_min_share > 0 and self._p_preempts:
+            if self._grant_until > _NINF:
                 due = min(due, self._grant_until)
             elif self._be_wait:
                 due = min(due, self._be_seen + BE_SHARE_WINDOW)
@@ -409,17 +423,16 @@ class Scheduler:
 
     def _be_granted(self) -> bool:
         """Is BE in a grant now (see ``be_min_share``); starts one when BE starved."""
-        if self.be_min_share <= 0 or self.policy.preempt == "none" \
-                or not self.policy.accepts_be:
+        if self.be_min_share <= 0 or not self._p_preempts or not self._p_accepts_be:
             return False
-        if self._grant_until == -math.inf and not self._be_waiting():
+        if self._grant_until == _NINF and not self._be_waiting():
             self._be_wait = False  # the common case, every decision: no clock read
             return False
         now = self.device.now()
         if now < self._grant_until:
             return True
-        if self._grant_until > -math.inf:  # a grant ended: starvation counts from here
-            self._grant_until = -math.inf
+        if self._grant_until > _NINF:  # a grant ended: starvation counts from here
+            self._grant_until = _NINF
             self._be_seen = now
         if not self._be_waiting():
             self._be_wait = False
@@ -431,7 +444,7 @@ class Scheduler:
             return False
         share = self.be_min_share
         self._grant_until = now + BE_SHARE_WINDOW * share / (1.0 - share)
-        with self.stats.lock:
+        with self._slock:
             self.stats.be_grants += 1
         if self.listeners:
             self._emit("be_grant", {"until": self._grant_until, "t": now})
@@ -444,7 +457,7 @@ class Scheduler:
         now = self.device.now()
         late = self._late
         while late and late[0][0] < now:
-            deadline, _, hard, t = heapq.heappop(late)
+            deadline, _, hard, t = heappop(late)
             if t.answered or (t.allocated and not hard):
                 continue
             if not hard:
@@ -463,19 +476,19 @@ class Scheduler:
             if t.allocated:
                 where = "while preempted" if t.state in (PREEMPTED, PAUSED) else "while running"
             self._evict(t, self._miss_error(t, now, deadline, where))
-            with self.stats.lock:
+            with self._slock:
                 self._client_stats(t.req.client, t.rt).deadline_misses += 1
 
     def _client_stats(self, client: str, rt: bool) -> Any:
         """``client``'s statistics (caller holds ``stats.lock``): the table's entry read
         directly, ``Stats.client`` (which adds one, or the overflow row) only when it is
         missing. Compiled, a C call: every request counts twice through it."""
-        cs = self.stats.clients.get(client)
+        cs = self._clients.get(client)
         return cs if cs is not None else self.stats.client(client, _PRIO[rt])
 
     def _model_stats(self, model: str) -> dict[str, int]:
         """``model``'s counters (caller holds ``stats.lock``), as ``_client_stats``."""
-        mc = self.stats.models.get(model)
+        mc = self._models.get(model)
         return mc if mc is not None else self.stats.model(model)
 
     def _miss_error(self, t: Task, now: float, deadline: float,
@@ -489,7 +502,7 @@ class Scheduler:
     def _miss(self, t: Task, now: float, deadline: float | None = None,
               where: str = "before it could start") -> None:
         req = t.req
-        with self.stats.lock:
+        with self._slock:
             self._client_stats(req.client, t.rt).deadline_misses += 1
         self._fail(t, self._miss_error(t, now, req.deadline if deadline is None else deadline,
                                        where))
@@ -532,7 +545,7 @@ class Scheduler:
         if entry.handle is None:
             self._fail(task, UnknownModelError(f"model {req.model!r} was unloaded"))
             return
-        with self.stats.lock:
+        with self._slock:
             self._client_stats(req.client, task.rt).submitted += 1
             self._model_stats(req.model)["submitted"] += 1
         if self.listeners:
@@ -542,9 +555,9 @@ class Scheduler:
         if self.closing:
             self._fail(task, RuntimeClosedError("runtime is closing"))
             return
-        if not task.rt and not self.policy.accepts_be:
+        if not task.rt and not self._p_accepts_be:
             self._fail(task, RejectedError(
-                f"BE request rejected: policy {self.policy.name!r} serves RT only"))
+                f"BE request rejected: policy {self._policy.name!r} serves RT only"))
             return
         depth = self.max_queue_depth
         if depth is not None:
@@ -555,10 +568,10 @@ class Scheduler:
                     f"requests already queued (max_queue_depth={depth})"))
                 return
         self._queue(task)
-        if req.drop_late and req.deadline < math.inf:
-            heapq.heappush(self._late, (req.deadline, task.tid, False, task))
-        if req.hard_deadline < math.inf and not task.rt:
-            heapq.heappush(self._late, (req.hard_deadline, task.tid, True, task))
+        if req.drop_late and req.deadline < _INF:
+            heappush(self._late, (req.deadline, task.tid, False, task))
+        if req.hard_deadline < _INF and not task.rt:
+            heappush(self._late, (req.hard_deadline, task.tid, True, task))
         # batching observes BE arrivals (ModelServices.on_arrival does nothing else, so
         # without batching neither it nor the clock read is called)
         if not task.rt and self.ext is not None and self.ext.batching:
@@ -593,7 +606,7 @@ class Scheduler:
                                           "t_stop": math.nan})
                 task.outstanding -= 1
                 if k0 + i == task.done:
-                    if task.done == 0 and math.isnan(tm.first_kernel_start):
+                    if task.done == 0 and tm.first_kernel_start != tm.first_kernel_start:
                         tm.first_kernel_start = tt[2 * i]
                     task.done += 1
                     while task.done in task.pad_full:  # the rest already ran as padding
@@ -613,7 +626,7 @@ class Scheduler:
                 self._be_seen = comp.t_end  # BE progressed
             if s.stop_from is not None:  # preemption latency (docs/design.md, Metrics)
                 stop = comp.t_stop if comp.t_stop == comp.t_stop else comp.t_end
-                with self.stats.lock:
+                with self._slock:
                     self.stats.preemption_stop.add(max(0.0, stop - s.stop_from))
                     self.stats.preemption_observed.add(comp.t_end - s.stop_from)
                     if s.stop_from_received == s.stop_from_received:
@@ -637,10 +650,11 @@ class Scheduler:
             executed = not (s is not None and s.flagged)
         if executed and comp.kernel == task.done:
             tm = task.req.timings
-            if task.done == 0 and math.isnan(tm.first_kernel_start):
+            # (``x != x``: x is nan, compiled a C comparison, no ``math.isnan`` lookup)
+            if task.done == 0 and tm.first_kernel_start != tm.first_kernel_start:
                 tm.first_kernel_start = comp.t_start
-            if not math.isnan(comp.cpu_s):  # measured (cpu device, RT lanes)
-                tm.run_cpu = comp.cpu_s + (0.0 if math.isnan(tm.run_cpu) else tm.run_cpu)
+            if comp.cpu_s == comp.cpu_s:  # measured (cpu device, RT lanes)
+                tm.run_cpu = comp.cpu_s + (0.0 if tm.run_cpu != tm.run_cpu else tm.run_cpu)
             task.done += 1
             while task.done in task.pad_full:  # the rest already ran as padding
                 task.done += 1
@@ -689,12 +703,32 @@ class Scheduler:
         return True
 
     # -- control (called through post(("control", fn, fut))) ----------------------------------
+    @property
+    def policy(self) -> Policy:
+        """The live policy, read-only: ``set_policy`` changes it (and applies it to the
+        device first)."""
+        return self._policy
+
+    def _use_policy(self, pol: Policy) -> None:
+        """The one writer of the policy and of the fields of it that the decisions read
+        on every event, held beside it (compiled: C fields, where ``self.policy.<field>``
+        was a Python attribute read each time). A ``Policy`` is frozen, so the copies
+        change only here, with the policy."""
+        self._policy = pol
+        self._p_accepts_be = pol.accepts_be
+        self._p_exclusive = pol.exclusive
+        self._p_rt_hi = pol.rt_high_priority
+        self._p_padding = pol.padding
+        self._p_be_concurrent = pol.be_concurrent_with_rt
+        self._p_preempts = pol.preempt != "none"
+        self._p_wait = pol.preempt == "wait"
+
     def set_policy(self, pol: Policy) -> None:
         """Apply ``pol`` (validated by ``engine.check_policy``) to the device, then publish:
         a device refusal changes nothing."""
-        if self.policy.be_unbounded != pol.be_unbounded:
+        if self._policy.be_unbounded != pol.be_unbounded:
             self._apply_capacity(self.c, pol)
-        self.policy = pol
+        self._use_policy(pol)
         if not pol.accepts_be:
             err = RejectedError(f"BE request rejected: policy switched to {pol.name!r}")
             for t in self.be_queues.clear():
@@ -706,7 +740,7 @@ class Scheduler:
     def set_c(self, c: int) -> None:
         """Apply ``c`` (validated by ``engine.check_c``) to the device, then publish: a
         device refusal changes nothing."""
-        self._apply_capacity(c, self.policy)
+        self._apply_capacity(c, self._policy)
         self.c = c
 
     def set_edf_preempt(self, flag: bool) -> None:
@@ -765,7 +799,7 @@ class Scheduler:
         except Exception as e:
             try:  # put the published setting back on the device
                 dev.set_capacity(self.c)
-                if self.policy.be_unbounded:
+                if self._policy.be_unbounded:
                     for s in self.be_streams:
                         dev.set_stream_capacity(s.id, dev.max_capacity)
             except Exception:  # noqa: BLE001
@@ -796,7 +830,7 @@ class Scheduler:
     def _rt_width(self) -> int:
         """RT tasks that may run at once: the device's ``rt_parallel`` where RT has its
         high-priority streams and no EDF take-over (which assumes one fed RT task)."""
-        if self.edf_preempt or not self.policy.rt_high_priority or self.policy.exclusive:
+        if self.edf_preempt or not self._p_rt_hi or self._p_exclusive:
             return 1
         return len(self.rt_par)
 
@@ -804,7 +838,7 @@ class Scheduler:
         """The stream ``task`` starts on; None when every parallel RT stream is taken."""
         if task.outstanding > 0 and task.stream in self.streams:
             return self.streams[task.stream]  # launches still there: keep stream order
-        if not self.policy.rt_high_priority:
+        if not self._p_rt_hi:
             return self.rt_plain
         if self._rt_width() == 1:
             return self.rt_hi
@@ -842,20 +876,19 @@ class Scheduler:
     def _schedule_rt(self) -> None:
         if self._rt_idle():
             return
-        pol = self.policy
         cur = self.rt_fed
         width = self._rt_width()
         if cur is not None and (width == 1 or len(self.rt_active) >= width):
             self._rt_switch(cur)  # a more urgent RT request takes over (_rt_idle)
         while self.rt_queue:
-            if pol.exclusive and (self._be_running() or self.rt_active):
+            if self._p_exclusive and (self._be_running() or self.rt_active):
                 return
             if width > 1 and (len(self.rt_active) >= width
                               or self._rt_stream_for(self.rt_queue.peek()[1]) is None):
                 return  # every parallel RT stream runs a task: EDF order on the next one
-            if pol.preempt != "none":
+            if self._p_preempts:
                 self._preempt_be()
-                if (pol.preempt == "wait" or self.preempt_drain) and any(
+                if (self._p_wait or self.preempt_drain) and any(
                         s.outstanding > 0 for s in self.be_streams if s.owner is not None):
                     return  # what BE launched finishes or self-evicts first
             task = self.rt_queue.pop()
@@ -881,7 +914,7 @@ class Scheduler:
         self.rt_active.discard(cur)
         self._queue(cur)
         cur.req.timings.preempted += 1
-        with self.stats.lock:
+        with self._slock:
             self.stats.rt_switches += 1
         if self.listeners:
             self._emit("preempt", {"request_id": cur.tid, "stream": s.id, "kind": "edf",
@@ -900,7 +933,9 @@ class Scheduler:
         in flight (<= c under reef, everything under wait) run or evict themselves."""
         top = self.rt_queue.peek()
         if top is not None:
-            arrival, received = top[1].req.timings.arrival, top[1].req.timings.received
+            head = top[1]  # (typed: C reads of the task's request timings)
+            tm = head.req.timings
+            arrival, received = tm.arrival, tm.received
         else:
             arrival = received = self.device.now()
         # padding without padded launches (cpu): BE streams beside RT keep running, less
@@ -924,11 +959,11 @@ class Scheduler:
             t.state = PREEMPTED
             t.reset_done = info.done if mine else t.enq_from
             t.req.timings.preempted += 1
-            with self.stats.lock:
+            with self._slock:
                 self.stats.preemptions += 1
             if self.listeners:
                 self._emit("preempt", {"request_id": t.tid, "stream": s.id,
-                                       "kind": self.policy.preempt,
+                                       "kind": self._policy.preempt,
                                        "last_sent": info.last_sent, "done": info.done,
                                        "dropped": info.dropped, "t": self.device.now()})
 
@@ -937,25 +972,24 @@ class Scheduler:
         no padded launches (cpu), BE keeps the cores RT leaves free (``be_beside_rt``
         beside the first RT task, ``rt_task_cores`` fewer for each further one); 0 for
         every other policy and device (BE waits for RT, or pads RT's launches)."""
-        if not (self.policy.padding and self._dkp is None):
+        if not (self._p_padding and self._dkp is None):
             return 0
         dev = self.device
         return max(0, dev.be_beside_rt - max(0, rt_tasks - 1) * dev.rt_task_cores)
 
     def _schedule_be(self, granted: bool = False) -> None:
-        pol = self.policy
         rt_mode = (bool(self.rt_queue) or bool(self.rt_active)) and not granted
         # Idle flagged streams (aborted or finished tasks) get their flag back down.
         for s in self.be_streams:
             if s.flagged and s.owner is None and s.outstanding <= 0:
                 self._flag(s, False)
-        if not pol.accepts_be:
+        if not self._p_accepts_be:
             return
         # BE streams allowed to run now (None: no bound). While RT runs, only the room RT
         # leaves (cpu padding): a BE task ending beside RT is followed by the next one
         # (or a preempted one resumes) instead of leaving its core idle until RT ends.
         room: int | None = None
-        if rt_mode and not pol.be_concurrent_with_rt:
+        if rt_mode and not self._p_be_concurrent:
             room = self._be_room_beside_rt(max(1, len(self.rt_active)))
             if room <= 0:
                 return
@@ -966,7 +1000,7 @@ class Scheduler:
                 continue
             if room is not None and self._be_running_count() >= room:
                 return
-            if pol.exclusive and (self._be_running() or self.rt_active):
+            if self._p_exclusive and (self._be_running() or self.rt_active):
                 return
             if t.state == PREEMPTED:
                 if s.outstanding > 0:
@@ -987,7 +1021,7 @@ class Scheduler:
                 continue
             if room is not None and self._be_running_count() >= room:
                 return
-            if pol.exclusive and (self._be_running() or self.rt_active or
+            if self._p_exclusive and (self._be_running() or self.rt_active or
                                   any(x.owner is not None for x in self.be_streams)):
                 return
             while self.be_queues:
@@ -1022,7 +1056,7 @@ class Scheduler:
             t.pad_k, t.pad_b = -1, 0
             t.pad_blocks.clear()
         self._flag(s, False)
-        with self.stats.lock:
+        with self._slock:
             self.stats.restores += 1
         self._enqueue(t, s, rp)
         if self.listeners:
@@ -1105,7 +1139,7 @@ class Scheduler:
             self._emit("dispatch", {"request_id": t.tid, "stream": s.id, "first": first,
                                     "priority": _PRIO[t.rt], "t": now})
         # no wake-up only where the waiting caller itself is handling this (it helps next)
-        self._enqueue(t, s, first, wake=req.caller_runs != threading.get_ident())
+        self._enqueue(t, s, first, wake=req.caller_runs != get_ident())
         return True
 
     def _enqueue(self, t: Task, s: StreamState, first: int, wake: bool = True) -> None:
@@ -1124,7 +1158,7 @@ class Scheduler:
         if first >= t.n:
             return
         t.enq_from = first
-        if t.rt and self.policy.padding and self._dkp is not None:
+        if t.rt and self._p_padding and self._dkp is not None:
             self._enqueue_padded(t, s, first)
         else:
             self._launch(t, s, first, t.n - 1, wake)
@@ -1186,7 +1220,7 @@ class Scheduler:
             self._count(t, s, 1)
             if not padded:
                 continue  # queued unpadded (e.g. the padded module still compiles)
-            with self.stats.lock:
+            with self._slock:
                 self.stats.padded_launches += 1
                 self.stats.padded_blocks += sum(p[3] for p in parts)
             for tid, kern, b0, nb, _occ in parts:  # move the cursors past what was issued
@@ -1246,7 +1280,7 @@ class Scheduler:
                 continue
             bt.pad_full.add(kern)
             bt.req.timings.kernels_padded += 1
-            with self.stats.lock:
+            with self._slock:
                 self.stats.padded_kernels += 1
             while bt.done in bt.pad_full:
                 bt.done += 1
@@ -1351,11 +1385,11 @@ class Scheduler:
         t.answered = True
         req = t.req
         tm = req.timings
-        with self.stats.lock:
+        with self._slock:
             cs = self._client_stats(req.client, t.rt)
             cs.completed += 1
             cs.latency.add(tm.end - tm.arrival)
-            if not math.isnan(tm.first_kernel_start):
+            if tm.first_kernel_start == tm.first_kernel_start:  # not nan
                 cs.preemption_latency.add(tm.first_kernel_start - tm.arrival)
             if tm.end > req.deadline:
                 cs.deadline_misses += 1
@@ -1380,7 +1414,7 @@ class Scheduler:
         t.answered = True
         req = t.req
         req.inputs = {}
-        with self.stats.lock:
+        with self._slock:
             cs = self._client_stats(req.client, t.rt)
             cs.failed += 1
             code = err.code
