@@ -8,7 +8,10 @@ scheduler's decision routines are ``cdef`` methods called as C functions, and th
 ``Task``/``StreamState`` locals read fields as struct members instead of through the
 interpreter (docs/request_path.md, "The compiled core"); the same for ``Task.req``, a
 ``Request``, and its ``Timings`` (request.pxd, cimported), and for the devices'
-``Completion`` records (devices/completion.pxd, cimported). Every name Python code reads
+``Completion`` records (devices/completion.pxd, cimported). ``ModelEntry`` is a ``cdef
+class`` too (the entry's ``refs``/``handle``/``n_kernels``/... read per request as C
+fields), and the policy's fields the decisions read are C fields of the scheduler
+(``_use_policy``, their one writer). Every name Python code reads
 (tests, ``ModelServices``, the engine, the listeners' payloads) keeps its name: fields are
 ``public``; entry points stay ``def``/``cpdef``. ``nonecheck`` is on (scheduler.py's first
 line): a ``None`` where a task or stream is expected raises instead of crashing.
@@ -24,9 +27,25 @@ cdef double _INF, _NINF
 
 
 @cython.final
+cdef class ModelEntry:
+    cdef dict __dict__
+    cdef public object name
+    cdef public object plan
+    cdef public object handle
+    cdef public bint pinned
+    cdef public int refs
+    cdef public bint unloading
+    cdef public object profile
+    cdef public object variants
+    cdef public object _dkp
+    cdef public int n_kernels
+    cdef public object _input_spec
+
+
+@cython.final
 cdef class Task:
     cdef public Request req
-    cdef public object entry
+    cdef public ModelEntry entry
     cdef public int n
     cdef public int state
     cdef public int stream
@@ -133,7 +152,7 @@ cdef class Scheduler:
     cdef _queue(self, Task t, bint front=*)
     cdef _emit(self, str kind, dict payload)
     @cython.locals(task=Task)
-    cpdef on_arrival(self, Request req, entry)
+    cpdef on_arrival(self, Request req, ModelEntry entry)
     @cython.locals(s=StreamState, task=Task, k0=int, i=int, be=bint, tm=Timings)
     cpdef on_complete(self, Completion comp)
     @cython.locals(s=StreamState, task=Task, n=int, k0=int, done=int, i=int)
@@ -190,6 +209,6 @@ cdef class Scheduler:
     cdef _answer(self, Task t, result)
     @cython.locals(m=Task, req=Request)
     cdef _fail(self, Task t, err)
-    cdef _unref(self, entry)
-    cdef _unload(self, entry)
+    cdef _unref(self, ModelEntry entry)
+    cdef _unload(self, ModelEntry entry)
     cdef _flush_answers(self)

@@ -25,12 +25,10 @@ RT arrival does to running BE work is the policy's ``preempt`` kind (see policie
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from heapq import heappop, heappush
 from threading import get_ident
 from typing import Any
@@ -74,32 +72,46 @@ _NINF = -math.inf
 _RT = Priority.RT
 
 
-@dataclass(eq=False)
 class ModelEntry:
-    """A plan loaded on the device. ``refs`` counts requests accepted and not answered."""
+    """A plan loaded on the device. ``refs`` counts requests accepted and not answered.
 
-    name: str
-    plan: Plan
-    handle: Any
-    pinned: bool = False
-    refs: int = 0
-    unloading: bool = False
-    #: kernel profile (profiles.ModelProfile) for padding selection; None: never padded
-    profile: Any = None
-    #: a variant group's entry (qos.VariantGroup): requests naming it get their variant
-    #: (and batch) from ``ext.maybe_batch`` before they start, RT ones included
-    variants: Any = None
-    _dkp: list[tuple[float, int, int, float, float]] | None = None
+    Compiled, a ``cdef class`` (scheduler.pxd): the scheduler reads ``refs``, ``handle``,
+    ``unloading``, ``variants`` and ``n_kernels`` on every request as C fields; Python
+    code reads and writes the same names. Equality is identity (as the ``eq=False``
+    dataclass it was)."""
 
-    @functools.cached_property
-    def n_kernels(self) -> int:
-        """Kernels of the plan (read on every arrival: cached, the plan never changes)."""
-        return len(self.plan.kernels)
+    def __init__(self, name: str, plan: Plan, handle: Any, pinned: bool = False,
+                 refs: int = 0, unloading: bool = False, profile: Any = None,
+                 variants: Any = None,
+                 _dkp: list[tuple[float, int, int, float, float]] | None = None) -> None:
+        self.name = name
+        self.plan = plan
+        self.handle = handle
+        self.pinned = pinned
+        self.refs = refs
+        self.unloading = unloading
+        #: kernel profile (profiles.ModelProfile) for padding selection; None: never padded
+        self.profile = profile
+        #: a variant group's entry (qos.VariantGroup): requests naming it get their
+        #: variant (and batch) from ``ext.maybe_batch`` before they start, RT ones included
+        self.variants = variants
+        self._dkp = _dkp
+        #: kernels of the plan (read on every arrival; the plan never changes)
+        self.n_kernels = len(plan.kernels)
+        self._input_spec: dict[str, tuple[tuple[int, ...], str]] | None = None
 
-    @functools.cached_property
+    def __repr__(self) -> str:
+        return (f"ModelEntry(name={self.name!r}, plan={self.plan!r}, handle={self.handle!r}, "
+                f"pinned={self.pinned!r}, refs={self.refs!r}, unloading={self.unloading!r}, "
+                f"profile={self.profile!r}, variants={self.variants!r}, _dkp={self._dkp!r})")
+
+    @property
     def input_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """The plan's input name -> (shape, dtype), built once (checked on every submit)."""
-        return self.plan.input_spec()
+        spec = self._input_spec
+        if spec is None:
+            spec = self._input_spec = self.plan.input_spec()
+        return spec
 
     def dkp_numbers(self, sms: int) -> list[tuple[float, int, int, float, float]] | None:
         """Per kernel ``(duration_us, blocks, blocks_per_sm, round_us, one_us)`` for DKP
