@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from av_infer._cy.ndcheck import exact_array
 from av_infer._cy.vhq import VHQ
 from av_infer.devices import os_priority
 from av_infer.devices.base import Completion, ResetInfo
@@ -257,9 +258,9 @@ class LaneEngine:
         exact = inputs.keys() == views.keys()
         if exact:
             for n, v in inputs.items():
-                dst = views[n]
-                if not (isinstance(v, np.ndarray) and v.shape == dst.shape
-                        and v.dtype == dst.dtype and v.flags.c_contiguous):
+                # a C-contiguous array of the region's shape and dtype (numpy's C API:
+                # ``_cy/ndcheck.pyx``, no attribute reads)
+                if not exact_array(v, views[n]):
                     exact = False
                     break
         if not exact:
