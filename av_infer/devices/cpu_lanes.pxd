@@ -115,4 +115,5 @@ cdef class LaneEngine:
     cdef bint _drain_loop(self, _Lane lane, until) except -1
 
 
+cdef bint _terminated(LaneEngine engine, _Lane lane, ro) except -1
 cpdef transmit(_Lane lane, bint wake)

@@ -201,6 +201,14 @@ class _Lane:
         return f"_Lane(id={self.id}, priority={self.priority}, flag={self.flag!r})"
 
 
+def _terminated(engine: LaneEngine, lane: _Lane, ro: Any) -> bool:
+    """``ro.terminate`` of the lane's running launch ``ro``, read without the ORT property
+    (~1 k instructions through pybind11) where it cannot be set: its writers are
+    ``set_preempt``, which sets ``lane.ro_killed`` with it (before it reads ``niced``),
+    and the device's close, which sets ``stopping`` before it sets ``terminate``."""
+    return lane.ro_killed or (engine.stopping and ro.terminate)
+
+
 def transmit(lane: _Lane, wake: bool) -> None:
     """Move launches from the vHQ to the device queue while fewer than c are in flight
     (caller holds ``lane.lock``, so launches reach the queue in vHQ order); ``wake``:
@@ -466,7 +474,7 @@ class LaneEngine:
                     # landing before our renice is caught by the check after it
                     lane.niced = True
                     renice(run_nice)  # own priority back under `lock` below
-                    if ro is not None and ro.terminate:
+                    if ro is not None and _terminated(self, lane, ro):
                         renice(os_priority.KILLED_NICE)
                 try:
                     if faults is not None:
@@ -489,11 +497,7 @@ class LaneEngine:
                     renice(own)
                     lane.niced = False
                 lane.running = None
-                # never killed: reusable. ``ro_killed`` (a C field) instead of reading
-                # ``ro.terminate`` (an ORT property, ~1 k instructions): set_preempt sets
-                # both under this lock; the device's close, the other writer of
-                # ``terminate``, sets ``stopping`` first (and nothing runs after it)
-                if ro is not None and not lane.ro_killed and not self.stopping:
+                if ro is not None and not _terminated(self, lane, ro):  # never killed: reusable
                     lane.ro_spare = ro
                 lane.busy = False
                 mark, lane.flag_mark = lane.flag_mark, None

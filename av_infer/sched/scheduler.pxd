@@ -212,3 +212,6 @@ cdef class Scheduler:
     cdef _unref(self, ModelEntry entry)
     cdef _unload(self, ModelEntry entry)
     cdef _flush_answers(self)
+
+
+cdef bint _past_hard_deadline(Task t, double now) except -1

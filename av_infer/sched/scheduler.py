@@ -1039,7 +1039,7 @@ class Scheduler:
             while self.be_queues:
                 t = self.be_queues.pop()
                 now = self.device.now()
-                if self._past_hard_deadline(t, now):
+                if _past_hard_deadline(t, now):
                     self._miss(t, now, t.req.hard_deadline)
                     continue
                 # batching or a variant group: a request transform ahead of dispatch
@@ -1100,16 +1100,7 @@ class Scheduler:
         """A queued BE request batching may take for ``model``: never started, not past its
         hard deadline."""
         return (x.req.model == model and not x.allocated
-                and not self._past_hard_deadline(x, now))
-
-    @staticmethod
-    def _past_hard_deadline(t: Task, now: float) -> bool:
-        """A never-started BE request past its hard deadline (worth 0, paper 001): it is
-        answered missed, never dispatched nor batched, whether or not the late heap's timer
-        has fired yet (a stream freeing at once, or a batch formed meanwhile, would serve
-        it before)."""
-        return (not t.rt and not t.allocated and t.members is None
-                and now > t.req.hard_deadline)
+                and not _past_hard_deadline(x, now))
 
     # -- task lifecycle ---------------------------------------------------------------------
     def _start(self, t: Task, s: StreamState) -> bool:
@@ -1475,6 +1466,15 @@ class Scheduler:
                     fut.set_result(value)
             except Exception:  # InvalidStateError if someone cancelled it meanwhile
                 log.debug("future already resolved", exc_info=True)
+
+
+def _past_hard_deadline(t: Task, now: float) -> bool:
+    """A never-started BE request past its hard deadline (worth 0, paper 001): it is
+    answered missed, never dispatched nor batched, whether or not the late heap's timer
+    has fired yet (a stream freeing at once, or a batch formed meanwhile, would serve it
+    before). Compiled, a C function of a typed task (scheduler.pxd)."""
+    return (not t.rt and not t.allocated and t.members is None
+            and now > t.req.hard_deadline)
 
 
 def _device_sms(device: Device) -> int:
