@@ -54,3 +54,23 @@ def be_bit_identical_under_rt(rt, x_be: dict, x_rt: dict, n_be: int, n_rt: int) 
                 assert np.array_equal(out[k], ref[k])
     finally:
         th.join()
+
+
+def run_in_form(code: str, modules: tuple[str, ...], interpreted: bool) -> str:
+    """Run ``code`` in a fresh interpreter with av_infer's built extensions, or with
+    ``interpreted`` their ``.py`` sources (``AV_INFER_INTERPRETED=1``), after checking that
+    each of ``modules`` (``av_infer.<name>``) runs in that form; its last stdout line (the
+    compiled-vs-interpreted tests of the pure-Python-mode modules compare the two)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "AV_INFER_INTERPRETED"}
+    if interpreted:
+        env["AV_INFER_INTERPRETED"] = "1"
+    check = "".join(
+        f"import av_infer.{m} as _m; from av_infer._cy.compiled import is_compiled as _c\n"
+        f"assert _c(_m) is {not interpreted}, _m.__file__\n" for m in modules)
+    p = subprocess.run([sys.executable, "-c", check + code], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p.stdout.strip().splitlines()[-1]

@@ -6,15 +6,11 @@ deadlines for good ones, unique increasing ids, and refusal once the runtime is 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from av_infer import Runtime
-from av_infer._cy.compiled import is_compiled
 from av_infer.errors import (
     InvalidInputError,
     InvalidParameterError,
@@ -22,6 +18,7 @@ from av_infer.errors import (
     UnknownModelError,
 )
 from av_infer.model import zoo
+from tests.checks import run_in_form
 
 #: the script both forms run: each case's outcome (error type and message, or the
 #: request's deadlines relative to its arrival), the ids, the submit-error counts
@@ -29,11 +26,8 @@ _CASES = r'''
 import json, math, sys
 import numpy as np
 import av_infer
-from av_infer import Runtime, admission, inputs
-from av_infer._cy.compiled import is_compiled
+from av_infer import Runtime
 from av_infer.model import zoo
-assert is_compiled(admission) == (sys.argv[1] == "1"), admission.__file__
-assert is_compiled(inputs) == (sys.argv[1] == "1"), inputs.__file__
 x = zoo.sample_inputs("tiny_mlp")
 name = next(iter(x))
 out = []
@@ -92,22 +86,14 @@ print(json.dumps(out))
 '''
 
 
-def _run(interpreted: bool, compiled_here: bool) -> list:
-    env = {k: v for k, v in os.environ.items() if k != "AV_INFER_INTERPRETED"}
-    if interpreted:
-        env["AV_INFER_INTERPRETED"] = "1"
-    flag = "1" if compiled_here and not interpreted else "0"
-    p = subprocess.run([sys.executable, "-c", _CASES, flag], env=env, capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+def _run(interpreted: bool) -> list:
+    return json.loads(run_in_form(_CASES, ("admission", "inputs", "request_options",
+                                           "registry"), interpreted))
 
 
 def test_compiled_and_interpreted_admission_agree() -> None:
-    from av_infer import admission
-
-    compiled = _run(False, is_compiled(admission))
-    assert compiled == _run(True, False)
+    compiled = _run(False)
+    assert compiled == _run(True)
     got = {row[0]: row[1:] for row in compiled}
     assert got["ok"][:3] == ["ok", "inf", "inf"]
     assert got["ok_rt_client"][:3] == ["ok", 0.5, 0.8]

@@ -357,9 +357,7 @@ def test_a_bad_max_batch_is_refused_before_a_device_is_made(monkeypatch) -> None
 def test_request_options_is_one_frozen_value(interpreted: bool) -> None:
     """The same value compiled (request_options.pxd) and interpreted: fields in
     constructor order, keyword defaults, ``==``/``hash``, read-only, repr, pickling."""
-    import os
-    import subprocess
-    import sys
+    from tests.checks import run_in_form
 
     code = """
 import pickle
@@ -386,12 +384,7 @@ for name in ("client", "borrow", "new"):
         raise AssertionError(name)
 print("ok")
 """
-    env = {k: v for k, v in os.environ.items() if k != "AV_INFER_INTERPRETED"}
-    if interpreted:
-        env["AV_INFER_INTERPRETED"] = "1"
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                       text=True, timeout=120)
-    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
+    assert run_in_form(code, ("request_options",), interpreted) == "ok"
 
 
 def test_removing_a_group_a_client_is_configured_with_changes_that_client() -> None:

@@ -4,13 +4,11 @@ interpreted alike (the record is a ``cdef class`` where built, completion.pxd)."
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 from av_infer._cy.compiled import is_compiled
 from av_infer.devices import completion
 from av_infer.devices.base import Completion
+from tests.checks import run_in_form
 
 #: run by this process (compiled) and by an interpreted one; prints what it saw
 PROBE = r'''
@@ -45,15 +43,7 @@ print(json.dumps(out))
 
 
 def _probe(interpreted: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "AV_INFER_INTERPRETED"}
-    if interpreted:
-        env["AV_INFER_INTERPRETED"] = "1"
-    code = PROBE + ("\nfrom av_infer._cy.compiled import is_compiled\n"
-                    "import av_infer.devices.completion as m\n"
-                    f"assert is_compiled(m) is {not interpreted}, m.__file__\n")
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       check=True)
-    return json.loads(p.stdout.splitlines()[0])
+    return json.loads(run_in_form(PROBE, ("devices.completion",), interpreted))
 
 
 def test_the_record_is_compiled_here_and_behaves_like_the_dataclass() -> None:

@@ -14,13 +14,11 @@ the cache's own ``retain``/``release``.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 from av_infer import cache
 from av_infer._cy.compiled import PURE_MODULES, is_compiled
 from av_infer.sched import model_services
+from tests.checks import run_in_form
 
 #: run by a compiled and by an interpreted process; prints what it saw
 PROBE = r'''
@@ -164,16 +162,7 @@ print(json.dumps(out))
 
 
 def _probe(interpreted: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "AV_INFER_INTERPRETED"}
-    if interpreted:
-        env["AV_INFER_INTERPRETED"] = "1"
-    code = PROBE + ("\nfrom av_infer._cy.compiled import is_compiled\n"
-                    "import av_infer.cache as c, av_infer.sched.model_services as m\n"
-                    f"assert is_compiled(c) is {not interpreted}, c.__file__\n"
-                    f"assert is_compiled(m) is {not interpreted}, m.__file__\n")
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.splitlines()[-1])
+    return json.loads(run_in_form(PROBE, ("cache", "sched.model_services"), interpreted))
 
 
 def test_the_hooks_are_compiled_here_and_keep_every_observable() -> None:
