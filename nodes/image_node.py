@@ -42,7 +42,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
 from av_infer_msgs.msg import InferResponse, TensorList
 from av_infer_nodes.common import (
@@ -139,6 +139,17 @@ HEALTH_PARAMS = ("expected_hz", "rate_tolerance", "stale_timeout_s", "max_stamp_
                  "max_stamp_future_ms", "deadline_miss_warn", "deadline_miss_error")
 #: Reply codes that count as a missed deadline (besides an answer after its deadline).
 MISS_CODES = ("deadline_missed", "timeout")
+
+
+class _Framing(NamedTuple):
+    """How an image's answer is published, fixed when the image arrived: its fit into the
+    model input (boxes and the model-input ``CameraInfo`` are mapped back through it) and
+    the decoder of that moment, so a ``decoder``/``model`` change made while the image is in
+    flight applies from the next image, as the parameters promise (not to this one's
+    outputs, which the model of its arrival made)."""
+
+    geom: Fit
+    decoder: Decoder | None
 
 
 class InputHealth:
@@ -724,6 +735,7 @@ class ImageInferenceNode(LifecycleNode):
         t_recv = time.monotonic()
         p = self.p
         model = p["model"]
+        decoder = self._decoder  # with the model: what this image's outputs are decoded by
         client = self.client
         stamp = msg.header.stamp
         now_ros = self.get_clock().now().nanoseconds * 1e-9
@@ -765,9 +777,9 @@ class ImageInferenceNode(LifecycleNode):
                                      p["mean"], p["std"], out=buf, fit=p["fit"])
             if buf is None:
                 inputs = {input_name: tensor}
-            geom = None  # only what decoding or the model-input CameraInfo needs
-            if self._decoder is not None or self._info_pub is not None:
-                geom = fit(height, width, shape[2], shape[3], p["fit"])
+            framing = None  # only what decoding or the model-input CameraInfo needs
+            if decoder is not None or self._info_pub is not None:
+                framing = _Framing(fit(height, width, shape[2], shape[3], p["fit"]), decoder)
         except (ImageFormatError, ValueError) as exc:
             self.counters["invalid"] += 1
             self._publish(Reply(id=rid, code="invalid_input", message=str(exc), model=model),
@@ -785,16 +797,18 @@ class ImageInferenceNode(LifecycleNode):
             self.counters["submitted"] += 1
         fut = client.submit(ctrl, inputs, run_here=p["run_in_callback"])
         if fut.done():  # ran to completion on this thread (run_in_callback)
-            self._done(fut, msg, t_recv, geom)
+            self._done(fut, msg, t_recv, framing)
         else:
-            fut.add_done_callback(lambda f: self._post(f, msg, t_recv, geom))
+            fut.add_done_callback(lambda f: self._post(f, msg, t_recv, framing))
 
-    def _post(self, fut: Future, image: Image, t_recv: float, geom: Fit | None = None) -> None:
+    def _post(self, fut: Future, image: Image, t_recv: float,
+              framing: _Framing | None = None) -> None:
         """On the runtime's (or the response callback's) thread: hand over to the executor."""
-        if not self._handoff.post(lambda: self._done(fut, image, t_recv, geom)):
-            self._done(fut, image, t_recv, geom)
+        if not self._handoff.post(lambda: self._done(fut, image, t_recv, framing)):
+            self._done(fut, image, t_recv, framing)
 
-    def _done(self, fut: Future, image: Image, t_recv: float, geom: Fit | None = None) -> None:
+    def _done(self, fut: Future, image: Image, t_recv: float,
+              framing: _Framing | None = None) -> None:
         reply: Reply = fut.result()
         missed = missed_deadline(reply)
         with self._lock:
@@ -802,7 +816,7 @@ class ImageInferenceNode(LifecycleNode):
                 self.health.misses.tick(missed)
             self._in_flight -= 1
             self.counters["completed" if reply.ok else "failed"] += 1
-        self._publish(reply, image, t_recv, geom)
+        self._publish(reply, image, t_recv, framing)
 
     def _publish_tensors(self, reply: Reply, image: Image) -> None:
         """``~/output/tensors``: the in-process outputs copied once into the node's reused
@@ -821,11 +835,12 @@ class ImageInferenceNode(LifecycleNode):
             msg.header = image.header
             self._pub.publish(msg)
 
-    def _publish_detections(self, reply: Reply, image: Image, geom: Fit) -> None:
-        """The outputs decoded into ``~/output/detections`` (``decoder`` set). Outputs the
-        decoder cannot read are counted (``decode_failed``) and logged at most every 5 s:
-        the image's one answer on ``~/output/tensors``/``~/output/errors`` is already out."""
-        decoder = self._decoder
+    def _publish_detections(self, reply: Reply, image: Image, framing: _Framing) -> None:
+        """The outputs decoded into ``~/output/detections`` by the decoder the image arrived
+        with (``decoder`` set then). Outputs the decoder cannot read are counted
+        (``decode_failed``) and logged at most every 5 s: the image's one answer on
+        ``~/output/tensors``/``~/output/errors`` is already out."""
+        decoder, geom = framing.decoder, framing.geom
         if decoder is None or self._det_pub is None:
             return
         try:
@@ -847,15 +862,16 @@ class ImageInferenceNode(LifecycleNode):
                                      event_callbacks=PUB_EVENTS)
 
     def _publish(self, reply: Reply, image: Image, t_recv: float,
-                 geom: Fit | None = None) -> None:
+                 framing: _Framing | None = None) -> None:
         try:
             if reply.ok:
                 self._publish_tensors(reply, image)
-                if geom is not None:
-                    self._publish_detections(reply, image, geom)
+                if framing is not None:
+                    self._publish_detections(reply, image, framing)
                     info = self._camera_info
                     if self._info_pub is not None and info is not None:
-                        self._info_pub.publish(input_camera_info(info, geom, image.header))
+                        self._info_pub.publish(
+                            input_camera_info(info, framing.geom, image.header))
             else:
                 self._err_pub.publish(response_msg(reply, image.header))
             publish_debug(self._debug, self, t_recv, image.header.stamp)

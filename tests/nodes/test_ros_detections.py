@@ -133,8 +133,13 @@ def _send_page(tester, per, frame_id):
         wait_matched(pub, sub, sub2)
         img = page_image(frame_id)
         pub.publish(img)
-        wait_for(lambda: dets.snapshot() and outs.snapshot(), what="detections and outputs")
-        return img, dets.snapshot()[0], outs.snapshot()[0]
+        # this image's answers (the node also answers pages another test sent on the same
+        # topic, which may still be in flight when this one's subscriptions match)
+        def mine(c: Collector) -> list:
+            return [m for m in c.snapshot() if m.header.frame_id == frame_id]
+
+        wait_for(lambda: mine(dets) and mine(outs), what="detections and outputs")
+        return img, mine(dets)[0], mine(outs)[0]
     finally:
         tester.destroy_subscription(sub)
         tester.destroy_subscription(sub2)
