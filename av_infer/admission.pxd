@@ -17,7 +17,6 @@ from av_infer.sched.request cimport Request, Timings
 @cython.final
 cdef class Admission:
     cdef public ModelRegistry reg
-    cdef public object device
     cdef public Driver driver
     cdef public bint closed
     cdef object _now

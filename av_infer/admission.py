@@ -63,9 +63,8 @@ class Admission:
     def __init__(self, reg: Any, device: Any, driver: Any, on_utility: Any,
                  on_quality: Any) -> None:
         self.reg = reg
-        self.device = device
         self.driver = driver
-        self._now = device.now
+        self._now = device.now  # the one thing of the device admission reads
         self._on_utility = on_utility
         self._on_quality = on_quality
         #: new submits are refused (RuntimeClosedError) once set (``Runtime.close``)
