@@ -25,7 +25,14 @@ import numpy as np
 from av_infer import Runtime
 from av_infer.bench.peer import _ort_session, resolve_model
 from av_infer.bench.report import emit_json, human_stream
-from av_infer.kernels.ort_segments import is_kill, measure_kill_cost
+from av_infer.devices.cpu import CpuDevice
+from av_infer.kernels.ort_segments import (
+    ORT_APIS,
+    SegmentRunner,
+    is_kill,
+    measure_kill_cost,
+    resolve_api,
+)
 
 
 def _per_call(fn, n: int) -> tuple[float, float]:
@@ -36,25 +43,30 @@ def _per_call(fn, n: int) -> tuple[float, float]:
     return (time.perf_counter() - t0) / n * 1e6, (time.thread_time() - c0) / n * 1e6
 
 
-def _random_kills(model: str, n: int) -> dict[str, float]:
-    """Terminate ``n`` runs of ``model`` at a random point; ms its thread ran after."""
-    import onnxruntime as ort
+def _random_kills(model: str, n: int, api: str) -> dict[str, float]:
+    """Terminate ``n`` runs of ``model`` (whole, one segment, through ``api``) at a random
+    point; ms its thread ran after."""
+    from av_infer.model.segments import compile_segments
 
     m = resolve_model(model)
-    sess = _ort_session(m.source, 1)
+    runner = SegmentRunner(compile_segments(m.source, m.shapes, name=model, segment_ms=None),
+                           threads=1, api=api)
+    arena = runner.new_arena()
+    fn, = runner.bind(arena)
+    runner.write_inputs(arena, m.inputs)
     t0 = time.perf_counter()
-    sess.run(None, m.inputs)
+    fn(runner.run_options())
     run_s = time.perf_counter() - t0
     wall, cpu = [], []
     for _ in range(n):
-        ro, box = ort.RunOptions(), {}
+        ro, box = runner.run_options(), {}
         started = threading.Event()
 
         def run(ro=ro, box=box, started=started) -> None:
             box["clk"] = time.pthread_getcpuclockid(threading.get_ident())
             started.set()
             try:
-                sess.run(None, m.inputs, ro)
+                fn(ro)
             except Exception as e:  # noqa: BLE001 - a kill is expected
                 box["killed"] = is_kill(e)
             box["t1"], box["c1"] = time.perf_counter(), time.clock_gettime(box["clk"])
@@ -74,7 +86,7 @@ def _random_kills(model: str, n: int) -> dict[str, float]:
         if box.get("killed"):
             wall.append((box["t1"] - t0) * 1e3)
             cpu.append((box["c1"] - c0) * 1e3)
-    return {"model": model, "run_ms": run_s * 1e3, "kills": len(wall),
+    return {"model": model, "api": runner.api, "run_ms": run_s * 1e3, "kills": len(wall),
             "wall_p50_ms": float(np.median(wall)), "wall_p99_ms": float(np.percentile(wall, 99)),
             "cpu_p50_ms": float(np.median(cpu)), "cpu_p99_ms": float(np.percentile(cpu, 99))}
 
@@ -86,13 +98,17 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kill-model", default="vgg19")
     ap.add_argument("--kills", type=int, default=200)
+    ap.add_argument("--api", choices=ORT_APIS, default="auto",
+                    help="how av_infer's cpu device calls ONNX Runtime (CpuDevice ort_api)")
     ap.add_argument("--json", help="write the figures here ('-': stdout)")
     args = ap.parse_args()
     out = human_stream(args.json)
     m = resolve_model(args.model)
     sess = _ort_session(m.source, 1)
     rows = []
-    with Runtime("cpu", max_be_streams=1) as r:
+    with Runtime(CpuDevice(ort_api=args.api), max_be_streams=1) as r:
+        print(f"av_infer's cpu device calls ONNX Runtime through: {r.device.ort_api}",
+              file=out)
         r.load_model("be", m.source, m.shapes)
         r.load_model("rt", m.source, m.shapes, pin=True)
         r.configure_client("rt", "RT", relative_deadline=1.0)
@@ -108,10 +124,11 @@ def main() -> int:
             rows.append({k: {"wall_us": w, "cpu_us": c} for k, (w, c) in row.items()})
             print("  ".join(f"{k} {w:.0f}/{c:.0f} us" for k, (w, c) in row.items())
                   + "  (wall/thread CPU per request)", file=out, flush=True)
-    pre = [measure_kill_cost() * 1e3 for _ in range(3)]
-    print(f"a run terminated before it starts: {', '.join(f'{v:.3f}' for v in pre)} ms "
+    api = resolve_api(args.api)[0]
+    pre = [measure_kill_cost(api=api) * 1e3 for _ in range(3)]
+    print(f"[{api} API] a run terminated before it starts: {', '.join(f'{v:.3f}' for v in pre)} ms "
           "of its thread's CPU", file=out)
-    kills = _random_kills(args.kill_model, args.kills)
+    kills = _random_kills(args.kill_model, args.kills, api)
     print(f"{kills['model']} ({kills['run_ms']:.2f} ms a run) terminated at a random point, "
           f"{kills['kills']} kills: its thread ran on p50 {kills['wall_p50_ms']:.3f} / p99 "
           f"{kills['wall_p99_ms']:.3f} ms (CPU p50 {kills['cpu_p50_ms']:.3f} / p99 "

@@ -73,12 +73,14 @@ from av_infer.devices.cpu_lanes import (  # noqa: F401 - _POOL, _Task: the lane'
     _Task,
     transmit,
 )
-from av_infer.errors import InvalidParameterError
+from av_infer.errors import InvalidParameterError, UnsupportedModelError
 from av_infer.kernels.cpu import CpuPlanRunner
 from av_infer.kernels.ort_segments import (
+    ORT_APIS,
     SegmentRunner,
     is_segment_plan,
     measure_kill_cost,
+    resolve_api,
 )
 from av_infer.latency import LatencyRecorder, summarize_ms
 from av_infer.model.plan import Plan
@@ -121,8 +123,13 @@ class CpuDevice(Device):
     def __init__(self, c: int = 4, blas_threads: int | None = 1, engine: str = "ort",
                  threads: int = 1, segment_ms: float = 4.0, kill: bool = True,
                  kill_below_ms: float | str = "auto", be_nice: int = 10,
-                 rt_priority: str = "off", rt_parallel: int | None = None) -> None:
+                 rt_priority: str = "off", rt_parallel: int | None = None,
+                 ort_api: str | None = None) -> None:
         """``engine``: "ort" (ONNX Runtime segments) or "numpy" (the reference kernels).
+        ``ort_api``: how the ort engine calls ONNX Runtime, "auto" (the C API where the
+        wheel's libonnxruntime loads, else the Python binding, saying why: log and
+        ``telemetry()["ort_api_reason"]``), "c" (refused here when it cannot load) or
+        "python"; None: ``AV_INFER_ORT_API`` or "auto" (``kernels.ort_segments``).
         ``threads``: ORT intra-op threads per session (fixed: deterministic results).
         ``segment_ms``: target segment duration of models that are cut (BE models).
         ``kill``/``kill_below_ms``: kill the running segment on preemption unless less than
@@ -159,6 +166,24 @@ class CpuDevice(Device):
                 f"kill_below_ms must be 'auto' or a number >= 0, got {kill_below_ms!r}")
         if not segment_ms > 0:
             raise InvalidParameterError(f"segment_ms must be > 0, got {segment_ms!r}")
+        api_asked = ort_api if ort_api is not None else os.environ.get("AV_INFER_ORT_API",
+                                                                          "auto")
+        if api_asked not in ORT_APIS:
+            raise InvalidParameterError(f"ort_api must be one of {ORT_APIS}, got {api_asked!r}"
+                                        + ("" if ort_api is not None else
+                                           " (from AV_INFER_ORT_API)"))
+        #: the API the ort engine calls ONNX Runtime through ("c" or "python"; None for the
+        #: numpy engine) and why "auto" did not take the C API (None when it did)
+        self.ort_api: str | None = None
+        self.ort_api_reason: str | None = None
+        if engine == "ort":
+            try:
+                self.ort_api, self.ort_api_reason = resolve_api(api_asked)
+            except UnsupportedModelError as e:
+                raise InvalidParameterError(str(e.args[-1] if e.args else e)) from e
+            if self.ort_api_reason is not None:
+                log.warning("cpu device: ONNX Runtime through its Python binding: %s",
+                            self.ort_api_reason)
         self.engine = engine
         self.threads = threads
         self.segment_ms = float(segment_ms)
@@ -280,7 +305,7 @@ class CpuDevice(Device):
         if self.faults is not None:
             self.faults.check_load(plan.name, self.name)
         if is_segment_plan(plan):
-            runner: Any = SegmentRunner(plan, self.threads)
+            runner: Any = SegmentRunner(plan, self.threads, self.ort_api or "python")
             est = [float(k.args.get("est_ms", 0.0)) / 1e3 for k in plan.kernels]
             return _Model(plan, runner, runner.weight_bytes, True, est)
         runner = CpuPlanRunner(plan)
@@ -368,7 +393,7 @@ class CpuDevice(Device):
         floor, at most the cap). A failed measurement keeps the floor and says so (log,
         ``kill_cost_ms`` None in ``telemetry``)."""
         try:
-            self.kill_cost_s = measure_kill_cost(self.threads)
+            self.kill_cost_s = measure_kill_cost(self.threads, api=self.ort_api or "python")
         except Exception as e:  # noqa: BLE001 - the floor still applies
             log.warning("cpu device: measuring ORT's kill cost failed (%s: %s); "
                         "kill_below_ms stays %.2f", type(e).__name__, e,
@@ -406,6 +431,8 @@ class CpuDevice(Device):
         return {
             "device": self.name,
             "engine": self.engine,
+            "ort_api": self.ort_api,
+            "ort_api_reason": self.ort_api_reason,
             "threads_per_session": self.threads,
             "segment_ms": self.segment_ms,
             "kill": self.kill,

@@ -13,6 +13,13 @@ both kinds of plan through one lane loop. Differences that matter to the device:
   ``is_kill(exc)`` recognises the exception it raised;
 * a killed segment may have written part of its outputs; nothing else. Re-running it
   overwrites them entirely (segment outputs have their own arena regions).
+
+Two ways into ONNX Runtime, one behaviour (``api=``, ``ORT_APIS``): "c" calls ORT's C API
+(``av_infer._cy.ort_capi``: the ``libonnxruntime`` the wheel ships, one ``RunWithBinding``
+call a launch, a kill returned as a status), "python" its Python binding
+(``run_with_iobinding``); "auto" takes "c" where that library loads (same release as the
+Python package) and says why not otherwise (``resolve_api``). Same sessions options, same
+kernels, the same numbers (``tests/kernels/test_ort_capi.py`` compares them bit for bit).
 """
 
 from __future__ import annotations
@@ -28,21 +35,44 @@ from av_infer.kernels.cpu_base import ArenaIO, aligned_empty, tensor_view
 from av_infer.model.plan import Plan
 from av_infer.model.segments import SEGMENT_KIND, SegmentProgram, ort_options
 
-__all__ = ["SegmentRunner", "is_kill", "is_segment_plan", "measure_kill_cost"]
+__all__ = ["ORT_APIS", "SegmentRunner", "is_kill", "is_segment_plan", "measure_kill_cost",
+           "resolve_api"]
 
 _KILL_TEXT = "terminate flag"
 
+#: the ways into ONNX Runtime a segment runner can take (module docstring)
+ORT_APIS = ("auto", "c", "python")
 
-def measure_kill_cost(threads: int = 1, runs: int = 7) -> float:
+
+def resolve_api(api: str = "auto") -> tuple[str, str | None]:
+    """``(api, why)``: the API a runner asked for ``api`` uses, "c" or "python", and, when
+    "auto" could not take the C API, why (None otherwise). ``api="c"`` where the C API
+    cannot be used raises ``UnsupportedModelError`` with the reason; an unknown name
+    ``ValueError``."""
+    if api not in ORT_APIS:
+        raise ValueError(f"ort api must be one of {ORT_APIS}, got {api!r}")
+    if api == "python":
+        return "python", None
+    from av_infer._cy import ort_capi
+
+    why = ort_capi.available()
+    if why is None:
+        return "c", None
+    if api == "c":
+        raise UnsupportedModelError({}, f"ONNX Runtime's C API cannot be used: {why}")
+    return "python", why
+
+
+def measure_kill_cost(threads: int = 1, runs: int = 7, api: str = "auto") -> float:
     """CPU seconds a run aborted by ``RunOptions.terminate`` costs its thread after ORT stops
     (median of ``runs`` runs of a one-node graph, terminated before they start, through
-    I/O binding like a segment). Measured 0.25-0.30 ms whatever the model on a slow 2-core
-    VM: C++ exception unwinding and message formatting in onnxruntime's Python binding,
-    not kernel work (docs/cpu_engine.md). A segment with less than this left finishes
-    sooner than a kill stops it, and keeps its work."""
+    I/O binding like a segment, on the ``api`` the segments use). Through the Python
+    binding: 0.25-0.30 ms whatever the model on a slow 2-core VM (C++ exception unwinding
+    and message formatting in the binding, not kernel work; docs/cpu_engine.md); through the
+    C API a fraction of that. A segment with less than this left finishes sooner than a kill
+    stops it, and keeps its work."""
     import time
 
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
@@ -51,24 +81,39 @@ def measure_kill_cost(threads: int = 1, runs: int = 7) -> float:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8  # what every ONNX Runtime release reads
-    sess = ort.InferenceSession(model.SerializeToString(), ort_options(threads),
-                                providers=["CPUExecutionProvider"])
     x, y = np.zeros(1, np.float32), np.zeros(1, np.float32)
-    io = sess.io_binding()
-    io.bind_input("x", "cpu", 0, np.float32, [1], x.ctypes.data)
-    io.bind_output("y", "cpu", 0, np.float32, [1], y.ctypes.data)
+    fn, make_ro = _one_segment(model.SerializeToString(), threads, resolve_api(api)[0],
+                               ("x",), ("y",))
+    fn.bind_input("x", x.dtype, [1], x.ctypes.data)
+    fn.bind_output("y", y.dtype, [1], y.ctypes.data)
     times = []
     for _ in range(runs):
-        ro = ort.RunOptions()
+        ro = make_ro()
         ro.terminate = True
         t0 = time.thread_time()  # this thread's CPU: other processes' load is not its cost
         try:
-            sess.run_with_iobinding(io, ro)
+            fn(ro)
         except Exception as e:  # noqa: BLE001 - the kill is the point
             if not is_kill(e):
                 raise
         times.append(time.thread_time() - t0)
     return float(np.median(times))
+
+
+def _one_segment(onnx_bytes: bytes, threads: int, api: str, inputs: tuple[str, ...],
+                 outputs: tuple[str, ...]) -> tuple[Any, Callable[[], Any]]:
+    """A bound segment of ``onnx_bytes`` on ``api`` ("c" or "python") with nothing bound yet,
+    and the maker of its run options."""
+    if api == "c":
+        from av_infer._cy import ort_capi
+
+        return (ort_capi.BoundSegment(ort_capi.Session(onnx_bytes, threads), inputs, outputs),
+                ort_capi.RunOptions)
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(onnx_bytes, ort_options(threads),
+                                providers=["CPUExecutionProvider"])
+    return _SegmentFn(sess, sess.io_binding(), inputs, outputs), ort.RunOptions
 
 
 def is_segment_plan(plan: Plan) -> bool:
@@ -77,7 +122,8 @@ def is_segment_plan(plan: Plan) -> bool:
 
 
 def is_kill(exc: BaseException) -> bool:
-    """The exception ORT raises when a run's ``RunOptions.terminate`` was set."""
+    """The exception a run raises when its ``RunOptions.terminate`` was set (ORT's message,
+    through either API)."""
     return _KILL_TEXT in str(exc)
 
 
@@ -87,20 +133,31 @@ class SegmentRunner(ArenaIO):
     #: runs accept RunOptions whose ``terminate`` aborts them (the device's kill)
     killable = True
 
-    def __init__(self, plan: Plan, threads: int = 1) -> None:
-        import onnxruntime as ort
-
+    def __init__(self, plan: Plan, threads: int = 1, api: str = "auto") -> None:
+        """``api``: "auto", "c" or "python" (module docstring; ``resolve_api``). ``api`` then
+        reads the one taken, ``api_reason`` why "auto" did not take the C API (or None)."""
         if not is_segment_plan(plan) or len(plan.segments) != len(plan.kernels):
             raise UnsupportedModelError({}, f"plan {plan.name!r} is not a segment plan")
         self.plan = plan
         self.threads = int(threads)
-        self._ort = ort
+        self.api, self.api_reason = resolve_api(api)
+        if self.api == "c":
+            from av_infer._cy import ort_capi as engine
+
+            self._capi: Any = engine
+            self._run_options: Callable[[], Any] = engine.RunOptions
+            make = functools.partial(engine.Session, threads=self.threads)
+        else:
+            import onnxruntime as ort
+
+            self._capi = None
+            self._run_options = ort.RunOptions
+            make = functools.partial(self._python_session, ort, self.threads)
         self.sessions: list[Any] = []
         for k in plan.kernels:
             prog: SegmentProgram = plan.segments[k.args["segment"]]
             try:
-                self.sessions.append(ort.InferenceSession(
-                    prog.onnx, ort_options(self.threads), providers=["CPUExecutionProvider"]))
+                self.sessions.append(make(prog.onnx))
             except Exception as e:  # noqa: BLE001 - ORT's own exception types
                 raise UnsupportedModelError(
                     {}, f"ONNX Runtime refused segment {k.index} of {plan.name!r}: "
@@ -109,6 +166,11 @@ class SegmentRunner(ArenaIO):
         self.weight_bytes = plan.weight_bytes
         self._views = {n: (plan.tensors[n], plan.buffers[plan.tensors[n].buffer].offset)
                        for n in plan.tensors}
+
+    @staticmethod
+    def _python_session(ort: Any, threads: int, onnx_bytes: bytes) -> Any:
+        return ort.InferenceSession(onnx_bytes, ort_options(threads),
+                                    providers=["CPUExecutionProvider"])
 
     # -- arenas ---------------------------------------------------------------------------
     def new_arena(self) -> np.ndarray:
@@ -125,14 +187,17 @@ class SegmentRunner(ArenaIO):
                              f"{self.plan.arena_bytes} bytes")
         fns = []
         for k, sess in zip(self.plan.kernels, self.sessions):
-            io = sess.io_binding()
+            if self._capi is not None:
+                fn: Any = self._capi.BoundSegment(sess, tuple(k.inputs), tuple(k.outputs))
+            else:
+                fn = _SegmentFn(sess, sess.io_binding(), k.inputs, k.outputs)
             for name in k.inputs:
                 v = self.view(arena, name)
-                io.bind_input(name, "cpu", 0, v.dtype, list(v.shape), v.ctypes.data)
+                fn.bind_input(name, v.dtype, list(v.shape), v.ctypes.data)
             for name in k.outputs:
                 v = self.view(arena, name)
-                io.bind_output(name, "cpu", 0, v.dtype, list(v.shape), v.ctypes.data)
-            fns.append(_SegmentFn(sess, io, k.inputs, k.outputs))
+                fn.bind_output(name, v.dtype, list(v.shape), v.ctypes.data)
+            fns.append(fn)
         return fns
 
     @staticmethod
@@ -153,14 +218,14 @@ class SegmentRunner(ArenaIO):
         arena = self.new_arena()
         fns = self.bind(arena)
         self.write_inputs(arena, inputs)
-        ro = self._ort.RunOptions()
+        ro = self._run_options()
         for f in fns:
             f(ro)
         return self.read_outputs(arena)
 
     def run_options(self) -> Any:
         """Fresh options for one launch (the device sets ``terminate`` on them to kill)."""
-        return self._ort.RunOptions()
+        return self._run_options()
 
 
 class _SegmentFn:
