@@ -145,12 +145,13 @@ def diagnostic_statuses(stats: dict[str, Any], device: str, rt: Any,
 
     The runtime's status names the device and why it was chosen (``device_reason``) and the
     batch mode; it is WARN while ``device_fallback`` (device=auto found no usable GPU and
-    runs on cpu). A client's status is WARN when it missed deadlines since the previous
-    publication, and at least the level of its ``client_findings`` entry (``ClientHealth``:
-    consecutive misses up to ERROR, rate WARN, STALE); an expected client with no
-    statistics yet is reported too (STALE until its first answer). A variant group's says
-    which share of its answers each variant served
-    and their mean utility κ·V (paper 001; ``stats()["variant_groups"]``).
+    runs on cpu) or while the cpu device runs ONNX Runtime through its Python binding
+    because its C API could not load (``stats["device"]["ort_api_reason"]``). A client's
+    status is WARN when it missed deadlines since the previous publication, and at least
+    the level of its ``client_findings`` entry (``ClientHealth``: consecutive misses up to
+    ERROR, rate WARN, STALE); an expected client with no statistics yet is reported too
+    (STALE until its first answer). A variant group's says which share of its answers each
+    variant served and their mean utility κ·V (paper 001; ``stats()["variant_groups"]``).
     """
     statuses: list[DiagnosticStatus] = []
     policy = getattr(rt, "policy", "?")
@@ -165,7 +166,13 @@ def diagnostic_statuses(stats: dict[str, Any], device: str, rt: Any,
     text = f"{device}, policy {policy}, batch mode {batch_mode}"
     if device_fallback:
         text += f"; {device_reason}"
-    level = DiagnosticStatus.WARN if device_fallback else DiagnosticStatus.OK
+    # the cpu device asked for ORT's C API ("auto") and runs through the Python binding:
+    # it works, but is not what was configured (docs/cpu_engine.md, "The C API path")
+    ort_fallback = (stats.get("device") or {}).get("ort_api_reason")
+    if ort_fallback:
+        text += f"; ONNX Runtime through its Python binding: {ort_fallback}"
+    level = (DiagnosticStatus.WARN if device_fallback or ort_fallback
+             else DiagnosticStatus.OK)
     statuses.append(DiagnosticStatus(level=level, name="av_infer: runtime", message=text,
                                      hardware_id=device, values=head))
     findings = dict(client_findings or {})

@@ -111,6 +111,19 @@ def _params(**kw):
     return p
 
 
+def test_an_ort_api_fallback_makes_the_runtime_status_warn():
+    def runtime_status(device_stats):
+        sts = diagnostic_statuses({"clients": {}, "device": device_stats}, "cpu", object(), {})
+        return next(s for s in sts if s.name == "av_infer: runtime")
+
+    ok = runtime_status({"ort_api": "c", "ort_api_reason": None})
+    assert ok.level[0] == OK and "Python binding" not in ok.message
+    assert {kv.key: kv.value for kv in ok.values}["device.ort_api"] == "c"
+    warn = runtime_status({"ort_api": "python", "ort_api_reason": "no libonnxruntime.so"})
+    assert warn.level[0] == WARN
+    assert "ONNX Runtime through its Python binding: no libonnxruntime.so" in warn.message
+
+
 def test_client_health_levels_in_diagnostic_statuses():
     assert parse_client_rates(["a=30", "b=0"]) == {"a": 30.0, "b": 0.0}
     for bad in (["a"], ["a=x"], ["=3"], ["a=-1"], ["a=1", "a=2"]):
