@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from av_infer._cy.ndcheck import spec_match
 from av_infer.errors import InvalidInputError
 
 __all__ = ["InputBuffers", "Spec", "fmt_spec", "validate_inputs"]
@@ -31,6 +32,22 @@ def validate_inputs(model: str, spec: Spec, inputs: Any,
     before the ``Mapping`` ABC check, one key-view comparison for the names (the lists of
     missing and unexpected names are built only for the error), dtypes compared with
     cached ``np.dtype`` objects rather than parsed from their names each time."""
+    if type(inputs) is dict and len(inputs) == len(spec):
+        # the common case in C (numpy's C API, ``_cy/ndcheck.spec_match``): every name
+        # present with an array of its shape and dtype; anything else goes to the checks
+        # below, which name the first thing wrong (names before arrays)
+        out: dict[str, np.ndarray] = {}
+        for name, (shape, dtype) in spec.items():
+            v = inputs.get(name)
+            dt = _DTYPES.get(dtype)
+            if dt is None:
+                dt = _DTYPES[dtype] = np.dtype(dtype)
+            m = spec_match(v, shape if type(shape) is tuple else tuple(shape), dt)
+            if m == 0:
+                break
+            out[name] = v if borrow and m == 2 else v.copy(order="C")
+        else:
+            return out
     if type(inputs) is not dict and not isinstance(inputs, Mapping):
         raise InvalidInputError(
             f"model {model!r}: inputs must be a dict of name -> numpy array, "
@@ -47,7 +64,7 @@ def validate_inputs(model: str, spec: Spec, inputs: Any,
         raise InvalidInputError(f"model {model!r}: {', '.join(parts)}; "
                                 f"expects {fmt_spec(spec)}")
     buffers = isinstance(inputs, InputBuffers)
-    out: dict[str, np.ndarray] = {}
+    out = {}
     for name, (shape, dtype) in spec.items():
         v = inputs[name]
         if not isinstance(v, np.ndarray):

@@ -33,3 +33,29 @@ def exact_array(v, cnp.ndarray dst):
     if not cnp.PyArray_EquivTypes(a.descr, dst.descr):
         return False
     return cnp.PyArray_IS_C_CONTIGUOUS(a)
+
+
+def spec_match(v, tuple shape, dt):
+    """How ``v`` matches a model input of ``shape`` (a tuple of ints) and dtype ``dt`` (an
+    ``np.dtype``): 2 if it is a numpy array (a subclass too) of that shape and dtype and
+    C-contiguous, 1 if it is one but not C-contiguous, 0 otherwise (not an array, another
+    shape or dtype; also a ``shape`` holding other than Python ints: the caller's own check
+    decides those). The admission's check of every input (``inputs.validate_inputs``)
+    without attribute reads, tuples or a flags object; the same answer as
+    ``isinstance(v, np.ndarray) and v.shape == shape and v.dtype == dt`` (then
+    ``v.flags.c_contiguous``) for every value (tests/devices/test_ndcheck.py)."""
+    cdef cnp.ndarray a
+    cdef Py_ssize_t i, nd
+    if not isinstance(v, cnp.ndarray):
+        return 0
+    a = v
+    nd = cnp.PyArray_NDIM(a)
+    if nd != len(shape):
+        return 0
+    for i in range(nd):
+        d = shape[i]
+        if type(d) is not int or cnp.PyArray_DIMS(a)[i] != <cnp.npy_intp>d:
+            return 0
+    if not isinstance(dt, cnp.dtype) or not cnp.PyArray_EquivTypes(a.descr, <cnp.dtype>dt):
+        return 0
+    return 2 if cnp.PyArray_IS_C_CONTIGUOUS(a) else 1

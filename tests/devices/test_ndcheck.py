@@ -46,3 +46,23 @@ def test_exact_array_is_the_python_check(shape: tuple[int, ...], dtype: type) ->
 def test_a_region_that_is_no_array_is_refused() -> None:
     with pytest.raises(TypeError):
         exact_array(np.zeros(2), [0.0, 0.0])
+
+
+def _python_spec(v: object, shape: tuple[int, ...], dt: np.dtype) -> int:
+    if not (isinstance(v, np.ndarray) and v.shape == shape and v.dtype == dt):
+        return 0
+    return 2 if v.flags.c_contiguous else 1
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (5,), (1, 3), (2, 3), (3, 1, 4), (1, 1, 2, 2)])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.uint8])
+def test_spec_match_is_the_python_check(shape: tuple[int, ...], dtype: type) -> None:
+    from av_infer._cy.ndcheck import spec_match
+
+    dst = np.zeros(shape, dtype)
+    dt = np.dtype(dtype)
+    for v in _values(dst):
+        assert spec_match(v, shape, dt) == _python_spec(v, shape, dt), (shape, dtype, v)
+    # a shape given with numpy integers is left to the Python check (0: no decision here)
+    if shape:
+        assert spec_match(dst, tuple(np.int64(d) for d in shape), dt) == 0
