@@ -26,6 +26,7 @@ extensions = [
 PURE_MODULES = runpy.run_path(str(ROOT / "av_infer" / "_cy" / "compiled.py"))["PURE_MODULES"]
 extensions += [
     Extension(f"av_infer.{mod}", [f"av_infer/{mod.replace('.', '/')}.py"],
+              include_dirs=[np.get_include()],  # for those that cimport _cy.ndcheck
               extra_compile_args=["-O3"])
     for mod in PURE_MODULES
 ]

@@ -3,4 +3,6 @@
 ``validate_inputs`` runs on every submit, so it is a C function the compiled admission
 (``admission.pxd``) calls directly; Python callers call it as before."""
 
+from av_infer._cy.ndcheck cimport spec_match
+
 cpdef dict validate_inputs(model, spec, inputs, bint borrow=*)

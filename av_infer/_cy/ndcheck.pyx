@@ -8,6 +8,9 @@ v.flags.c_contiguous``), that is six attribute reads, two tuples, a flags object
 dtype comparison per input, about 1.5 k instructions on a request of one input; here it
 is a few C reads. Same answer as that expression for every value
 (tests/devices/test_ndcheck.py).
+
+The checks are ``cpdef`` (``ndcheck.pxd``): compiled modules that cimport them call C
+functions; Python calls them as before.
 """
 
 cimport numpy as cnp
@@ -15,7 +18,7 @@ cimport numpy as cnp
 cnp.import_array()
 
 
-def exact_array(v, cnp.ndarray dst):
+cpdef bint exact_array(v, cnp.ndarray dst):
     """``v`` is a numpy array (a subclass too) of ``dst``'s shape and dtype, and
     C-contiguous: ``isinstance(v, np.ndarray) and v.shape == dst.shape and
     v.dtype == dst.dtype and v.flags.c_contiguous``."""
@@ -35,7 +38,7 @@ def exact_array(v, cnp.ndarray dst):
     return cnp.PyArray_IS_C_CONTIGUOUS(a)
 
 
-def spec_match(v, tuple shape, dt):
+cpdef int spec_match(v, tuple shape, dt):
     """How ``v`` matches a model input of ``shape`` (a tuple of ints) and dtype ``dt`` (an
     ``np.dtype``): 2 if it is a numpy array (a subclass too) of that shape and dtype and
     C-contiguous, 1 if it is one but not C-contiguous, 0 otherwise (not an array, another
@@ -46,6 +49,8 @@ def spec_match(v, tuple shape, dt):
     ``v.flags.c_contiguous``) for every value (tests/devices/test_ndcheck.py)."""
     cdef cnp.ndarray a
     cdef Py_ssize_t i, nd
+    if shape is None:
+        raise TypeError("shape must be a tuple")
     if not isinstance(v, cnp.ndarray):
         return 0
     a = v
@@ -59,3 +64,16 @@ def spec_match(v, tuple shape, dt):
     if not isinstance(dt, cnp.dtype) or not cnp.PyArray_EquivTypes(a.descr, <cnp.dtype>dt):
         return 0
     return 2 if cnp.PyArray_IS_C_CONTIGUOUS(a) else 1
+
+
+cpdef copy_into(cnp.ndarray dst, cnp.ndarray src):
+    """``dst[...] = src`` for arrays of the same shape and dtype (what the cpu lanes copy a
+    small input into its arena region with), as one ``PyArray_CopyInto`` call."""
+    if cnp.PyArray_CopyInto(dst, src) < 0:
+        raise RuntimeError("PyArray_CopyInto failed")  # numpy has set the error
+
+
+cpdef cnp.ndarray fresh_copy(cnp.ndarray v):
+    """``v.copy()``: a new C-ordered array with ``v``'s contents (an arena view handed to
+    the caller), without the method call."""
+    return cnp.PyArray_NewCopy(v, cnp.NPY_CORDER)

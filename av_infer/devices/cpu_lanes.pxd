@@ -11,6 +11,7 @@ frame) and the drain loop a ``cdef`` method with typed locals. Every field is ``
 
 cimport cython
 
+from av_infer._cy.ndcheck cimport copy_into, exact_array, fresh_copy
 from av_infer._cy.vhq cimport VHQ
 
 

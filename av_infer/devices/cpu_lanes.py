@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from av_infer._cy.ndcheck import exact_array
+from av_infer._cy.ndcheck import copy_into, exact_array, fresh_copy
 from av_infer._cy.vhq import VHQ
 from av_infer.devices import os_priority
 from av_infer.devices.base import Completion, ResetInfo
@@ -263,12 +263,14 @@ class LaneEngine:
         views = b.inputs
         # exact: what Runtime.submit lets through for these regions (the same names,
         # C-contiguous arrays of the exact shape and dtype); checked inline, once a request
-        exact = inputs.keys() == views.keys()
+        # (as many names, each one of the regions': the same names, without key views)
+        exact = len(inputs) == len(views)
         if exact:
             for n, v in inputs.items():
                 # a C-contiguous array of the region's shape and dtype (numpy's C API:
                 # ``_cy/ndcheck.pyx``, no attribute reads)
-                if not exact_array(v, views[n]):
+                dst = views.get(n)
+                if dst is None or not exact_array(v, dst):
                     exact = False
                     break
         if not exact:
@@ -282,7 +284,7 @@ class LaneEngine:
                     t.model.runner.rebind(b.binds, name, v)
                     b.held[name] = v
             elif v is not b.inputs[name]:
-                b.inputs[name][...] = v  # np.copyto of an exact match, without its wrapper
+                copy_into(b.inputs[name], v)  # ``[...] = v`` of an exact match, in C
 
     def read_outputs(self, task: int) -> dict:
         t = self.tasks[task]
@@ -297,7 +299,7 @@ class LaneEngine:
         zero = t.bound.zero_out
         out = {}
         for name, v in t.bound.outputs.items():  # a loop, not a comprehension: no frame
-            out[name] = v if name in zero else v.copy()
+            out[name] = v if name in zero else fresh_copy(v)
         return out
 
     # -- streams --------------------------------------------------------------------------
