@@ -11,6 +11,7 @@ frame) and the drain loop a ``cdef`` method with typed locals. Every field is ``
 
 cimport cython
 
+from av_infer._cy.fastlock cimport FastLock
 from av_infer._cy.ndcheck cimport copy_into, exact_array, fresh_copy
 from av_infer._cy.vhq cimport VHQ
 
@@ -50,10 +51,10 @@ cdef class _Lane:
     cdef public int id
     cdef public int priority
     cdef public VHQ vhq
-    cdef public object lock
+    cdef public FastLock lock
     cdef public object dq
-    cdef public object token
-    cdef public object wake
+    cdef public FastLock token
+    cdef public FastLock wake
     cdef public bint flag
     cdef public object capacity
     cdef public object thread
@@ -87,7 +88,7 @@ cdef class LaneEngine:
     cdef public object faults
     cdef public bint kill
     cdef public double kill_below_s
-    cdef public object lock
+    cdef public FastLock lock
     cdef public object kill_latency
     cdef public object make_bound
 
@@ -107,14 +108,16 @@ cdef class LaneEngine:
     cpdef bint worth_killing(self, double est, double elapsed=*)
     @cython.locals(lane=_Lane, ran=bint)
     cpdef bint run_pending(self, Py_ssize_t stream, until) except -1
+    @cython.locals(wake=FastLock, token=FastLock)
     cpdef lane_loop(self, _Lane lane)
     @cython.locals(rec=_Task)
     cpdef fail_hand(self, _Lane lane, err)
-    @cython.locals(rec=_Task, tasks=dict, vhq=VHQ, ran=bint, executed=bint, measure=bint,
+    @cython.locals(rec=_Task, tasks=dict, vhq=VHQ, lock=FastLock, ran=bint, executed=bint, measure=bint,
                    read_own=bint, clk=cython.longlong, tid=cython.longlong, k=cython.int,
                    t0=cython.double, t1=cython.double, cpu0=cython.double)
     cdef bint _drain_loop(self, _Lane lane, until) except -1
 
 
 cdef bint _terminated(LaneEngine engine, _Lane lane, ro) except -1
+cpdef _signal(FastLock ev)
 cpdef transmit(_Lane lane, bint wake)

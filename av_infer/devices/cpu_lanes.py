@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from av_infer._cy.fastlock import FastLock
 from av_infer._cy.ndcheck import copy_into, exact_array, fresh_copy
 from av_infer._cy.vhq import VHQ
 from av_infer.devices import os_priority
@@ -79,18 +80,15 @@ def _cpu_time(clk: int) -> float:
         return 0.0
 
 
-def _locked() -> threading.Lock:
-    lk = threading.Lock()
+def _locked() -> FastLock:
+    lk = FastLock()
     lk.acquire()
     return lk
 
 
-def _signal(ev: Any) -> None:
+def _signal(ev: FastLock) -> None:
     """Set a binary event made of a lock (released = signalled); idempotent."""
-    try:
-        ev.release()
-    except RuntimeError:  # already signalled
-        pass
+    ev.release_if_locked()
 
 
 class _Model:
@@ -170,9 +168,11 @@ class _Lane:
         self.id = id
         self.priority = priority
         self.vhq = vhq
-        self.lock = threading.Lock()
+        # the lane's locks are FastLocks (``_cy/fastlock``): the hot paths below take them
+        # with ``acquire()``/``release()``, C calls where this module is compiled
+        self.lock = FastLock()
         self.dq = deque()
-        self.token = threading.Lock()
+        self.token = FastLock()
         self.wake = _locked()
         self.flag = False
         self.capacity = None  # per-stream override of the device capacity
@@ -235,14 +235,17 @@ class LaneEngine:
         self.faults = None
         self.kill = kill
         self.kill_below_s = kill_below_s
-        self.lock = threading.Lock()
+        self.lock = FastLock()
         self.kill_latency = kill_latency
         self.make_bound = make_bound
 
     # -- tasks ----------------------------------------------------------------------------
     def new_task(self, handle: _Model, task: int) -> None:
-        with self.lock:
+        self.lock.acquire()
+        try:
             b = handle.pool.pop() if handle.pool else None
+        finally:
+            self.lock.release()
         if b is None:
             b = self.make_bound(handle)
         for name in b.zero_out:  # the previous task's arrays were handed over
@@ -253,9 +256,12 @@ class LaneEngine:
     def release_task(self, task: int) -> None:
         t = self.tasks.pop(task, None)
         if t is not None and t.error is None and t.model.runner is not None:
-            with self.lock:
+            self.lock.acquire()
+            try:
                 if len(t.model.pool) < _POOL:
                     t.model.pool.append(t.bound)
+            finally:
+                self.lock.release()
 
     def write_inputs(self, task: int, inputs: dict) -> None:
         t = self.tasks[task]
@@ -306,10 +312,13 @@ class LaneEngine:
     def enqueue(self, stream: int, task: int, first: int, last: int,
                 wake: bool = True) -> None:
         lane: _Lane = self.lanes[stream]
-        with lane.lock:
+        lane.lock.acquire()
+        try:
             lane.vhq.push(task, first, last)
             if lane.vhq.transmit_into(lane.dq) and wake:  # transmit, inline
                 _signal(lane.wake)
+        finally:
+            lane.lock.release()
 
     def reset(self, stream: int) -> ResetInfo | None:
         lane: _Lane = self.lanes[stream]
@@ -439,7 +448,8 @@ class LaneEngine:
         read_own = run_nice is not None
         renice: Any = None  # os_priority.nice_setter(tid), made at the first reniced run
         while dq and not self.stopping and (until is None or not until()):
-            with lock:
+            lock.acquire()
+            try:
                 if not dq:
                     break
                 task, k = dq.popleft()
@@ -455,6 +465,8 @@ class LaneEngine:
                     lane.running, lane.run_t0, lane.run_est = ro, t0, rec.model.est_s[k]
                     lane.ro_killed = False
                 lane.busy, lane.run_clk, lane.run_tid, lane.flag_mark = executed, clk, tid, None
+            finally:
+                lock.release()
             ran = True
             cpu0 = -1.0  # set where the launch runs and is measured
             if executed and rec.error is None:
@@ -493,7 +505,8 @@ class LaneEngine:
             t1 = now()
             cpu_s = clock_gettime(clk) - cpu0 if executed and cpu0 >= 0.0 else _NAN
             t_stop = _NAN
-            with lock:
+            lock.acquire()
+            try:
                 if lane.niced:
                     # under the lock set_preempt renices a killed run in: nothing after this
                     renice(own)
@@ -517,6 +530,8 @@ class LaneEngine:
                 vhq.complete()
                 lane.hand = None
                 vhq.transmit_into(dq)  # transmit without a wake: this thread goes on
+            finally:
+                lock.release()
             cb = self.on_complete
             if cb is not None and not self.stopping:
                 cb(Completion(lane.id, task, k, executed, t0, t1, (), t_stop, cpu_s))
