@@ -17,6 +17,7 @@ compiled as it is.
 
 cimport cython
 
+from av_infer._cy.fastlock cimport FastLock
 from av_infer.sched.request cimport Request
 from av_infer.sched.scheduler cimport Scheduler
 
@@ -32,7 +33,7 @@ cdef class Driver:
     cdef public object on_stop
     cdef public object stopped
     cdef public object _pending
-    cdef public object _lock
+    cdef public FastLock _lock
     cdef public object _holder
     cdef public object _cbq
     cdef public object _cb_thread
@@ -42,6 +43,7 @@ cdef class Driver:
 
     cpdef post(self, tuple event)
     cpdef complete(self, comp)
+    @cython.locals(lock=FastLock)
     cdef _drain(self, first)
 
 

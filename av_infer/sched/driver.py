@@ -44,6 +44,8 @@ from functools import partial
 from queue import SimpleQueue
 from typing import Any
 
+from av_infer._cy.fastlock import FastLock
+
 log = logging.getLogger(__name__)
 _get_ident = threading.get_ident
 
@@ -215,7 +217,9 @@ class Driver:
         self.on_stop = on_stop
         self.stopped = threading.Event()
         self._pending: deque[tuple] = deque()
-        self._lock = threading.Lock()
+        # taken twice a request (a post and a completion) with acquire(False): a FastLock,
+        # C calls where this module is compiled (_cy/fastlock.pyx)
+        self._lock = FastLock()
         self._holder = 0
         self._cbq: SimpleQueue | None = None
         self._cb_thread: threading.Thread | None = None
