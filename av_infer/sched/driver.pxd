@@ -22,6 +22,9 @@ from av_infer.sched.request cimport Request
 from av_infer.sched.scheduler cimport Scheduler
 
 
+cdef FastLock _COND_LOCK
+
+
 cdef class Driver:
     cdef dict __dict__
     cdef public Scheduler sched

@@ -64,7 +64,7 @@ _DONE_STATES = frozenset({_fb.CANCELLED, _fb.CANCELLED_AND_NOTIFIED, _fb.FINISHE
 #: guards the creation of a future's condition against its resolution (see
 #: ``RequestFuture``); held for a few attribute operations, never while waiting or
 #: running callbacks
-_COND_LOCK = threading.Lock()
+_COND_LOCK = FastLock()
 
 
 class RequestFuture(Future):
@@ -120,16 +120,20 @@ class RequestFuture(Future):
         def _condition(self) -> threading.Condition:
             c = self._cond
             if c is None:
-                with _COND_LOCK:
+                _COND_LOCK.acquire()
+                try:
                     c = self._cond
                     if c is None:
                         self._waiters, self._done_callbacks = [], []
                         c = self._cond = threading.Condition()
+                finally:
+                    _COND_LOCK.release()
             return c
 
         def set_result(self, result: Any) -> None:
             if self._cond is None:
-                with _COND_LOCK:
+                _COND_LOCK.acquire()  # a FastLock: a C call compiled (_cy/fastlock.pyx)
+                try:
                     if self._cond is None and self._state not in _DONE_STATES:
                         # nobody waits, no callbacks: resolved here (see the class)
                         self._result = result
@@ -137,6 +141,8 @@ class RequestFuture(Future):
                         self.resolved = True
                         self.request = None
                         return
+                finally:
+                    _COND_LOCK.release()
             super().set_result(result)  # waiters, callbacks; or InvalidStateError
             self.resolved = True
             self.request = None
