@@ -24,7 +24,10 @@ completions; ~12 entities in the demo) is waited on by a thread of its own, the 
 coroutine tasks) by the calling thread. The rmw wait and the Python around it grow with
 the entities in the wait set: the output's hop to a subscriber on the same executor took
 0.8-1.0 ms with all 78 entities in one lean wait set, 0.4-0.5 with ~30, and 0.39-0.44 ms
-split (1.1-1.2 ms on rclpy's executor; docs/ros.md, "ROS overhead").
+split (1.1-1.2 ms on rclpy's executor; docs/ros.md, "ROS overhead"). The data-path thread
+also calls a plain callback directly (take, then call) instead of through a ``Task`` and its
+two coroutines, and waits without the generator (``_spin_hot``; 2026-11-27: the output hop
+0.30-0.38 -> 0.21-0.27 ms in three alternating pairs).
 Everything else is rclpy's: ``Task``/coroutine callbacks, callback groups,
 ``spin_once``/``spin_until_future_complete`` (one thread, every entity), waitables,
 shutdown and ``create_task`` wake-ups.
@@ -45,6 +48,7 @@ callback deadlocks, as on rclpy's single-threaded executor. Written against rclp
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Generator
 from typing import Any
@@ -60,6 +64,7 @@ from rclpy.executors import (
 )
 from rclpy.guard_condition import GuardCondition
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
+from rclpy.subscription import Subscription
 from rclpy.task import Task
 from rclpy.timer import Timer
 from rclpy.utilities import timeout_sec_to_nsec
@@ -73,6 +78,7 @@ RECHECK_NS = {"hot": 100_000_000, "cold": 500_000_000}
 
 # rclpy's order of yielding the ready entities of one node
 _TIMER, _SUB, _GUARD, _CLIENT, _SERVICE = range(5)
+_MESSAGE_ONLY = Subscription.CallbackType.MessageOnly
 
 
 class LeanExecutor(SingleThreadedExecutor):
@@ -141,7 +147,7 @@ class LeanExecutor(SingleThreadedExecutor):
         def hot() -> None:
             try:
                 while (self._context.ok() and not self._is_shutdown and not self._stop_hot):
-                    self._spin_role("hot")
+                    self._spin_hot()
             except (ShutdownException, ExternalShutdownException):
                 pass
             except BaseException as exc:  # noqa: BLE001 - re-raised from spin()
@@ -182,11 +188,23 @@ class LeanExecutor(SingleThreadedExecutor):
             except BaseException:
                 self._role_iters[role] = None
                 raise
+        self._run_on_role(handler, role)
+
+    def _run_on_role(self, handler: Task, role: str) -> None:
+        """``handler`` under the callback lock, then ``_after_callback``; its exception
+        raised."""
         with self._callback_lock:
             handler()
         if handler.done():  # rclpy leaves it to the next tasks pass; that is the cold role
             with self._tasks_lock:
                 self._tasks = [t for t in self._tasks if t[0] is not handler]
+        self._after_callback(role)
+        if handler.exception() is not None:
+            raise handler.exception()
+
+    def _after_callback(self, role: str) -> None:
+        """Wake the other role's thread where it left out an entity of a group this
+        callback held, or (data path) while coroutine tasks are pending."""
         other = "cold" if role == "hot" else "hot"
         with self._block_lock:
             wake_other = self._blocked[other]
@@ -201,8 +219,135 @@ class LeanExecutor(SingleThreadedExecutor):
                     self._guard.trigger()
                 except (InvalidHandle, AttributeError):
                     pass
-        if handler.exception() is not None:
-            raise handler.exception()
+
+    def _spin_hot(self) -> None:
+        """One wait of the data path and every ready callback after it, on ``spin()``'s
+        data-path thread: what ``_spin_role("hot")`` does, without its generator and, for a
+        plain (not coroutine) callback, without a ``Task``: the message is taken and the
+        callback called right here, inside the same callback-group begin/end, work tracker
+        and callback lock (an exception leaves ``spin()`` as the ``Task``'s did). A
+        coroutine callback still goes through ``_make_handler`` (it may await; the calling
+        thread resumes it). Why: on the demo's graph the generator, the ``Task`` and its
+        coroutines were most of the 0.14 ms between the wait returning and the image being
+        taken and of the 0.22 ms between a callback's end and the next wait returning
+        (docs/ros.md, "ROS path cost")."""
+        subs: list[Any] = []
+        guards: list[Any] = []
+        entered: list[Any] = []
+        owner: dict[int, tuple[int, int, int, Any, Any]] = {}
+        ready: list[tuple[int, int, int, Any, Any]] = []
+        executable = self._executable
+        try:
+            for ni, node in enumerate(self.get_nodes()):
+                for pos, ent in enumerate(node._subscriptions):
+                    if not executable(ent, "hot"):
+                        continue
+                    handle = ent.handle
+                    try:
+                        handle.__enter__()
+                    except InvalidHandle:
+                        continue
+                    entered.append(handle)
+                    subs.append(handle)
+                    owner[handle.pointer] = (ni, _SUB, pos, ent, node)
+                for pos, gc in enumerate(node._guards):
+                    if not executable(gc, "hot"):
+                        continue
+                    if gc._executor_triggered:  # triggered, not yet handled: again
+                        gc.trigger()
+                    try:
+                        gc.handle.__enter__()
+                    except InvalidHandle:
+                        continue
+                    entered.append(gc.handle)
+                    guards.append((ni, pos, gc, node))
+            own = self._hot_guard
+            if own is None:  # shut down meanwhile
+                raise ShutdownException()
+            own.handle.__enter__()
+            entered.append(own.handle)
+            self._context.handle.__enter__()
+            entered.append(self._context.handle)
+
+            key = (len(subs), len(guards) + 1, 0, 0, 0, 0)
+            cached = self._wait_sets.get("hot")
+            if cached is None or cached[0] != key:
+                cached = self._wait_sets["hot"] = (key, _rclpy.WaitSet(
+                    *key, self._context.handle))
+            wait_set = cached[1]
+            wait_set.clear_entities()
+            for h in subs:
+                wait_set.add_subscription(h)
+            for _ni, _pos, gc, _node in guards:
+                wait_set.add_guard_condition(gc.handle)
+            wait_set.add_guard_condition(own.handle)
+
+            wait_set.wait(RECHECK_NS["hot"])
+            if self._is_shutdown:
+                raise ShutdownException()
+            if not self._context.ok():
+                raise ExternalShutdownException()
+
+            gcs_ready = wait_set.get_ready_entities("guard_condition")
+            if gcs_ready:
+                gcs_ready = set(gcs_ready)
+                for ni, pos, gc, node in guards:
+                    if gc.handle.pointer in gcs_ready:
+                        gc._executor_triggered = True
+                        ready.append((ni, _GUARD, pos, gc, node))
+            for ptr in wait_set.get_ready_entities("subscription"):
+                hit = owner.get(ptr)
+                if hit is not None:
+                    ready.append(hit)
+        finally:
+            for handle in reversed(entered):
+                handle.__exit__(None, None, None)
+        if len(ready) > 1:  # rclpy's order: node by node, subscriptions, guard conditions
+            ready.sort(key=lambda r: r[:3])
+        for _ni, kind, _pos, ent, node in ready:
+            if self._is_shutdown:
+                raise ShutdownException()
+            if not ent.callback_group.can_execute(ent):
+                continue
+            if inspect.iscoroutinefunction(ent.callback):
+                self._run_on_role(self._make_handler(
+                    ent, node, self._take_subscription if kind == _SUB
+                    else self._take_guard_condition), "hot")
+            else:
+                self._run_direct(ent, kind == _SUB)
+
+    def _run_direct(self, ent: Any, is_sub: bool) -> None:
+        """rclpy's handler for a plain callback, called here instead of through a
+        ``Task``: the group's permission, the take (the message, or the guard's trigger
+        reset), the callback, the group released; then the other role woken if it waits
+        for this callback's group (as ``_run_on_role``)."""
+        group = ent.callback_group
+        exc: BaseException | None = None
+        with self._callback_lock:
+            if group.beginning_execution(ent):
+                try:
+                    with self._work_tracker:
+                        if is_sub:
+                            try:
+                                with ent.handle:
+                                    info = ent.handle.take_message(ent.msg_type, ent.raw)
+                            except InvalidHandle:  # destroyed meanwhile: skipped, as rclpy
+                                info = None
+                            if info is not None:
+                                if ent._callback_type is _MESSAGE_ONLY:
+                                    ent.callback(info[0])
+                                else:
+                                    ent.callback(*info)
+                        else:
+                            ent._executor_triggered = False
+                            ent.callback()
+                except Exception as e:  # noqa: BLE001 - raised from spin(), as a Task's
+                    exc = e
+                finally:
+                    group.ending_execution(ent)
+        self._after_callback("hot")
+        if exc is not None:
+            raise exc
 
     def _make_handler(self, entity: Any, node: Any, take_from_wait_list: Callable) -> Task:
         """rclpy's handler without the two guard-condition triggers: they wake the other

@@ -243,3 +243,63 @@ def test_timers_cancelled_from_another_thread_while_spinning(spun):
     wait_for(lambda: pub.get_subscription_count() > 0, 30, what="the subscription")
     pub.publish(String(data="still spinning"))
     wait_for(lambda: got == ["still spinning"], 60, what="a message after the cancels")
+
+
+def test_data_path_callback_kinds_and_errors():
+    """The data-path thread calls plain callbacks directly (no ``Task``): a callback taking
+    the message info gets it, an ``async`` callback still runs (through a ``Task``), and an
+    exception in a callback leaves ``spin()`` as rclpy's executor lets it."""
+    ctx = Context()
+    rclpy.init(context=ctx)
+    ex = LeanExecutor(context=ctx)
+    node = TesterNode("lean_kinds", context=ctx)
+    ex.add_node(node)
+    raised: list[BaseException] = []
+
+    def spin() -> None:
+        try:
+            ex.spin()
+        except Exception as exc:  # noqa: BLE001 - the test's point
+            raised.append(exc)
+
+    t = threading.Thread(target=spin, daemon=True)
+    t.start()
+    try:
+        infos: list[tuple[str, int]] = []
+        node.create_subscription(
+            String, "/lean/info",
+            lambda m, info: infos.append((m.data, info["publication_sequence_number"])), 10)
+        seen: list[str] = []
+
+        async def on_async(m: String) -> None:
+            seen.append(m.data)
+
+        node.create_subscription(String, "/lean/async", on_async, 10)
+        p_info = node.create_publisher(String, "/lean/info", 10)
+        p_async = node.create_publisher(String, "/lean/async", 10)
+        wait_for(lambda: p_info.get_subscription_count() > 0
+                 and p_async.get_subscription_count() > 0, 30, what="the subscriptions")
+        for i in range(3):
+            p_info.publish(String(data=str(i)))
+            wait_for(lambda i=i: len(infos) == i + 1, 60, what=f"message {i} with info")
+            p_async.publish(String(data=str(i)))
+            wait_for(lambda i=i: len(seen) == i + 1, 60, what=f"async message {i}")
+        assert [d for d, _ in infos] == ["0", "1", "2"]
+        assert all(isinstance(n, int) for _, n in infos)
+        assert seen == ["0", "1", "2"]
+
+        def boom(_m: String) -> None:
+            raise RuntimeError("boom from a callback")
+
+        node.create_subscription(String, "/lean/boom", boom, 10)
+        p_boom = node.create_publisher(String, "/lean/boom", 10)
+        wait_for(lambda: p_boom.get_subscription_count() > 0, 30, what="the subscription")
+        p_boom.publish(String(data="x"))
+        t.join(60)
+        assert not t.is_alive()
+        assert len(raised) == 1 and "boom from a callback" in str(raised[0])
+    finally:
+        ex.shutdown(timeout_sec=2.0)
+        node.destroy_node()
+        rclpy.shutdown(context=ctx)
+        t.join(10)
