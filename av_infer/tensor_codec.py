@@ -36,7 +36,7 @@ import numpy as np
 #: Image preprocessing as one GIL-free weighted gather straight into a task's input buffer
 #: (``nodes/preprocess.py`` builds the plan once per camera -> model pair): the data path's
 #: only per-frame work on the pixels (av_infer/_cy/gather.pyx).
-from av_infer._cy.gather import GatherPlan  # noqa: E402, F401
+from av_infer._cy.gather import GatherPlan, ResizePlan  # noqa: E402, F401
 
 MALFORMED = "malformed_request"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from av_infer.tensor_codec import GatherPlan
+from av_infer.tensor_codec import GatherPlan, ResizePlan
 
 #: encoding -> (channels, channel order to reach RGB)
 ENCODINGS: dict[str, tuple[int, tuple[int, ...]]] = {
@@ -36,27 +36,48 @@ class ImageFormatError(ValueError):
     code = "invalid_input"
 
 
-def image_to_array(encoding: str, height: int, width: int, step: int,
-                   data: bytes | bytearray | memoryview) -> np.ndarray:
-    """Raw image fields -> uint8 HxWxC array in RGB (or HxWx1 for mono8); no copy if possible."""
-    if encoding not in ENCODINGS:
+def _check_fields(encoding: str, height: int, width: int, step: int, nbytes: int) -> int:
+    """The image's channel count; ImageFormatError for fields that do not describe an image
+    of ``nbytes`` bytes. Integer checks only: the data path validates each frame with this,
+    without building the strided array ``image_to_array`` returns."""
+    enc = ENCODINGS.get(encoding)
+    if enc is None:
         raise ImageFormatError(f"unsupported encoding {encoding!r} "
                                f"(supported: {', '.join(ENCODINGS)})")
-    channels, order = ENCODINGS[encoding]
+    channels = enc[0]
     if height <= 0 or width <= 0:
         raise ImageFormatError(f"empty image {width}x{height}")
     row = width * channels
     if step < row:
         raise ImageFormatError(f"step {step} is shorter than a row ({row} bytes)")
-    buf = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-    if buf.size < step * (height - 1) + row:
-        raise ImageFormatError(f"data has {buf.size} bytes, a {width}x{height} {encoding} "
+    if nbytes < step * (height - 1) + row:
+        raise ImageFormatError(f"data has {nbytes} bytes, a {width}x{height} {encoding} "
                                f"image with step {step} needs {step * (height - 1) + row}")
+    return channels
+
+
+def image_to_array(encoding: str, height: int, width: int, step: int,
+                   data: bytes | bytearray | memoryview) -> np.ndarray:
+    """Raw image fields -> uint8 HxWxC array in RGB (or HxWx1 for mono8); no copy if possible."""
+    buf = _raw_bytes(data)
+    channels = _check_fields(encoding, height, width, step, buf.size)
+    order = ENCODINGS[encoding][1]
+    row = width * channels
     rows = np.lib.stride_tricks.as_strided(buf, shape=(height, row), strides=(step, 1))
     img = rows.reshape(height, width, channels)
     if order != tuple(range(channels)):
         img = img[:, :, list(order)]
     return img
+
+
+def _raw_bytes(data: Any) -> np.ndarray:
+    """``data`` (bytes, bytearray, ``array.array('B')``, a uint8 array, any buffer) as a
+    flat uint8 array without a copy."""
+    try:
+        raw = np.frombuffer(data, dtype=np.uint8)
+    except (TypeError, ValueError):  # a buffer of another item size or shape
+        raw = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+    return raw
 
 
 @lru_cache(maxsize=64)
@@ -201,6 +222,52 @@ def _compiled_plan(*key: Any) -> GatherPlan | None:
     return GatherPlan(index, weight, offset)
 
 
+@lru_cache(maxsize=32)
+def _resize_plan(encoding: str, height: int, width: int, step: int, c: int, h: int, w: int,
+                 method: str, mean: tuple[float, ...], std: tuple[float, ...],
+                 fit_mode: str = "stretch") -> ResizePlan | None:
+    """The ``_gather_plan`` pair as a separable ``ResizePlan`` (per-row and per-column taps,
+    8 KB instead of the gather's megabytes of tables: 3x299x299 bilinear reads 8.6 MB of
+    index and weights per frame), where each model channel reads one image channel
+    (rgb8/bgr8 -> 3 channels, mono8 -> any); None otherwise (RGB -> 1 channel: the gather).
+    Same taps, scaling, offsets and letterbox padding as ``_gather_plan``: nearest taps and
+    the padding give the same floats, bilinear agrees to float32 rounding."""
+    from av_infer.detect import fit as fit_geometry
+
+    ch_in, order = ENCODINGS[encoding]
+    if ch_in != c and ch_in != 1:
+        return None
+    g = fit_geometry(height, width, h, w, fit_mode)
+    ch, cw = g.content_hw if fit_mode == "letterbox" else (h, w)
+    py, px = int(g.pad_y), int(g.pad_x)
+
+    def axis(n_in: int, n_content: int, n_out: int, start: int) -> tuple[np.ndarray, ...]:
+        i0 = np.zeros(n_out, np.int32)
+        i1 = np.zeros(n_out, np.int32)
+        wt = np.zeros(n_out, np.float32)
+        sl = slice(start, start + n_content)
+        if n_in == n_content:
+            i0[sl] = i1[sl] = np.arange(n_content)
+        elif method == "nearest":
+            i0[sl] = i1[sl] = _taps(n_in, n_content, "nearest")[0]
+        else:
+            a, b, f = _taps(n_in, n_content, method)
+            i0[sl], i1[sl], wt[sl] = a, b, f
+        return i0, i1, wt
+
+    y0, y1, wy = axis(height, ch, h, py)
+    x0, x1, wx = axis(width, cw, w, px)
+    m = np.broadcast_to(np.asarray(mean, np.float64), (c,))
+    sd = np.broadcast_to(np.asarray(std, np.float64), (c,))
+    src = [order[co] if ch_in == c else 0 for co in range(c)]
+    scale = [1.0 / (255.0 * sd[co]) for co in range(c)]
+    offset = [m[co] / sd[co] for co in range(c)]
+    # the gather's padding: weight 0 and -offset (float32) where there is no image
+    pad = -np.asarray((m - LETTERBOX_PAD / 255.0) / sd, np.float32)
+    return ResizePlan(y0, y1, wy, x0, x1, wx, src, scale, offset, pad, step, ch_in,
+                      rows=(py, py + ch), cols=(px, px + cw))
+
+
 def image_to_tensor(encoding: str, height: int, width: int, step: int,
                     data: bytes | bytearray | memoryview, input_shape: Sequence[int],
                     method: str = "bilinear", mean: Sequence[float] = (0.485, 0.456, 0.406),
@@ -224,9 +291,10 @@ def image_to_tensor(encoding: str, height: int, width: int, step: int,
         raise ValueError(f"resize method must be one of {RESIZE_METHODS}, got {method!r}")
     if fit not in FIT_MODES:
         raise ValueError(f"fit must be one of {FIT_MODES}, got {fit!r}")
-    img = image_to_array(encoding, height, width, step, data)  # validates the fields
-    if img.shape[2] != c and img.shape[2] != 1 and c != 1:
-        raise ImageFormatError(f"cannot feed a {img.shape[2]}-channel image to a "
+    raw = _raw_bytes(data)
+    ch_in = _check_fields(encoding, height, width, step, raw.size)
+    if ch_in != c and ch_in != 1 and c != 1:
+        raise ImageFormatError(f"cannot feed a {ch_in}-channel image to a "
                                f"{c}-channel model")
     try:  # hashable as given (lists from ROS parameters become tuples), checked once each
         norm = _normalisation(c, tuple(mean), tuple(std))
@@ -235,12 +303,14 @@ def image_to_tensor(encoding: str, height: int, width: int, step: int,
     key = (encoding, int(height), int(width), int(step), c, h, w, method, *norm)
     if fit != "stretch":  # (the stretch key stays as it was: cached plans keep hitting)
         key = (*key, fit)
-    raw = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
     if out is None:
         out = np.empty((max(n, 1), c, h, w), np.float32)
     acc = out[0].reshape(-1)  # a view: out is C-contiguous
-    fast = _compiled_plan(*key)
-    if fast is not None:  # the image is the only read, out[0] the only write
+    sep = _resize_plan(*key)
+    fast = _compiled_plan(*key) if sep is None else None
+    if sep is not None:  # the image and 8 KB of taps the only reads, out[0] the only write
+        sep.apply(raw, acc)
+    elif fast is not None:  # the image is the only read, out[0] the only write
         fast.apply(raw, acc)
     else:
         index, weight, offset = _gather_plan(*key)
