@@ -59,6 +59,7 @@ from av_infer_nodes.common import (
     publish_cyclic,
     publish_debug,
     response_msg,
+    ros_now_ns,
     stamp_tuple,
 )
 from av_infer_nodes.detections import DECODER_PARAMS, decoder_from_params, detections_msg
@@ -738,7 +739,10 @@ class ImageInferenceNode(LifecycleNode):
         decoder = self._decoder  # with the model: what this image's outputs are decoded by
         client = self.client
         stamp = msg.header.stamp
-        now_ros = self.get_clock().now().nanoseconds * 1e-9
+        # the ROS clock once per image; in-process, read with the runtime's clock so the
+        # request's deadline is placed from this one moment (LocalRuntimeClient.submit)
+        now_ros = ros_now_ns(self) * 1e-9
+        clocks = (now_ros, client.now()) if isinstance(client, LocalRuntimeClient) else None
         if self._debug is not None and self._last_image is not None:
             publish_cyclic(self._debug, self, (t_recv - self._last_image) * 1e3)
         self._last_image = t_recv
@@ -795,7 +799,7 @@ class ImageInferenceNode(LifecycleNode):
         with self._lock:
             self._in_flight += 1
             self.counters["submitted"] += 1
-        fut = client.submit(ctrl, inputs, run_here=p["run_in_callback"])
+        fut = client.submit(ctrl, inputs, run_here=p["run_in_callback"], clocks=clocks)
         if fut.done():  # ran to completion on this thread (run_in_callback)
             self._done(fut, msg, t_recv, framing)
         else:

@@ -328,11 +328,7 @@ class LeanExecutor(SingleThreadedExecutor):
                 try:
                     with self._work_tracker:
                         if is_sub:
-                            try:
-                                with ent.handle:
-                                    info = ent.handle.take_message(ent.msg_type, ent.raw)
-                            except InvalidHandle:  # destroyed meanwhile: skipped, as rclpy
-                                info = None
+                            info = self._take_direct(ent)
                             if info is not None:
                                 if ent._callback_type is _MESSAGE_ONLY:
                                     ent.callback(info[0])
@@ -348,6 +344,16 @@ class LeanExecutor(SingleThreadedExecutor):
         self._after_callback("hot")
         if exc is not None:
             raise exc
+
+    @staticmethod
+    def _take_direct(sub: Any) -> Any:
+        """``(message, message info)`` of a ready subscription, or None (nothing there, or
+        destroyed meanwhile: skipped, as rclpy skips it)."""
+        try:
+            with sub.handle:
+                return sub.handle.take_message(sub.msg_type, sub.raw)
+        except InvalidHandle:
+            return None
 
     def _make_handler(self, entity: Any, node: Any, take_from_wait_list: Callable) -> Task:
         """rclpy's handler without the two guard-condition triggers: they wake the other

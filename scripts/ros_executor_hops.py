@@ -99,6 +99,15 @@ def _instrument() -> None:
         return r
 
     rclpy_executors.Executor._take_subscription = timed_take
+    take_direct = lean_executor.LeanExecutor._take_direct  # lean's data path: no Task
+
+    def timed_take_direct(sub):  # noqa: ANN001, ANN202
+        EV.append(("take", sub.topic_name, time.perf_counter()))
+        r = take_direct(sub)
+        EV.append(("taken", sub.topic_name, time.perf_counter()))
+        return r
+
+    lean_executor.LeanExecutor._take_direct = staticmethod(timed_take_direct)
     pub = rclpy_publisher.Publisher.publish
 
     def timed_pub(self, msg):  # noqa: ANN001, ANN202

@@ -180,3 +180,29 @@ def test_diagnostics_name_the_device_and_the_fallback(rt):
     assert ok.level == DiagnosticStatus.OK
     assert {kv.key: kv.value for kv in ok.values}["device_reason"] == "requested"
 
+
+
+def test_deadline_placed_from_a_clock_pair_read_together():
+    """``rt_now`` given (the image node reads it with the ROS clock at the callback's
+    start): the request's absolute deadline is ``rt_now + (stamp + relative - node_now)``,
+    soft and hard, and the runtime's clock is not read again."""
+
+    class FakeRuntime:
+        def __init__(self) -> None:
+            self.kw: dict = {}
+
+        def now(self) -> float:
+            raise AssertionError("the runtime clock was read again")
+
+        def submit(self, model, inputs, **kw):  # noqa: ANN001, ANN003, ANN201
+            self.kw = kw
+            raise RuntimeError("stop here")  # answered as a typed error reply
+
+    rt = FakeRuntime()
+    ctrl = codec.RequestControl(id="r1", model="m", client="c", priority="RT",
+                                stamp=(100, 500_000_000), frame_id="f", deadline_s=0.05,
+                                drop_late=False, hard_deadline_s=0.08)
+    fut = submit_to_runtime(rt, ctrl, {}, 100.51, rt_now=7.0)
+    assert fut.result(WAIT_S).code != "ok"
+    assert rt.kw["deadline"] == pytest.approx(7.0 + (100.5 + 0.05 - 100.51))
+    assert rt.kw["hard_deadline"] == pytest.approx(7.0 + (100.5 + 0.08 - 100.51))
