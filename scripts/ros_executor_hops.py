@@ -99,7 +99,8 @@ def _instrument() -> None:
         return r
 
     rclpy_executors.Executor._take_subscription = timed_take
-    take_direct = lean_executor.LeanExecutor._take_direct  # lean's data path: no Task
+    # lean's data path takes without a Task (since 2026-11-27; absent before: A/B runs)
+    take_direct = getattr(lean_executor.LeanExecutor, "_take_direct", None)
 
     def timed_take_direct(sub):  # noqa: ANN001, ANN202
         EV.append(("take", sub.topic_name, time.perf_counter()))
@@ -107,7 +108,8 @@ def _instrument() -> None:
         EV.append(("taken", sub.topic_name, time.perf_counter()))
         return r
 
-    lean_executor.LeanExecutor._take_direct = staticmethod(timed_take_direct)
+    if take_direct is not None:
+        lean_executor.LeanExecutor._take_direct = staticmethod(timed_take_direct)
     pub = rclpy_publisher.Publisher.publish
 
     def timed_pub(self, msg):  # noqa: ANN001, ANN202
