@@ -70,3 +70,10 @@ cdef class VHQ:
     cdef int transmit_c(self, int64_t* task, int32_t* kernel) noexcept nogil
     cdef int complete_c(self, int64_t* task, int32_t* kernel) noexcept nogil
     cdef int reset_c(self, ResetInfo* info) noexcept nogil
+
+    # The Python API's per-request calls, cpdef: C calls from compiled callers (the cpu
+    # lanes), Python methods as before for everyone else.
+    cpdef push(self, int64_t task, int32_t first, int32_t last)
+    cpdef Py_ssize_t transmit_into(self, dq) except -1
+    cpdef tuple complete(self)
+    cpdef reset(self)

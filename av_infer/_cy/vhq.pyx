@@ -238,7 +238,7 @@ cdef class VHQ:
         return rc
 
     # -- Python API ------------------------------------------------------------------
-    def push(self, int64_t task, int32_t first, int32_t last):
+    cpdef push(self, int64_t task, int32_t first, int32_t last):
         """Queue launches of kernels ``first..last`` (inclusive) of ``task``: O(1)."""
         cdef int rc
         _lock_gil(self._lock)
@@ -261,7 +261,7 @@ cdef class VHQ:
             return (t, k)
         return None
 
-    def transmit_into(self, dq):
+    cpdef Py_ssize_t transmit_into(self, dq) except -1:
         """``transmit`` until nothing more may go, appending each ``(task, kernel)`` to
         ``dq`` (anything with ``append``, in transmission order); returns how many. One
         call instead of a Python loop of ``transmit`` calls: what a CPU lane does after
@@ -281,7 +281,7 @@ cdef class VHQ:
             dq.append((t, k))
             n += 1
 
-    def complete(self):
+    cpdef tuple complete(self):
         """The oldest in-flight launch finished (streams complete in order): its (task, kernel)."""
         cdef int64_t t
         cdef int32_t k
@@ -293,7 +293,7 @@ cdef class VHQ:
             raise RuntimeError("complete() with no launch in flight")
         return (t, k)
 
-    def reset(self):
+    cpdef reset(self):
         """Drop every queued launch in O(1).
 
         Returns ``(task, last_sent, done, dropped)`` for the task being transmitted (the head
