@@ -1,16 +1,25 @@
+# cython: annotation_typing=False, language_level=3
 """The scheduling policies, in one table: what each one does, so the scheduler has no
 policy-name ``if`` chains and comparisons stay honest (docs/design.md "Policies").
 
 Every policy runs RT requests one at a time in EDF order (optionally switched at kernel
 boundaries, ``edf_preempt``); they differ in how BE work shares the device with RT work.
+
+Compiled where built (``policies.pxd``; av_infer/_cy/compiled.py): ``Policy`` is a
+``cdef class`` the scheduler reads as C fields; the ``.py`` is the one source and runs
+interpreted where it is not built (``AV_INFER_INTERPRETED=1``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import FrozenInstanceError
 from typing import Any, Literal
 
+import cython
+
 from av_infer.errors import InvalidParameterError
+
+__all__ = ["FIELDS", "POLICIES", "Policy", "PreemptKind", "device_refuses", "get_policy"]
 
 #: How RT arrival treats running BE tasks.
 #: ``none``: BE keeps running; ``wait``: REEF §7.3's wait-based baseline "with lazy
@@ -23,25 +32,91 @@ from av_infer.errors import InvalidParameterError
 #: launches drained (REEF-N's literal order; what makes Fig. 15a grow with c).
 PreemptKind = Literal["none", "wait", "reset"]
 
-@dataclass(frozen=True, slots=True)
-class Policy:
-    name: str
-    accepts_be: bool  # False: BE submits are rejected (RejectedError)
-    exclusive: bool  # one task at a time on the whole device (RT first)
-    rt_high_priority: bool  # RT on the device's high-priority stream, else a plain one
-    preempt: PreemptKind
-    be_unbounded: bool  # BE streams transmit without the c bound (wait-based baseline)
-    available: bool = True
-    padding: bool = False  # RT launches padded with blocks of preempted BE tasks (DKP)
-    doc: str = ""
-    #: BE tasks may start or continue while RT work is queued or running (derived from the
-    #: fields above, once: the scheduler reads it on every RT request, and a slot read is a
-    #: C-level load where a property was a Python frame)
-    be_concurrent_with_rt: bool = field(init=False, repr=False, compare=False)
+_set = object.__setattr__
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "be_concurrent_with_rt", self.accepts_be
-                           and not self.exclusive and self.preempt == "none")
+#: the policy's fields, in constructor order (what ``==``, ``hash`` and ``repr`` cover)
+FIELDS = ("name", "accepts_be", "exclusive", "rt_high_priority", "preempt", "be_unbounded",
+          "available", "padding", "doc")
+
+
+class Policy:
+    """One scheduling policy: a frozen value.
+
+    ``accepts_be``: False: BE submits are rejected (RejectedError); ``exclusive``: one
+    task at a time on the whole device (RT first); ``rt_high_priority``: RT on the
+    device's high-priority stream, else a plain one; ``preempt``: what an RT arrival does
+    to running BE (``PreemptKind``); ``be_unbounded``: BE streams transmit without the c
+    bound (wait-based baseline); ``padding``: RT launches padded with blocks of preempted
+    BE tasks (DKP).
+
+    Derived once, read by the scheduler on every decision (not compared, not in the
+    ``repr``): ``be_concurrent_with_rt`` (BE tasks may start or continue while RT work is
+    queued or running), ``preempts`` (``preempt != "none"``), ``waits`` (``preempt ==
+    "wait"``).
+
+    Compiled where built (``policies.pxd``, Cython's pure-Python mode,
+    av_infer/_cy/compiled.py): a ``cdef class`` with C fields that the compiled scheduler
+    (``scheduler.pxd`` cimports it) holds typed and reads as struct members, so the
+    scheduler keeps no copies of them. What the frozen slotted dataclass it replaces gave
+    is kept in both forms: the constructor (positions, keywords, defaults), field-wise
+    ``==`` and ``hash``, the ``repr``, assignment refused with
+    ``dataclasses.FrozenInstanceError``, pickling. Not kept: ``dataclasses.fields``/
+    ``replace``/``asdict`` (nothing used them; ``FIELDS`` names the fields in order).
+    """
+
+    def __init__(self, name: str, accepts_be: bool, exclusive: bool, rt_high_priority: bool,
+                 preempt: PreemptKind, be_unbounded: bool, available: bool = True,
+                 padding: bool = False, doc: str = "") -> None:
+        concurrent = bool(accepts_be and not exclusive and preempt == "none")
+        if cython.compiled:  # C fields: written here, read-only from Python
+            self.name = name
+            self.accepts_be = accepts_be
+            self.exclusive = exclusive
+            self.rt_high_priority = rt_high_priority
+            self.preempt = preempt
+            self.be_unbounded = be_unbounded
+            self.available = available
+            self.padding = padding
+            self.doc = doc
+            self.be_concurrent_with_rt = concurrent
+            self.preempts = preempt != "none"
+            self.waits = preempt == "wait"
+        else:  # interpreted: one __dict__ write past the refusing __setattr__
+            _set(self, "__dict__", {
+                "name": name, "accepts_be": bool(accepts_be), "exclusive": bool(exclusive),
+                "rt_high_priority": bool(rt_high_priority), "preempt": preempt,
+                "be_unbounded": bool(be_unbounded), "available": bool(available),
+                "padding": bool(padding), "doc": doc, "be_concurrent_with_rt": concurrent,
+                "preempts": preempt != "none", "waits": preempt == "wait"})
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def _key(self) -> tuple:
+        return (self.name, self.accepts_be, self.exclusive, self.rt_high_priority,
+                self.preempt, self.be_unbounded, self.available, self.padding, self.doc)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Policy):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __ne__(self, other: object) -> bool:
+        if not isinstance(other, Policy):
+            return NotImplemented
+        return self._key() != other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return "Policy(" + ", ".join(f"{n}={v!r}" for n, v in zip(FIELDS, self._key())) + ")"
+
+    def __reduce__(self) -> tuple:
+        return (Policy, self._key())
 
 
 POLICIES: dict[str, Policy] = {

@@ -10,8 +10,9 @@ interpreter (docs/request_path.md, "The compiled core"); the same for ``Task.req
 ``Request``, and its ``Timings`` (request.pxd, cimported), and for the devices'
 ``Completion`` records (devices/completion.pxd, cimported). ``ModelEntry`` is a ``cdef
 class`` too (the entry's ``refs``/``handle``/``n_kernels``/... read per request as C
-fields), and the policy's fields the decisions read are C fields of the scheduler
-(``_use_policy``, their one writer). Every name Python code reads
+fields); the live ``Policy`` and the ``Stats`` are typed (policies.pxd, stats.pxd,
+cimported): the decisions read the policy's flags, and the request path writes the
+statistics, as C fields of their one owner. Every name Python code reads
 (tests, ``ModelServices``, the engine, the listeners' payloads) keeps its name: fields are
 ``public``; entry points stay ``def``/``cpdef``. ``nonecheck`` is on (scheduler.py's first
 line): a ``None`` where a task or stream is expected raises instead of crashing.
@@ -20,10 +21,13 @@ line): a ``None`` where a task or stream is expected raises instead of crashing.
 cimport cython
 
 from av_infer.devices.completion cimport Completion
+from av_infer.sched.policies cimport Policy
 from av_infer.sched.request cimport Request, Timings
+from av_infer.sched.stats cimport ClientStats, Stats
 
 cdef int QUEUED, RUNNING, PAUSED, PREEMPTED, ABORTING, DONE
 cdef double _INF, _NINF
+cdef tuple _PRIO
 
 
 @cython.final
@@ -82,23 +86,13 @@ cdef class StreamState:
 @cython.final
 cdef class Scheduler:
     cdef public object device
-    # the policy (``policy``, a property: ``_use_policy`` is the one writer) and the
-    # fields of it the decisions read, as C fields
-    cdef object _policy
-    cdef bint _p_accepts_be
-    cdef bint _p_exclusive
-    cdef bint _p_rt_hi
-    cdef bint _p_padding
-    cdef bint _p_be_concurrent
-    cdef bint _p_preempts
-    cdef bint _p_wait
+    # the live policy (``policy``, a read-only property; ``set_policy`` its one writer),
+    # typed: the decisions read its fields as C fields, no copies
+    cdef Policy _policy
     cdef public int c
     cdef public bint edf_preempt
     cdef public bint preempt_drain
-    cdef readonly object stats
-    cdef object _slock
-    cdef dict _clients
-    cdef dict _models
+    cdef readonly Stats stats
     cdef public list listeners
     cdef public object rt_queue
     cdef public object be_queues
@@ -127,7 +121,6 @@ cdef class Scheduler:
     cdef public long long coalesced_applied
     cdef public long long coalesced_split
 
-    cdef _use_policy(self, pol)
     @cython.locals(comp=Completion)
     cpdef post(self, tuple event)
     cdef _handle(self, tuple ev)
@@ -141,24 +134,22 @@ cdef class Scheduler:
     @cython.locals(s=StreamState)
     cdef bint _be_waiting(self)
     cdef bint _be_granted(self)
-    @cython.locals(t=Task, b=Task)
+    @cython.locals(t=Task, b=Task, cs=ClientStats)
     cdef _expire_late(self)
-    cdef _client_stats(self, client, bint rt)
-    cdef dict _model_stats(self, model)
     @cython.locals(req=Request)
     cdef _miss_error(self, Task t, now, deadline, str where)
-    @cython.locals(req=Request)
+    @cython.locals(req=Request, cs=ClientStats)
     cdef _miss(self, Task t, now, deadline=*, str where=*)
     cdef _queue(self, Task t, bint front=*)
     cdef _emit(self, str kind, dict payload)
-    @cython.locals(task=Task)
+    @cython.locals(task=Task, cs=ClientStats)
     cpdef on_arrival(self, Request req, ModelEntry entry)
     @cython.locals(s=StreamState, task=Task, k0=int, i=int, be=bint, tm=Timings)
     cpdef on_complete(self, Completion comp)
     @cython.locals(s=StreamState, task=Task, n=int, k0=int, done=int, i=int)
     cdef bint _coalescible(self, Completion comp) except -1
     @cython.locals(s=StreamState)
-    cdef _apply_capacity(self, int c, policy)
+    cdef _apply_capacity(self, int c, Policy policy)
     cdef _schedule(self, bint settled=*)
     cdef int _rt_width(self)
     @cython.locals(s=StreamState, t=Task)
@@ -205,9 +196,9 @@ cdef class Scheduler:
     cdef _finish(self, Task t, double t_end)
     @cython.locals(s=StreamState)
     cpdef _abort(self, Task t, err)
-    @cython.locals(m=Task, req=Request, tm=Timings)
+    @cython.locals(m=Task, req=Request, tm=Timings, cs=ClientStats)
     cdef _answer(self, Task t, result)
-    @cython.locals(m=Task, req=Request)
+    @cython.locals(m=Task, req=Request, cs=ClientStats)
     cdef _fail(self, Task t, err)
     cdef _unref(self, ModelEntry entry)
     cdef _unload(self, ModelEntry entry)

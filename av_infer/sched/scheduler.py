@@ -211,17 +211,15 @@ class Scheduler:
         """``policy`` and ``c`` arrive validated (``engine.check_policy``/``check_c``, the
         one validator of each); the scheduler holds the live values."""
         self.device = device
-        self._use_policy(policy)
+        # the live policy: the decisions read its fields (compiled: C fields of a typed
+        # ``Policy``, no copies here); ``set_policy`` is its one writer
+        self._policy = policy
         self.c = c
         self.edf_preempt = bool(edf_preempt)
         self.preempt_drain = bool(preempt_drain)
+        #: the statistics (compiled: a typed ``Stats``, its lock, tables and counters C
+        #: fields); set here only (read-only compiled)
         self.stats = Stats()
-        # the statistics' lock and tables, held for the compiled code (typed fields: no
-        # attribute reads per request); ``stats`` is set here only (read-only compiled),
-        # and a ``Stats`` never replaces its lock or tables
-        self._slock = self.stats.lock
-        self._clients = self.stats.clients
-        self._models = self.stats.models
         self.listeners: list[Listener] = []
         self.rt_queue = RtQueue()
         self.be_queues = BeQueues()
@@ -339,7 +337,7 @@ class Scheduler:
         Logged and counted (``stats()["handler_errors"]``), never swallowed."""
         kind = ev[0]
         log.error("scheduler: %s handler failed", kind, exc_info=exc)
-        with self._slock:
+        with self.stats.lock:
             self.stats.handler_errors[kind] = self.stats.handler_errors.get(kind, 0) + 1
         err = exc if isinstance(exc, AvInferError) else DeviceFaultError(
             f"scheduler: handling {kind} failed: {type(exc).__name__}: {exc}")
@@ -407,7 +405,7 @@ class Scheduler:
                 continue
             due = late[0][0]
             break
-        if self.be_min_share > 0 and self._p_preempts:
+        if self.be_min_share > 0 and self._policy.preempts:
             if self._grant_until > _NINF:
                 due = min(due, self._grant_until)
             elif self._be_wait:
@@ -435,7 +433,7 @@ class Scheduler:
 
     def _be_granted(self) -> bool:
         """Is BE in a grant now (see ``be_min_share``); starts one when BE starved."""
-        if self.be_min_share <= 0 or not self._p_preempts or not self._p_accepts_be:
+        if self.be_min_share <= 0 or not self._policy.preempts or not self._policy.accepts_be:
             return False
         if self._grant_until == _NINF and not self._be_waiting():
             self._be_wait = False  # the common case, every decision: no clock read
@@ -456,7 +454,7 @@ class Scheduler:
             return False
         share = self.be_min_share
         self._grant_until = now + BE_SHARE_WINDOW * share / (1.0 - share)
-        with self._slock:
+        with self.stats.lock:
             self.stats.be_grants += 1
         if self.listeners:
             self._emit("be_grant", {"until": self._grant_until, "t": now})
@@ -488,20 +486,9 @@ class Scheduler:
             if t.allocated:
                 where = "while preempted" if t.state in (PREEMPTED, PAUSED) else "while running"
             self._evict(t, self._miss_error(t, now, deadline, where))
-            with self._slock:
-                self._client_stats(t.req.client, t.rt).deadline_misses += 1
-
-    def _client_stats(self, client: str, rt: bool) -> Any:
-        """``client``'s statistics (caller holds ``stats.lock``): the table's entry read
-        directly, ``Stats.client`` (which adds one, or the overflow row) only when it is
-        missing. Compiled, a C call: every request counts twice through it."""
-        cs = self._clients.get(client)
-        return cs if cs is not None else self.stats.client(client, _PRIO[rt])
-
-    def _model_stats(self, model: str) -> dict[str, int]:
-        """``model``'s counters (caller holds ``stats.lock``), as ``_client_stats``."""
-        mc = self._models.get(model)
-        return mc if mc is not None else self.stats.model(model)
+            with self.stats.lock:
+                cs = self.stats.client(t.req.client, _PRIO[t.rt])
+                cs.deadline_misses += 1
 
     def _miss_error(self, t: Task, now: float, deadline: float,
                     where: str) -> DeadlineMissedError:
@@ -514,8 +501,9 @@ class Scheduler:
     def _miss(self, t: Task, now: float, deadline: float | None = None,
               where: str = "before it could start") -> None:
         req = t.req
-        with self._slock:
-            self._client_stats(req.client, t.rt).deadline_misses += 1
+        with self.stats.lock:
+            cs = self.stats.client(req.client, _PRIO[t.rt])
+            cs.deadline_misses += 1
         self._fail(t, self._miss_error(t, now, req.deadline if deadline is None else deadline,
                                        where))
 
@@ -557,9 +545,10 @@ class Scheduler:
         if entry.handle is None:
             self._fail(task, UnknownModelError(f"model {req.model!r} was unloaded"))
             return
-        with self._slock:
-            self._client_stats(req.client, task.rt).submitted += 1
-            self._model_stats(req.model)["submitted"] += 1
+        with self.stats.lock:
+            cs = self.stats.client(req.client, _PRIO[task.rt])
+            cs.submitted += 1
+            self.stats.model(req.model)["submitted"] += 1
         if self.listeners:
             self._emit("arrival", {"request_id": req.id, "model": req.model,
                                    "client": req.client, "priority": _PRIO[task.rt],
@@ -567,7 +556,7 @@ class Scheduler:
         if self.closing:
             self._fail(task, RuntimeClosedError("runtime is closing"))
             return
-        if not task.rt and not self._p_accepts_be:
+        if not task.rt and not self._policy.accepts_be:
             self._fail(task, RejectedError(
                 f"BE request rejected: policy {self._policy.name!r} serves RT only"))
             return
@@ -638,7 +627,7 @@ class Scheduler:
                 self._be_seen = comp.t_end  # BE progressed
             if s.stop_from is not None:  # preemption latency (docs/design.md, Metrics)
                 stop = comp.t_stop if comp.t_stop == comp.t_stop else comp.t_end
-                with self._slock:
+                with self.stats.lock:
                     self.stats.preemption_stop.add(max(0.0, stop - s.stop_from))
                     self.stats.preemption_observed.add(comp.t_end - s.stop_from)
                     if s.stop_from_received == s.stop_from_received:
@@ -721,26 +710,12 @@ class Scheduler:
         device first)."""
         return self._policy
 
-    def _use_policy(self, pol: Policy) -> None:
-        """The one writer of the policy and of the fields of it that the decisions read
-        on every event, held beside it (compiled: C fields, where ``self.policy.<field>``
-        was a Python attribute read each time). A ``Policy`` is frozen, so the copies
-        change only here, with the policy."""
-        self._policy = pol
-        self._p_accepts_be = pol.accepts_be
-        self._p_exclusive = pol.exclusive
-        self._p_rt_hi = pol.rt_high_priority
-        self._p_padding = pol.padding
-        self._p_be_concurrent = pol.be_concurrent_with_rt
-        self._p_preempts = pol.preempt != "none"
-        self._p_wait = pol.preempt == "wait"
-
     def set_policy(self, pol: Policy) -> None:
         """Apply ``pol`` (validated by ``engine.check_policy``) to the device, then publish:
         a device refusal changes nothing."""
         if self._policy.be_unbounded != pol.be_unbounded:
             self._apply_capacity(self.c, pol)
-        self._use_policy(pol)
+        self._policy = pol
         if not pol.accepts_be:
             err = RejectedError(f"BE request rejected: policy switched to {pol.name!r}")
             for t in self.be_queues.clear():
@@ -842,7 +817,7 @@ class Scheduler:
     def _rt_width(self) -> int:
         """RT tasks that may run at once: the device's ``rt_parallel`` where RT has its
         high-priority streams and no EDF take-over (which assumes one fed RT task)."""
-        if self.edf_preempt or not self._p_rt_hi or self._p_exclusive:
+        if self.edf_preempt or not self._policy.rt_high_priority or self._policy.exclusive:
             return 1
         return len(self.rt_par)
 
@@ -850,7 +825,7 @@ class Scheduler:
         """The stream ``task`` starts on; None when every parallel RT stream is taken."""
         if task.outstanding > 0 and task.stream in self.streams:
             return self.streams[task.stream]  # launches still there: keep stream order
-        if not self._p_rt_hi:
+        if not self._policy.rt_high_priority:
             return self.rt_plain
         if self._rt_width() == 1:
             return self.rt_hi
@@ -893,14 +868,14 @@ class Scheduler:
         if cur is not None and (width == 1 or len(self.rt_active) >= width):
             self._rt_switch(cur)  # a more urgent RT request takes over (_rt_idle)
         while self.rt_queue:
-            if self._p_exclusive and (self._be_running() or self.rt_active):
+            if self._policy.exclusive and (self._be_running() or self.rt_active):
                 return
             if width > 1 and (len(self.rt_active) >= width
                               or self._rt_stream_for(self.rt_queue.peek()[1]) is None):
                 return  # every parallel RT stream runs a task: EDF order on the next one
-            if self._p_preempts:
+            if self._policy.preempts:
                 self._preempt_be()
-                if (self._p_wait or self.preempt_drain) and any(
+                if (self._policy.waits or self.preempt_drain) and any(
                         s.outstanding > 0 for s in self.be_streams if s.owner is not None):
                     return  # what BE launched finishes or self-evicts first
             task = self.rt_queue.pop()
@@ -926,7 +901,7 @@ class Scheduler:
         self.rt_active.discard(cur)
         self._queue(cur)
         cur.req.timings.preempted += 1
-        with self._slock:
+        with self.stats.lock:
             self.stats.rt_switches += 1
         if self.listeners:
             self._emit("preempt", {"request_id": cur.tid, "stream": s.id, "kind": "edf",
@@ -971,7 +946,7 @@ class Scheduler:
             t.state = PREEMPTED
             t.reset_done = info.done if mine else t.enq_from
             t.req.timings.preempted += 1
-            with self._slock:
+            with self.stats.lock:
                 self.stats.preemptions += 1
             if self.listeners:
                 self._emit("preempt", {"request_id": t.tid, "stream": s.id,
@@ -984,7 +959,7 @@ class Scheduler:
         no padded launches (cpu), BE keeps the cores RT leaves free (``be_beside_rt``
         beside the first RT task, ``rt_task_cores`` fewer for each further one); 0 for
         every other policy and device (BE waits for RT, or pads RT's launches)."""
-        if not (self._p_padding and self._dkp is None):
+        if not (self._policy.padding and self._dkp is None):
             return 0
         dev = self.device
         return max(0, dev.be_beside_rt - max(0, rt_tasks - 1) * dev.rt_task_cores)
@@ -995,13 +970,13 @@ class Scheduler:
         for s in self.be_streams:
             if s.flagged and s.owner is None and s.outstanding <= 0:
                 self._flag(s, False)
-        if not self._p_accepts_be:
+        if not self._policy.accepts_be:
             return
         # BE streams allowed to run now (None: no bound). While RT runs, only the room RT
         # leaves (cpu padding): a BE task ending beside RT is followed by the next one
         # (or a preempted one resumes) instead of leaving its core idle until RT ends.
         room: int | None = None
-        if rt_mode and not self._p_be_concurrent:
+        if rt_mode and not self._policy.be_concurrent_with_rt:
             room = self._be_room_beside_rt(max(1, len(self.rt_active)))
             if room <= 0:
                 return
@@ -1012,7 +987,7 @@ class Scheduler:
                 continue
             if room is not None and self._be_running_count() >= room:
                 return
-            if self._p_exclusive and (self._be_running() or self.rt_active):
+            if self._policy.exclusive and (self._be_running() or self.rt_active):
                 return
             if t.state == PREEMPTED:
                 if s.outstanding > 0:
@@ -1033,7 +1008,7 @@ class Scheduler:
                 continue
             if room is not None and self._be_running_count() >= room:
                 return
-            if self._p_exclusive and (self._be_running() or self.rt_active or
+            if self._policy.exclusive and (self._be_running() or self.rt_active or
                                   any(x.owner is not None for x in self.be_streams)):
                 return
             while self.be_queues:
@@ -1068,7 +1043,7 @@ class Scheduler:
             t.pad_k, t.pad_b = -1, 0
             t.pad_blocks.clear()
         self._flag(s, False)
-        with self._slock:
+        with self.stats.lock:
             self.stats.restores += 1
         self._enqueue(t, s, rp)
         if self.listeners:
@@ -1161,7 +1136,7 @@ class Scheduler:
         if first >= t.n:
             return
         t.enq_from = first
-        if t.rt and self._p_padding and self._dkp is not None:
+        if t.rt and self._policy.padding and self._dkp is not None:
             self._enqueue_padded(t, s, first)
         else:
             self._launch(t, s, first, t.n - 1, wake)
@@ -1223,7 +1198,7 @@ class Scheduler:
             self._count(t, s, 1)
             if not padded:
                 continue  # queued unpadded (e.g. the padded module still compiles)
-            with self._slock:
+            with self.stats.lock:
                 self.stats.padded_launches += 1
                 self.stats.padded_blocks += sum(p[3] for p in parts)
             for tid, kern, b0, nb, _occ in parts:  # move the cursors past what was issued
@@ -1283,7 +1258,7 @@ class Scheduler:
                 continue
             bt.pad_full.add(kern)
             bt.req.timings.kernels_padded += 1
-            with self._slock:
+            with self.stats.lock:
                 self.stats.padded_kernels += 1
             while bt.done in bt.pad_full:
                 bt.done += 1
@@ -1388,15 +1363,15 @@ class Scheduler:
         t.answered = True
         req = t.req
         tm = req.timings
-        with self._slock:
-            cs = self._client_stats(req.client, t.rt)
+        with self.stats.lock:
+            cs = self.stats.client(req.client, _PRIO[t.rt])
             cs.completed += 1
             cs.latency.add(tm.end - tm.arrival)
             if tm.first_kernel_start == tm.first_kernel_start:  # not nan
                 cs.preemption_latency.add(tm.first_kernel_start - tm.arrival)
             if tm.end > req.deadline:
                 cs.deadline_misses += 1
-            self._model_stats(req.model)["completed"] += 1
+            self.stats.model(req.model)["completed"] += 1
         self._unref(t.entry)
         self._answers.append((req.future, result, False))
         if self.listeners:
@@ -1417,12 +1392,12 @@ class Scheduler:
         t.answered = True
         req = t.req
         req.inputs = {}
-        with self._slock:
-            cs = self._client_stats(req.client, t.rt)
+        with self.stats.lock:
+            cs = self.stats.client(req.client, _PRIO[t.rt])
             cs.failed += 1
             code = err.code
             cs.errors[code] = cs.errors.get(code, 0) + 1
-            self._model_stats(req.model)["failed"] += 1
+            self.stats.model(req.model)["failed"] += 1
         self._unref(t.entry)
         self._answers.append((req.future, err, True))
         if self.listeners:

@@ -1,7 +1,14 @@
+# cython: annotation_typing=False, language_level=3
 """Counters and latency recorders for diagnostics (``Runtime.stats()``).
 
 The recorders themselves (raw samples, percentiles) are ``av_infer.latency``. Only the
 scheduler writes; readers take a snapshot under a lock.
+
+Compiled where built (``stats.pxd``, Cython's pure-Python mode, av_infer/_cy/compiled.py):
+``Stats`` and ``ClientStats`` are ``cdef class``es with C fields, which the compiled
+scheduler (``scheduler.pxd`` cimports them) holds typed and writes as struct members on
+every request, with no copies of the lock or the tables beside them. The ``.py`` is the
+one source and runs interpreted where it is not built (``AV_INFER_INTERPRETED=1``).
 """
 
 from __future__ import annotations
@@ -18,8 +25,8 @@ OTHER_CLIENTS = "(other clients)"
 
 
 class ClientStats:
-    __slots__ = ("priority", "submitted", "completed", "failed", "deadline_misses",
-                 "latency", "preemption_latency", "errors")
+    """One client's counters and latency recorders (written by the scheduler under
+    ``Stats.lock``)."""
 
     def __init__(self, priority: str) -> None:
         self.priority = priority
@@ -59,6 +66,8 @@ class Stats:
         self.be_grants = 0  # BE minimum-share grants under RT overload
 
     def client(self, name: str, priority: str) -> ClientStats:
+        """``name``'s statistics (caller holds ``lock``), added on first use; beyond
+        ``MAX_CLIENTS`` names, the shared ``OTHER_CLIENTS`` row."""
         cs = self.clients.get(name)
         if cs is None:
             if len(self.clients) >= MAX_CLIENTS:
@@ -69,6 +78,7 @@ class Stats:
         return cs
 
     def model(self, name: str) -> dict[str, int]:
+        """``name``'s request counters (caller holds ``lock``), added on first use."""
         m = self.models.get(name)
         if m is None:
             m = self.models[name] = {"submitted": 0, "completed": 0, "failed": 0}

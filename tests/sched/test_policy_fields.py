@@ -1,15 +1,18 @@
 """A policy switch takes effect on every decision that reads the policy.
 
-The scheduler holds the policy fields its decisions read beside the policy (compiled: C
-fields, ``Scheduler._use_policy``, the one writer). A switch that left one of them behind
-would decide as the old policy on that point: here every decision of a runtime switched
-from each other policy to ``target`` (before any request, through ``set_policy``) must
-be the decision of a runtime built with ``target``, on a workload where policies differ
-(RT arrivals while BE runs: preemption, exclusivity, stream priority, BE beside RT,
-padding). Virtual time (the simulator): exact.
+The scheduler holds one live ``Policy`` (compiled: a typed ``cdef class`` whose flags the
+decisions read as C fields, ``policies.pxd``; no copies of them beside it) and
+``set_policy`` is its one writer. A switch that left any decision reading the old policy
+(a copy kept somewhere, a device setting not reapplied) would show here: every decision
+of a runtime switched from each other policy to ``target`` (before any request, through
+``set_policy``) must be the decision of a runtime built with ``target``, on a workload
+where policies differ (RT arrivals while BE runs: preemption, exclusivity, stream
+priority, BE beside RT, padding). Virtual time (the simulator): exact.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -87,9 +90,11 @@ def test_switching_to_a_policy_decides_as_that_policy(direct: dict[str, list],
 
 
 def test_the_policy_is_read_only_outside_set_policy() -> None:
-    """``set_policy`` is the one way to change it (the fields held beside it follow)."""
+    """``set_policy`` is the one way to change it, and the policy itself is frozen."""
     rt = Runtime(device=SimDevice("mi50"), policy="reef")
     with pytest.raises(AttributeError):
         rt._sched.policy = POLICIES["seq"]
-    assert rt.policy == "reef"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rt._sched.policy.accepts_be = False  # type: ignore[misc]
+    assert rt.policy == "reef" and rt._sched.policy is POLICIES["reef"]
     rt.close()
