@@ -9,7 +9,7 @@ cimport cython
 
 from av_infer.inputs cimport validate_inputs
 from av_infer.registry cimport ModelRegistry
-from av_infer.request_options cimport RequestOptions
+from av_infer.request_options cimport RequestOptions, check_client, parse_priority
 from av_infer.sched.driver cimport Driver
 from av_infer.sched.request cimport Request, Timings
 

@@ -39,15 +39,16 @@ from av_infer.request_options import (
     ARRIVAL_AHEAD_S,
     ARRIVAL_MAX_AGE_S,
     RequestOptions,
+    check_client,
+    parse_priority,
     seconds,
 )
 from av_infer.sched.driver import RequestFuture
-from av_infer.sched.request import Priority, Request, Timings
+from av_infer.sched.request import Request, Timings
 
 __all__ = ["Admission"]
 
 _get_ident = threading.get_ident
-_parse_priority = Priority.parse
 _inf = math.inf
 _nan = math.nan
 
@@ -103,9 +104,7 @@ class Admission:
         wrong. One look at the registry, under one acquisition of its lock."""
         if self.closed:
             raise RuntimeClosedError("runtime is closed")
-        client = opts.client
-        if not isinstance(client, str) or not client:
-            raise InvalidParameterError(f"client must be a non-empty string, got {client!r}")
+        client = check_client(opts.client)
         reg = self.reg
         cfg, gname, grp, entry = reg.resolve(model, client, opts.variant_group)
         if gname is not None:
@@ -119,13 +118,7 @@ class Admission:
         if entry is None:
             raise UnknownModelError(f"unknown model {model!r}; loaded: {reg.names()}")
         priority = opts.priority
-        if priority is None:
-            prio = cfg.priority
-        else:
-            try:
-                prio = _parse_priority(priority)
-            except (ValueError, TypeError) as e:
-                raise InvalidParameterError(str(e)) from None
+        prio = cfg.priority if priority is None else parse_priority(priority)
         copied = validate_inputs(model, entry.input_spec, inputs, opts.borrow)
         received = self._now()
         if opts.arrival is None:

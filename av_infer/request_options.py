@@ -26,8 +26,10 @@ from typing import Any
 import cython
 
 from av_infer.errors import InvalidParameterError
+from av_infer.sched.request import Priority
 
-__all__ = ["ARRIVAL_AHEAD_S", "ARRIVAL_MAX_AGE_S", "FIELDS", "RequestOptions", "seconds"]
+__all__ = ["ARRIVAL_AHEAD_S", "ARRIVAL_MAX_AGE_S", "FIELDS", "RequestOptions", "check_client",
+           "parse_priority", "seconds"]
 
 #: a request's ``arrival`` (``submit``/``infer``) must lie on ``now()``'s clock: at most this
 #: long before ``now()`` and no later than ``ARRIVAL_AHEAD_S`` after it. Latency, EDF order
@@ -40,6 +42,7 @@ ARRIVAL_MAX_AGE_S = 3600.0
 ARRIVAL_AHEAD_S = 1e-3
 
 _set = object.__setattr__
+_parse = Priority.parse
 
 #: the options, in constructor order
 FIELDS = ("priority", "deadline", "client", "arrival", "drop_late", "hard_deadline",
@@ -128,3 +131,28 @@ def seconds(what: str, v: Any, allow_inf: bool = False) -> float:
     if math.isnan(x) or (math.isinf(x) and not (allow_inf and x > 0)):
         raise InvalidParameterError(f"{what} must be a finite number of seconds, got {v!r}")
     return x
+
+
+def check_client(client: Any) -> Any:
+    """``client`` if it is a client name (a non-empty string), else InvalidParameterError.
+
+    The one check of a client name: ``Runtime.configure_client`` and every request
+    (``admission``) call it. Compiled, a C function (``request_options.pxd``)."""
+    if not isinstance(client, str) or not client:
+        raise InvalidParameterError(f"client must be a non-empty string, got {client!r}")
+    return client
+
+
+def parse_priority(priority: Any) -> Priority:
+    """``priority`` (a ``Priority``, its name or its value) as a ``Priority``, else
+    InvalidParameterError with ``Priority.parse``'s message.
+
+    The one check of a priority: ``Runtime.configure_client`` and every request that
+    names one (``admission``) call it. Compiled, a C function (``request_options.pxd``);
+    a ``Priority`` is returned without a call."""
+    if type(priority) is Priority:
+        return priority
+    try:
+        return _parse(priority)
+    except (ValueError, TypeError) as e:
+        raise InvalidParameterError(str(e)) from None

@@ -50,6 +50,8 @@ from av_infer.request_options import (
     ARRIVAL_AHEAD_S,
     ARRIVAL_MAX_AGE_S,
     RequestOptions,
+    check_client,
+    parse_priority,
 )
 from av_infer.sched.request import Priority, Result
 from av_infer.sched.scheduler import ModelEntry
@@ -339,12 +341,8 @@ class Runtime:
                     f"soft/hard deadlines must be seconds, got {soft_deadline!r}, "
                     f"{hard_deadline!r}") from None
             check_deadlines(sd, hd)
-        if not isinstance(client, str) or not client:
-            raise InvalidParameterError(f"client must be a non-empty string, got {client!r}")
-        try:
-            prio = Priority.parse(priority)
-        except (ValueError, TypeError) as e:
-            raise InvalidParameterError(str(e)) from None
+        check_client(client)
+        prio = parse_priority(priority)
         if relative_deadline is not None:
             try:
                 rd = float(relative_deadline)
