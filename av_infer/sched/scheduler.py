@@ -610,7 +610,7 @@ class Scheduler:
                     if task.done == 0 and tm.first_kernel_start != tm.first_kernel_start:
                         tm.first_kernel_start = tt[2 * i]
                     task.done += 1
-                    while task.done in task.pad_full:  # the rest already ran as padding
+                    while task.pad_full and task.done in task.pad_full:  # ran as padding
                         task.done += 1
             # the last launch's tail, as a single record's below (running, executed, unpadded)
             if task.done >= task.n and not task.answered:
@@ -657,7 +657,7 @@ class Scheduler:
             if comp.cpu_s == comp.cpu_s:  # measured (cpu device, RT lanes)
                 tm.run_cpu = comp.cpu_s + (0.0 if tm.run_cpu != tm.run_cpu else tm.run_cpu)
             task.done += 1
-            while task.done in task.pad_full:  # the rest already ran as padding
+            while task.pad_full and task.done in task.pad_full:  # ran as padding
                 task.done += 1
         if task.state == ABORTING:
             if task.outstanding <= 0:
@@ -697,7 +697,7 @@ class Scheduler:
         for i in range(n - 1):  # the task's end is not before the last launch
             if k0 + i == done:
                 done += 1
-                while done in task.pad_full:
+                while task.pad_full and done in task.pad_full:
                     done += 1
             if done >= task.n:
                 return False
