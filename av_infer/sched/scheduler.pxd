@@ -28,6 +28,7 @@ from av_infer.sched.stats cimport ClientStats, Stats
 cdef int QUEUED, RUNNING, PAUSED, PREEMPTED, ABORTING, DONE
 cdef double _INF, _NINF
 cdef tuple _PRIO
+cdef dict _KERNEL_KEYS
 
 
 @cython.final
@@ -205,4 +206,7 @@ cdef class Scheduler:
     cdef _flush_answers(self)
 
 
+@cython.locals(p=dict)
+cdef dict _kernel_payload(int stream, task, int kernel, executed, double t_start,
+                          double t_end, double t_stop)
 cdef bint _past_hard_deadline(Task t, double now) except -1

@@ -601,10 +601,9 @@ class Scheduler:
                 if be:
                     self._be_seen = tt[2 * i + 1]  # BE progressed
                 if self.listeners:
-                    self._emit("kernel", {"stream": comp.stream, "task": comp.task,
-                                          "kernel": k0 + i, "executed": comp.executed,
-                                          "t_start": tt[2 * i], "t_end": tt[2 * i + 1],
-                                          "t_stop": math.nan})
+                    self._emit("kernel", _kernel_payload(
+                        comp.stream, comp.task, k0 + i, comp.executed, tt[2 * i],
+                        tt[2 * i + 1], math.nan))
                 task.outstanding -= 1
                 if k0 + i == task.done:
                     if task.done == 0 and tm.first_kernel_start != tm.first_kernel_start:
@@ -635,10 +634,9 @@ class Scheduler:
                             max(0.0, stop - s.stop_from_received))
                 s.stop_from = None
         if self.listeners:
-            self._emit("kernel", {"stream": comp.stream, "task": comp.task,
-                                  "kernel": comp.kernel, "executed": comp.executed,
-                                  "t_start": comp.t_start, "t_end": comp.t_end,
-                                  "t_stop": comp.t_stop})
+            self._emit("kernel", _kernel_payload(comp.stream, comp.task, comp.kernel,
+                                                 comp.executed, comp.t_start, comp.t_end,
+                                                 comp.t_stop))
         if comp.parts:
             self._dkp_credit(comp)
         task = self.tasks.get(comp.task)
@@ -1441,6 +1439,27 @@ class Scheduler:
                     fut.set_result(value)
             except Exception:  # InvalidStateError if someone cancelled it meanwhile
                 log.debug("future already resolved", exc_info=True)
+
+
+#: the "kernel" listener event's keys, in order (``_kernel_payload`` copies it)
+_KERNEL_KEYS = dict.fromkeys(("stream", "task", "kernel", "executed", "t_start", "t_end",
+                              "t_stop"))
+
+
+def _kernel_payload(stream: int, task: Any, kernel: int, executed: Any, t_start: float,
+                    t_end: float, t_stop: float) -> dict:
+    """The "kernel" event's payload (one per completion while a listener listens): a
+    copy of ``_KERNEL_KEYS`` with the values set, the same dict (keys, order, values) as
+    the display it replaces, made without growing a new dict key by key."""
+    p = _KERNEL_KEYS.copy()
+    p["stream"] = stream
+    p["task"] = task
+    p["kernel"] = kernel
+    p["executed"] = executed
+    p["t_start"] = t_start
+    p["t_end"] = t_end
+    p["t_stop"] = t_stop
+    return p
 
 
 def _past_hard_deadline(t: Task, now: float) -> bool:
