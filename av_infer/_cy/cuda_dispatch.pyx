@@ -34,6 +34,8 @@ from libc.string cimport memcpy, memset
 from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, nanosleep, timespec
 
+import threading
+
 from av_infer._cy.vhq cimport VHQ, LaunchRange
 
 cdef extern from "Python.h":
@@ -213,9 +215,17 @@ cdef struct Driver:
 cdef dict _drivers = {}   # library path -> address of its Driver (never freed)
 
 
-cdef void* _sym(void* lib, const char* a, const char* b) noexcept:
+cdef void* _sym(void* lib, const char* a) noexcept:
+    return dlsym(lib, a)
+
+
+cdef void* _sym2(void* lib, const char* a, const char* b) noexcept:
+    """``a``, else ``b`` (a versioned name and its older one). Two helpers, not one with
+    ``b = NULL``: GCC 12 warns (-Wnonnull) on ``dlsym(lib, NULL)`` in the dead branch of
+    a helper inlined with a constant NULL (its warning pass runs before that branch is
+    folded away), which hid real warnings in the build output."""
     cdef void* p = dlsym(lib, a)
-    if p == NULL and b != NULL:
+    if p == NULL:
         p = dlsym(lib, b)
     return p
 
@@ -249,9 +259,9 @@ cdef Driver* _driver(str path) except NULL:
     ptrs = {}
     for a, b in names:
         if b is None:
-            p = _sym(lib, a, NULL)
+            p = _sym(lib, a)
         else:
-            p = _sym(lib, a, b)
+            p = _sym2(lib, a, b)
         if p == NULL:
             raise OSError(f"{path}: symbol {a.decode()} missing (driver too old?)")
         ptrs[a] = <uintptr_t>p
@@ -279,31 +289,31 @@ cdef Driver* _driver(str path) except NULL:
     d.cuModuleGetFunction = <p_cuModuleGetFunction><uintptr_t>ptrs[b"cuModuleGetFunction"]
     d.cuFuncGetAttribute = <p_cuFuncGetAttribute><uintptr_t>ptrs[b"cuFuncGetAttribute"]
     # optional: stream memory operations (fallback: cuMemsetD32Async on the flag stream)
-    p = _sym(lib, b"cuStreamWriteValue32_v2", b"cuStreamWriteValue32")
+    p = _sym2(lib, b"cuStreamWriteValue32_v2", b"cuStreamWriteValue32")
     d.cuStreamWriteValue32 = <p_cuStreamWriteValue32>p
     # optional: CUDA graphs with conditional nodes (the gated BE path; docs/cuda_graphs.md).
     # cuGraphAddNode: the CUDA 12.2+ ABI (no edge data); cuGraphExecKernelNodeSetParams_v2:
     # CUDA_KERNEL_NODE_PARAMS_v2 (the unversioned symbol takes v1, a prefix of it)
-    d.cuGraphCreate = <p_cuGraphCreate>_sym(lib, b"cuGraphCreate", NULL)
-    d.cuGraphDestroy = <p_cuGraphDestroy>_sym(lib, b"cuGraphDestroy", NULL)
+    d.cuGraphCreate = <p_cuGraphCreate>_sym(lib, b"cuGraphCreate")
+    d.cuGraphDestroy = <p_cuGraphDestroy>_sym(lib, b"cuGraphDestroy")
     d.cuGraphConditionalHandleCreate = <p_cuGraphConditionalHandleCreate>_sym(
-        lib, b"cuGraphConditionalHandleCreate", NULL)
-    d.cuGraphAddNode = <p_cuGraphAddNode>_sym(lib, b"cuGraphAddNode", NULL)
+        lib, b"cuGraphConditionalHandleCreate")
+    d.cuGraphAddNode = <p_cuGraphAddNode>_sym(lib, b"cuGraphAddNode")
     d.cuGraphInstantiateWithFlags = <p_cuGraphInstantiateWithFlags>_sym(
-        lib, b"cuGraphInstantiateWithFlags", NULL)
-    d.cuGraphExecDestroy = <p_cuGraphExecDestroy>_sym(lib, b"cuGraphExecDestroy", NULL)
-    d.cuGraphLaunch = <p_cuGraphLaunch>_sym(lib, b"cuGraphLaunch", NULL)
-    d.cuGraphExecKernelNodeSetParams = <p_cuGraphExecKernelNodeSetParams>_sym(
+        lib, b"cuGraphInstantiateWithFlags")
+    d.cuGraphExecDestroy = <p_cuGraphExecDestroy>_sym(lib, b"cuGraphExecDestroy")
+    d.cuGraphLaunch = <p_cuGraphLaunch>_sym(lib, b"cuGraphLaunch")
+    d.cuGraphExecKernelNodeSetParams = <p_cuGraphExecKernelNodeSetParams>_sym2(
         lib, b"cuGraphExecKernelNodeSetParams_v2", b"cuGraphExecKernelNodeSetParams")
     # optional: stream capture (RT as one graph). Only the _v2 symbol takes a capture mode
     # (cuda.h maps cuStreamBeginCapture to it; the unversioned symbol is CUDA 10.0's
     # one-argument call), so there is no fallback name
-    d.cuStreamBeginCapture = <p_cuStreamBeginCapture>_sym(lib, b"cuStreamBeginCapture_v2", NULL)
-    d.cuStreamEndCapture = <p_cuStreamEndCapture>_sym(lib, b"cuStreamEndCapture", NULL)
+    d.cuStreamBeginCapture = <p_cuStreamBeginCapture>_sym(lib, b"cuStreamBeginCapture_v2")
+    d.cuStreamEndCapture = <p_cuStreamEndCapture>_sym(lib, b"cuStreamEndCapture")
     # optional: capture into an existing graph (CUDA 12.3+; vendor ops inside gated graphs,
     # docs/cuda_graphs.md). Missing: those vendor ops keep the host flag check (reported)
     d.cuStreamBeginCaptureToGraph = <p_cuStreamBeginCaptureToGraph>_sym(
-        lib, b"cuStreamBeginCaptureToGraph", NULL)
+        lib, b"cuStreamBeginCaptureToGraph")
     cdef CUresult r = d.cuInit(0)
     if r != CUDA_SUCCESS:
         free(d)
@@ -499,6 +509,9 @@ cdef class Dispatcher:
     cdef CUdeviceptr _zero      # a device word that is always 0: the flag of gated ops
     cdef CUstream _cstream      # private stream RT graphs are captured on (made on first use)
     cdef char* _zbuf            # zero bytes: parameter values of a graph's first build
+    cdef object _caplock        # one capture at a time on _cstream (``_capture``)
+    cdef public uint64_t capture_waits  # captures that found _caplock held and waited
+    cdef object _verrstr        # vendor status -> text (``set_vendor_errstr``), or None
 
     def __cinit__(self):
         self._st = <Stream*>calloc(MAX_STREAMS, sizeof(Stream))
@@ -532,6 +545,9 @@ cdef class Dispatcher:
         self._zbuf = <char*>calloc(ZERO_PARAM_BYTES, 1)
         if self._zbuf == NULL:
             raise MemoryError()
+        self._caplock = threading.Lock()
+        self.capture_waits = 0
+        self._verrstr = None
 
     def __init__(self, str driver="libcuda.so.1"):
         """Needs a current CUDA context on the calling thread (e.g. CuPy's device).
@@ -727,7 +743,25 @@ cdef class Dispatcher:
         at ``a + offs[i]``, vendor ops (``vendor[i]`` = (launcher, op)) through the same
         launcher as the dispatcher's with ``vctx``; then ``cuStreamEndCapture`` (always,
         also after a failed call) into ``out``. Returns (CUresult, the call that gave it,
-        whether it was a vendor status)."""
+        whether it was a vendor status).
+
+        Serialized by ``capture_lock``: the capture stream is one per dispatcher, and a
+        second capture begun on it while one is open would be refused (or, on a driver
+        that allowed it, mix the two plans' nodes); two threads loading plans at once
+        wait for each other here (``capture_waits`` counts the waits)."""
+        if not self._caplock.acquire(False):
+            self.capture_waits += 1
+            self._caplock.acquire()
+        try:
+            return self._capture_locked(cst, into, out, funcs, geom, a, offs, vendor, vctx,
+                                        k0, n)
+        finally:
+            self._caplock.release()
+
+    cdef tuple _capture_locked(self, CUstream cst, CUgraph into, CUgraph* out, funcs, geom,
+                               const char* a, offs, vendor, uintptr_t vctx, int32_t k0,
+                               int32_t n):
+        """``_capture``'s body (caller holds ``capture_lock``)."""
         cdef Driver* d = self._drv
         cdef CUresult r, r2
         cdef const uint32_t* g
@@ -922,7 +956,7 @@ cdef class Dispatcher:
                 d.cuGraphDestroy(gg.graph)
             free(gg)
             if vstat:  # a vendor library status under capture, not a CUresult
-                raise RuntimeError(f"{what} refused: status {r} (code {r})")
+                raise RuntimeError(f"{what} refused: {self._vendor_text(r)}")
             raise RuntimeError(f"{what} refused: {_errstr(d, r)} (CUresult {r})")
         return <uintptr_t>gg
 
@@ -950,13 +984,32 @@ cdef class Dispatcher:
                 "cuGraphDestroy": d.cuGraphDestroy != NULL}
         return [k for k, v in have.items() if not v]
 
+    @property
+    def capture_lock(self):
+        """The lock every stream capture holds (``_capture``): load-time captures of
+        several threads run one at a time on the one capture stream."""
+        return self._caplock
+
+    def set_vendor_errstr(self, fn):
+        """``fn(status) -> str``: the text of a vendor status (``Vendor.error_string``),
+        used when a vendor call fails under capture; None: the bare number."""
+        self._verrstr = fn
+
+    def _vendor_text(self, int status):
+        if self._verrstr is not None:
+            return f"{self._verrstr(status)} (vendor status {status})"
+        return f"vendor status {status}"
+
     def capture_stream(self):
         """The private stream RT graphs are captured on (created on first call): a vendor
         context bound to it (``Vendor.stream_ctx``) issues the vendor ops of a capture."""
         if self._cstream == NULL:
-            self._cur()
-            _check(self._drv, self._drv.cuStreamCreateWithPriority(
-                &self._cstream, CU_STREAM_NON_BLOCKING, self._prio_hi), "capture stream")
+            with self._caplock:  # made once, also when two threads ask first at once
+                if self._cstream == NULL:
+                    self._cur()
+                    _check(self._drv, self._drv.cuStreamCreateWithPriority(
+                        &self._cstream, CU_STREAM_NON_BLOCKING, self._prio_hi),
+                        "capture stream")
         return <uintptr_t>self._cstream
 
     def set_stream_rt_graphs(self, int s, bint on):
@@ -1013,8 +1066,9 @@ cdef class Dispatcher:
             if rg.graph != NULL:
                 d.cuGraphDestroy(rg.graph)
             free(rg)
-            text = f"status {r}" if vend else _errstr(d, r)
-            raise RuntimeError(f"{what} refused: {text} (code {r})")
+            if vend:
+                raise RuntimeError(f"{what} refused: {self._vendor_text(r)}")
+            raise RuntimeError(f"{what} refused: {_errstr(d, r)} (code {r})")
         return <uintptr_t>rg
 
     def rt_graph_refused_total(self):

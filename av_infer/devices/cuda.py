@@ -423,6 +423,8 @@ class CudaDevice(Device):
         self._ws: list[Any] = []  # per stream: its vendor workspace (device memory)
         if mode != "off":
             self._vendor = self._load_vendor()
+            # a vendor call that fails under capture is reported with the library's text
+            self._disp.set_vendor_errstr(self._vendor.error_string)
         #: gated graphs (docs/cuda_graphs.md): mode, whether in use, why not, per plan
         self.graphs_mode = gmode
         #: gated ops per graph launch (docs/cuda_graphs.md, "Graphs of several ops")

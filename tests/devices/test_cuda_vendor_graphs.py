@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import random
+import time
 
 import numpy as np
 import pytest
@@ -477,6 +478,67 @@ def test_one_refused_op_falls_back_alone(resnet, caplog):
         d.close()
 
 
+@pytest.mark.parametrize("model,library,text", [
+    ("resnet152", "cuDNN", "cuDNN CUDNN_STATUS_EXECUTION_FAILED (5000)"),
+    ("tiny_mlp", "cuBLASLt", "cuBLASLt status 13"),
+])
+def test_a_vendor_call_failing_under_capture_falls_back_with_the_library_error(
+        model, library, text, caplog):
+    """The library fails the 2nd vendor call issued under capture
+    (``avi_emu_vendor_capture_fail_nth(2)``: EXECUTION_FAILED, nothing enqueued): that op
+    alone keeps the host flag check, with the library's error text in
+    ``telemetry()["vendor_graphs"]["plans"][name]["fallback"]`` and the log; every other
+    vendor op of the plan is still captured and runs through graph launches; outputs
+    bit-identical to the plain path and within the FP32 tolerance of ONNX Runtime. The
+    reference runs after the hook is set: calls on streams that are not capturing neither
+    fail nor count."""
+    from av_infer.devices.cuda_vendor import TOLERANCE, max_error
+    from tests.devices.test_cuda_graphs import _ort
+
+    path, plan, x = _zoo(model)
+    d = _device(graphs="be", vendor="force", vendor_graphs=1)
+    try:
+        _emu(d).avi_emu_vendor_capture_fail_nth(2)
+        try:
+            ref = _plain(plan, x)  # plain launches: not under capture, not counted
+            with caplog.at_level(logging.WARNING, logger="av_infer.devices.cuda"):
+                h = d.load_plan(plan)
+        finally:
+            _emu(d).avi_emu_vendor_capture_fail_nth(0)
+        vks = _vendor_ks(h)
+        k = vks[1]  # every op here is one library call: the 2nd call is the 2nd op's
+        assert d._vendor.op_info(h.vendor[k][1])["kind"] == (
+            "conv" if library == "cuDNN" else "matmul")
+        p = d.telemetry()["vendor_graphs"]["plans"][plan.name]
+        assert p["instances"] == 1 and p["gated"] == len(vks) - 1
+        assert list(p["fallback"]) == [k]
+        why = p["fallback"][k]
+        assert why == f"the vendor op of kernel {k} (captured) refused: {text} " \
+                      f"(vendor status {0x20000 + 5000 if library == 'cuDNN' else 0x10000 + 13})"
+        assert any(f"kernel {k}: {why}" in rec.getMessage() and rec.levelno == logging.WARNING
+                   for rec in caplog.records)
+        inst = h.vg_pool[0]
+        assert inst.table[k] == 0 and all(inst.table[j] for j in vks if j != k)
+        r = Runner(d)
+        st0 = d._disp.stream_stats(r.stream)
+        v0 = _vendor_ran(d)
+        t = r.next + 1
+        out = r.run(h, x)
+        for name in ref:
+            assert np.array_equal(out[name], ref[name])
+        want = _ort(path, x)
+        for name in want:
+            assert max_error(out[name], want[name]) <= TOLERANCE["fp32"], name
+        assert [r.comps[(t, j)][-1].executed for j in vks] == [
+            None if j == k else True for j in vks]
+        st = d._disp.stream_stats(r.stream)
+        assert st["graph_vendor_ops"] - st0["graph_vendor_ops"] == len(vks) - 1
+        assert st["vendor_launched"] - st0["vendor_launched"] == 1  # the one that fell back
+        assert _vendor_ran(d) - v0 == len(vks)  # each vendor op once, none lost
+    finally:
+        d.close()
+
+
 def test_a_driver_without_capture_to_graph_falls_back_and_says_so(monkeypatch, caplog):
     """A driver that does not export cuStreamBeginCaptureToGraph (the emulator built
     without it, as a driver older than CUDA 12.3): the symbol resolves to nothing, the
@@ -509,6 +571,96 @@ def test_a_driver_without_capture_to_graph_falls_back_and_says_so(monkeypatch, c
         for k in ref:
             assert np.array_equal(out[k], ref[k])
         assert all(r.comps[(t, k)][-1].executed is None for k in _vendor_ks(h))
+    finally:
+        d.close()
+
+
+# -- load-time captures from several threads -------------------------------------------------
+def test_two_threads_load_plans_with_vendor_graphs_at_once(resnet):
+    """Two threads load plans at the same time on one device (vendor graph instances and
+    RT graph instances: every capture on the dispatcher's one capture stream): both loads
+    succeed with every vendor op gated and an RT graph each, nothing falls back, and both
+    plans run bit-identical to the plain path."""
+    import threading
+
+    plan_a, x_a, ref_a = resnet
+    plan_b, x_b = chain_plan(seed=8)
+    ref_b = _plain(plan_b, x_b)
+    d = _device(graphs="be", vendor="force", vendor_graphs=2, rt_graphs=1)
+    try:
+        go = threading.Barrier(2)
+        got: dict[str, object] = {}
+
+        def load(plan):
+            go.wait()
+            try:
+                got[plan.name] = d.load_plan(plan)
+            except BaseException as e:  # reported below
+                got[plan.name] = e
+
+        ts = [threading.Thread(target=load, args=(p,)) for p in (plan_a, plan_b)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        tel = d.telemetry()
+        for plan in (plan_a, plan_b):
+            h = got[plan.name]
+            assert not isinstance(h, BaseException), h
+            n = len(_vendor_ks(h))
+            assert tel["vendor_graphs"]["plans"][plan.name] == {
+                "instances": 2, "vendor_ops": n, "gated": n, "fallback": {}}
+            assert tel["rt_graphs"]["plans"][plan.name]["instances"] == 1
+            assert len(h.vg_pool) == 2 and len(h.rt_pool) == 1
+        r = Runner(d)
+        for plan, x, ref in ((plan_a, x_a, ref_a), (plan_b, x_b, ref_b)):
+            h = got[plan.name]
+            for _ in range(2):  # both instances of the pool
+                out = r.run(h, x)
+                for k in ref:
+                    assert np.array_equal(out[k], ref[k])
+    finally:
+        d.close()
+
+
+def test_a_capture_waits_while_another_holds_the_capture_stream():
+    """A load whose captures find the capture stream taken (``capture_lock`` held, as by
+    another thread's capture) waits for it (``capture_waits`` counts it) instead of
+    beginning a second capture on it; once released, the load completes with its vendor
+    ops gated and runs bit-identical."""
+    import threading
+
+    _, plan, x = _zoo("tiny_cnn")
+    ref = _plain(plan, x)
+    d = _device(graphs="be", vendor="force", vendor_graphs=1)
+    try:
+        disp = d._disp
+        disp.capture_stream()  # made before the lock is taken: only captures wait below
+        got: dict[str, object] = {}
+
+        def load():
+            try:
+                got["h"] = d.load_plan(plan)
+            except BaseException as e:  # reported below
+                got["h"] = e
+
+        w0 = disp.capture_waits
+        th = threading.Thread(target=load)
+        with disp.capture_lock:
+            th.start()
+            deadline = time.monotonic() + 300  # generous: a busy 2-core host
+            while disp.capture_waits == w0 and th.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert disp.capture_waits == w0 + 1, got
+            assert th.is_alive() and "h" not in got  # blocked at its first capture
+        th.join()
+        h = got["h"]
+        assert not isinstance(h, BaseException), h
+        n = len(_vendor_ks(h))
+        assert d.telemetry()["vendor_graphs"]["plans"][plan.name]["gated"] == n > 0
+        out = Runner(d).run(h, x)
+        for k in ref:
+            assert np.array_equal(out[k], ref[k])
     finally:
         d.close()
 

@@ -75,6 +75,26 @@ EXPORT void avi_emu_vendor_calls(uint64_t out[4]) {
     for (int i = 0; i < 4; ++i) out[i] = atomic_load(&g_vendor_calls[i]);
 }
 
+/* avi_emu_vendor_capture_fail_nth(n): only the n-th vendor work call (cublasLtMatmul,
+ * cudnnConvolutionBiasActivationForward, cudnnConvolutionForward, cudnnAddTensor) issued
+ * on a capturing stream from now fails with the library's EXECUTION_FAILED status (13 /
+ * 5000) after validating its arguments, enqueuing nothing: a library that cannot be
+ * captured, as a GPU session may meet. Calls on streams that are not capturing neither
+ * fail nor count. 0 = off. */
+static atomic_int g_vendor_capfail_nth;
+EXPORT void avi_emu_vendor_capture_fail_nth(int n) { atomic_store(&g_vendor_capfail_nth, n); }
+static int ve_capture_fails(CUstream h, const char* call) {
+    if (atomic_load(&g_vendor_capfail_nth) <= 0) return 0;
+    struct emu_stream* s = resolve(h);
+    if (!s) return 0;
+    pthread_mutex_lock(&s->mu);
+    int capturing = s->capture != NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (!capturing || atomic_fetch_sub(&g_vendor_capfail_nth, 1) != 1) return 0;
+    set_error("%s: failed under capture (avi_emu_vendor_capture_fail_nth)", call);
+    return 1;
+}
+
 /* -- rounding ------------------------------------------------------------------------ */
 static float ve_round(float x, int mode) {
     if (mode == VE_FP32 || !isfinite(x) || x == 0.0f) return x;
@@ -358,7 +378,8 @@ EXPORT cublasStatus_t cublasLtMatmul(void* h, void* dv, const void* alpha, const
         free(w);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
-    if (emu_enqueue_host_r((CUstream)stream, lt_run, w, 1) != CUDA_SUCCESS) {
+    if (ve_capture_fails((CUstream)stream, "cublasLtMatmul") ||
+        emu_enqueue_host_r((CUstream)stream, lt_run, w, 1) != CUDA_SUCCESS) {
         free(w);
         return CUBLAS_STATUS_EXECUTION_FAILED;
     }
@@ -665,7 +686,8 @@ EXPORT cudnnStatus_t cudnnConvolutionBiasActivationForward(
     k->alpha2 = *(const float*)alpha2;
     k->Z = z;
     k->B = bias;
-    if (emu_enqueue_host_r(hp->stream, dnn_run, k, 1) != CUDA_SUCCESS) {
+    if (ve_capture_fails(hp->stream, "cudnnConvolutionBiasActivationForward") ||
+        emu_enqueue_host_r(hp->stream, dnn_run, k, 1) != CUDA_SUCCESS) {
         free(k);
         return CUDNN_STATUS_EXECUTION_FAILED;
     }
@@ -687,7 +709,8 @@ EXPORT cudnnStatus_t cudnnConvolutionForward(void* h, const void* alpha, void* x
     if (!k) return CUDNN_STATUS_ALLOC_FAILED;
     k->alpha1 = *(const float*)alpha;
     k->alpha2 = *(const float*)beta;
-    if (emu_enqueue_host_r(hp->stream, dnn_run, k, 1) != CUDA_SUCCESS) {
+    if (ve_capture_fails(hp->stream, "cudnnConvolutionForward") ||
+        emu_enqueue_host_r(hp->stream, dnn_run, k, 1) != CUDA_SUCCESS) {
         free(k);
         return CUDNN_STATUS_EXECUTION_FAILED;
     }
@@ -741,7 +764,8 @@ EXPORT cudnnStatus_t cudnnAddTensor(void* h, const void* alpha, void* ad, const 
     k->beta = *(const float*)beta;
     k->A = A;
     k->C = C;
-    if (emu_enqueue_host_r(hp->stream, dnn_add_run, k, 1) != CUDA_SUCCESS) {
+    if (ve_capture_fails(hp->stream, "cudnnAddTensor") ||
+        emu_enqueue_host_r(hp->stream, dnn_add_run, k, 1) != CUDA_SUCCESS) {
         free(k);
         return CUDNN_STATUS_EXECUTION_FAILED;
     }
