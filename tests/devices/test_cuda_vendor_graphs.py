@@ -10,7 +10,9 @@ too (the emulated libraries' counters), restore from the gate record re-running 
 graphs of several ops mixing vendor ops and ours, the unchanged scheduler with
 preemptions, the pool running out (host flag check for that task) and every refusal
 (driver without the call, capture start / end refused, instantiation refused, one op
-refused) falling back per op with the reason in telemetry and the log.
+refused, a vendor call failing under capture) falling back per op with the reason in
+telemetry and the log; plans loaded from two threads at once (captures serialized on the
+one capture stream).
 """
 
 from __future__ import annotations
