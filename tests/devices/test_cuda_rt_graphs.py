@@ -372,6 +372,35 @@ def test_a_refused_capture_falls_back_and_says_so(hook, call, caplog):
         d.close()
 
 
+def test_a_vendor_call_failing_under_capture_falls_back_with_the_library_error(caplog):
+    """The library fails the 1st cuBLASLt call under capture
+    (``avi_emu_vendor_capture_fail_nth(1)``): the plan loads without an RT graph, the
+    reason names the vendor op and the library's text (not a bare number), a warning says
+    so, and RT requests run the plain path right."""
+    _, plan, x = _zoo("tiny_mlp")
+    ref = _plain_reference(plan, x, vendor="force")
+    d = _device(rt_graphs=1, vendor="force")
+    try:
+        _emu(d).avi_emu_vendor_capture_fail_nth(1)
+        try:
+            with caplog.at_level(logging.WARNING, logger="av_infer.devices.cuda"):
+                h = d.load_plan(plan)
+        finally:
+            _emu(d).avi_emu_vendor_capture_fail_nth(0)
+        p = d.telemetry()["rt_graphs"]["plans"][plan.name]
+        assert p["instances"] == 0 and not h.rt_pool
+        assert p["reason"] == ("the vendor op of kernel 0 (captured) refused: cuBLASLt "
+                               "status 13 (vendor status 65549)"), p
+        assert any(p["reason"] in rec.getMessage() for rec in caplog.records)
+        r = Runner(d)
+        out = r.run(h, x)
+        for k in ref:
+            assert np.array_equal(out[k], ref[k])
+        assert d._disp.stream_stats(r.stream)["rt_graph_launched"] == 0
+    finally:
+        d.close()
+
+
 def test_a_refused_graph_launch_runs_plain_and_says_so(caplog):
     """cuGraphLaunch refused at transmission: the same kernels go plain as one unit (right
     outputs, every request answered), the refusal is counted, named in telemetry and
