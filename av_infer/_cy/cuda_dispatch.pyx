@@ -223,7 +223,7 @@ cdef void* _sym2(void* lib, const char* a, const char* b) noexcept:
     """``a``, else ``b`` (a versioned name and its older one). Two helpers, not one with
     ``b = NULL``: GCC 12 warns (-Wnonnull) on ``dlsym(lib, NULL)`` in the dead branch of
     a helper inlined with a constant NULL (its warning pass runs before that branch is
-    folded away), which hid real warnings in the build output."""
+    folded away): a false warning in every build of this module."""
     cdef void* p = dlsym(lib, a)
     if p == NULL:
         p = dlsym(lib, b)
