@@ -20,6 +20,7 @@ line): a ``None`` where a task or stream is expected raises instead of crashing.
 
 cimport cython
 
+from av_infer._cy.fastlock cimport FastLock
 from av_infer.devices.completion cimport Completion
 from av_infer.sched.policies cimport Policy
 from av_infer.sched.request cimport Request, Timings
@@ -144,7 +145,7 @@ cdef class Scheduler:
     cdef _miss(self, Task t, now, deadline=*, str where=*)
     cdef _queue(self, Task t, bint front=*)
     cdef _emit(self, str kind, dict payload)
-    @cython.locals(task=Task, cs=ClientStats)
+    @cython.locals(task=Task, cs=ClientStats, lock=FastLock)
     cpdef on_arrival(self, Request req, ModelEntry entry)
     @cython.locals(s=StreamState, task=Task, k0=int, i=int, be=bint, tm=Timings)
     cpdef on_complete(self, Completion comp)
@@ -198,7 +199,7 @@ cdef class Scheduler:
     cdef _finish(self, Task t, double t_end)
     @cython.locals(s=StreamState)
     cpdef _abort(self, Task t, err)
-    @cython.locals(m=Task, req=Request, tm=Timings, cs=ClientStats)
+    @cython.locals(m=Task, req=Request, tm=Timings, cs=ClientStats, lock=FastLock)
     cdef _answer(self, Task t, result)
     @cython.locals(m=Task, req=Request, cs=ClientStats)
     cdef _fail(self, Task t, err)

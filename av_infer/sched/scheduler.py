@@ -545,10 +545,14 @@ class Scheduler:
         if entry.handle is None:
             self._fail(task, UnknownModelError(f"model {req.model!r} was unloaded"))
             return
-        with self.stats.lock:
+        lock = self.stats.lock  # a FastLock: acquire/release are C calls (stats.pxd)
+        lock.acquire()
+        try:
             cs = self.stats.client(req.client, _PRIO[task.rt])
             cs.submitted += 1
             self.stats.model(req.model)["submitted"] += 1
+        finally:
+            lock.release()
         if self.listeners:
             self._emit("arrival", {"request_id": req.id, "model": req.model,
                                    "client": req.client, "priority": _PRIO[task.rt],
@@ -1361,7 +1365,9 @@ class Scheduler:
         t.answered = True
         req = t.req
         tm = req.timings
-        with self.stats.lock:
+        lock = self.stats.lock  # a FastLock: acquire/release are C calls (stats.pxd)
+        lock.acquire()
+        try:
             cs = self.stats.client(req.client, _PRIO[t.rt])
             cs.completed += 1
             cs.latency.add(tm.end - tm.arrival)
@@ -1370,6 +1376,8 @@ class Scheduler:
             if tm.end > req.deadline:
                 cs.deadline_misses += 1
             self.stats.model(req.model)["completed"] += 1
+        finally:
+            lock.release()
         self._unref(t.entry)
         self._answers.append((req.future, result, False))
         if self.listeners:

@@ -8,6 +8,7 @@ the recorders are ``readonly`` (a ``Stats`` never replaces them); the counters a
 
 cimport cython
 
+from av_infer._cy.fastlock cimport FastLock
 from av_infer.latency cimport LatencyRecorder
 
 
@@ -25,7 +26,7 @@ cdef class ClientStats:
 
 @cython.final
 cdef class Stats:
-    cdef readonly object lock
+    cdef readonly FastLock lock
     cdef readonly dict clients
     cdef readonly dict models
     cdef public long long preemptions

@@ -13,9 +13,9 @@ one source and runs interpreted where it is not built (``AV_INFER_INTERPRETED=1`
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
+from av_infer._cy.fastlock import FastLock
 from av_infer.latency import LatencyRecorder, summarize_ms
 
 #: Clients counted by name; more distinct names (a remote publisher inventing one per
@@ -43,7 +43,9 @@ class Stats:
     """Everything ``Runtime.stats()`` reports that the scheduler counts."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        # a FastLock (_cy/fastlock.pyx): the compiled scheduler takes it twice a request
+        # with acquire()/release() as C calls; everyone else uses it as threading.Lock
+        self.lock = FastLock()
         self.clients: dict[str, ClientStats] = {}
         self.models: dict[str, dict[str, int]] = {}
         self.preemptions = 0
