@@ -237,6 +237,11 @@ def _preempt_at_random_point(dev, runner, h, x, n: int, rng: random.Random):
     dev.set_preempt(s, True)
     if info is not None:
         runner.wait(info.task, info.last_sent)
+    else:
+        # nothing was queued or in flight at the reset: every launch of ``t`` was sent and
+        # has left the device, but its completions may still sit in the runner's queue
+        # (consumed only by ``wait``): take them before reading what ran
+        runner.wait(t, n - 1)
     dev.set_preempt(s, False)
     ran = [k for k in range(n) if (t, k) in runner.comps
            and runner.comps[(t, k)][-1].executed]
