@@ -82,13 +82,13 @@ def measure_kill_cost(threads: int = 1, runs: int = 7, api: str = "auto") -> flo
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8  # what every ONNX Runtime release reads
     x, y = np.zeros(1, np.float32), np.zeros(1, np.float32)
-    fn, make_ro = _one_segment(model.SerializeToString(), threads, resolve_api(api)[0],
-                               ("x",), ("y",))
+    engine = _Engine(resolve_api(api)[0], threads)
+    fn = engine.bound(engine.session(model.SerializeToString()), ("x",), ("y",))
     fn.bind_input("x", x.dtype, [1], x.ctypes.data)
     fn.bind_output("y", y.dtype, [1], y.ctypes.data)
     times = []
     for _ in range(runs):
-        ro = make_ro()
+        ro = engine.run_options()
         ro.terminate = True
         t0 = time.thread_time()  # this thread's CPU: other processes' load is not its cost
         try:
@@ -100,20 +100,35 @@ def measure_kill_cost(threads: int = 1, runs: int = 7, api: str = "auto") -> flo
     return float(np.median(times))
 
 
-def _one_segment(onnx_bytes: bytes, threads: int, api: str, inputs: tuple[str, ...],
-                 outputs: tuple[str, ...]) -> tuple[Any, Callable[[], Any]]:
-    """A bound segment of ``onnx_bytes`` on ``api`` ("c" or "python") with nothing bound yet,
-    and the maker of its run options."""
-    if api == "c":
-        from av_infer._cy import ort_capi
+class _Engine:
+    """One way into ONNX Runtime ("c" or "python"): how its sessions, bound segments and
+    run options are made (the one place that differs between the two APIs)."""
 
-        return (ort_capi.BoundSegment(ort_capi.Session(onnx_bytes, threads), inputs, outputs),
-                ort_capi.RunOptions)
-    import onnxruntime as ort
+    def __init__(self, api: str, threads: int) -> None:
+        self.api, self.threads = api, int(threads)
+        if api == "c":
+            from av_infer._cy import ort_capi
 
-    sess = ort.InferenceSession(onnx_bytes, ort_options(threads),
-                                providers=["CPUExecutionProvider"])
-    return _SegmentFn(sess, sess.io_binding(), inputs, outputs), ort.RunOptions
+            self._capi: Any = ort_capi
+            self.run_options: Callable[[], Any] = ort_capi.RunOptions
+        else:
+            import onnxruntime as ort
+
+            self._capi, self._ort = None, ort
+            self.run_options = ort.RunOptions
+
+    def session(self, onnx_bytes: bytes) -> Any:
+        if self._capi is not None:
+            return self._capi.Session(onnx_bytes, self.threads)
+        return self._ort.InferenceSession(onnx_bytes, ort_options(self.threads),
+                                          providers=["CPUExecutionProvider"])
+
+    def bound(self, sess: Any, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Any:
+        """A segment of ``sess`` with nothing bound yet: ``bind_input``/``bind_output``,
+        then ``fn(run_options)``."""
+        if self._capi is not None:
+            return self._capi.BoundSegment(sess, tuple(inputs), tuple(outputs))
+        return _SegmentFn(sess, sess.io_binding(), inputs, outputs)
 
 
 def is_segment_plan(plan: Plan) -> bool:
@@ -141,23 +156,12 @@ class SegmentRunner(ArenaIO):
         self.plan = plan
         self.threads = int(threads)
         self.api, self.api_reason = resolve_api(api)
-        if self.api == "c":
-            from av_infer._cy import ort_capi as engine
-
-            self._capi: Any = engine
-            self._run_options: Callable[[], Any] = engine.RunOptions
-            make = functools.partial(engine.Session, threads=self.threads)
-        else:
-            import onnxruntime as ort
-
-            self._capi = None
-            self._run_options = ort.RunOptions
-            make = functools.partial(self._python_session, ort, self.threads)
+        self._engine = _Engine(self.api, self.threads)
         self.sessions: list[Any] = []
         for k in plan.kernels:
             prog: SegmentProgram = plan.segments[k.args["segment"]]
             try:
-                self.sessions.append(make(prog.onnx))
+                self.sessions.append(self._engine.session(prog.onnx))
             except Exception as e:  # noqa: BLE001 - ORT's own exception types
                 raise UnsupportedModelError(
                     {}, f"ONNX Runtime refused segment {k.index} of {plan.name!r}: "
@@ -166,11 +170,6 @@ class SegmentRunner(ArenaIO):
         self.weight_bytes = plan.weight_bytes
         self._views = {n: (plan.tensors[n], plan.buffers[plan.tensors[n].buffer].offset)
                        for n in plan.tensors}
-
-    @staticmethod
-    def _python_session(ort: Any, threads: int, onnx_bytes: bytes) -> Any:
-        return ort.InferenceSession(onnx_bytes, ort_options(threads),
-                                    providers=["CPUExecutionProvider"])
 
     # -- arenas ---------------------------------------------------------------------------
     def new_arena(self) -> np.ndarray:
@@ -187,10 +186,7 @@ class SegmentRunner(ArenaIO):
                              f"{self.plan.arena_bytes} bytes")
         fns = []
         for k, sess in zip(self.plan.kernels, self.sessions):
-            if self._capi is not None:
-                fn: Any = self._capi.BoundSegment(sess, tuple(k.inputs), tuple(k.outputs))
-            else:
-                fn = _SegmentFn(sess, sess.io_binding(), k.inputs, k.outputs)
+            fn = self._engine.bound(sess, k.inputs, k.outputs)
             for name in k.inputs:
                 v = self.view(arena, name)
                 fn.bind_input(name, v.dtype, list(v.shape), v.ctypes.data)
@@ -218,14 +214,14 @@ class SegmentRunner(ArenaIO):
         arena = self.new_arena()
         fns = self.bind(arena)
         self.write_inputs(arena, inputs)
-        ro = self._run_options()
+        ro = self._engine.run_options()
         for f in fns:
             f(ro)
         return self.read_outputs(arena)
 
     def run_options(self) -> Any:
         """Fresh options for one launch (the device sets ``terminate`` on them to kill)."""
-        return self._run_options()
+        return self._engine.run_options()
 
 
 class _SegmentFn:
