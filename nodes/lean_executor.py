@@ -81,6 +81,26 @@ _TIMER, _SUB, _GUARD, _CLIENT, _SERVICE = range(5)
 _MESSAGE_ONLY = Subscription.CallbackType.MessageOnly
 
 
+
+def _enter_entities(ents: Any, ni: int, kind: int, node: Any, role: str, executable: Any,
+                    out: list[Any], owner: dict[int, tuple[int, int, int, Any, Any]],
+                    entered: list[Any]) -> None:
+    """Enter the handle of each entity of ``ents`` (node ``ni``'s, of ``kind``) that
+    ``role`` may run, skipping destroyed ones: appended to ``out`` and ``entered`` (left
+    by the caller), its owner recorded by pointer (node index, kind, position, entity,
+    node): the wait set's entities, as both ``_spin_hot`` and ``_spin_role`` gather them."""
+    for pos, ent in enumerate(ents):
+        if not executable(ent, role):
+            continue
+        handle = ent.handle
+        try:
+            handle.__enter__()
+        except InvalidHandle:
+            continue
+        entered.append(handle)
+        out.append(handle)
+        owner[handle.pointer] = (ni, kind, pos, ent, node)
+
 class LeanExecutor(SingleThreadedExecutor):
     """A ``SingleThreadedExecutor`` whose iteration costs less (see the module docstring).
 
@@ -239,17 +259,8 @@ class LeanExecutor(SingleThreadedExecutor):
         executable = self._executable
         try:
             for ni, node in enumerate(self.get_nodes()):
-                for pos, ent in enumerate(node._subscriptions):
-                    if not executable(ent, "hot"):
-                        continue
-                    handle = ent.handle
-                    try:
-                        handle.__enter__()
-                    except InvalidHandle:
-                        continue
-                    entered.append(handle)
-                    subs.append(handle)
-                    owner[handle.pointer] = (ni, _SUB, pos, ent, node)
+                _enter_entities(node._subscriptions, ni, _SUB, node, "hot", executable, subs,
+                                owner, entered)
                 for pos, gc in enumerate(node._guards):
                     if not executable(gc, "hot"):
                         continue
@@ -457,17 +468,8 @@ class LeanExecutor(SingleThreadedExecutor):
             try:
                 for ni, node in enumerate(nodes_to_use):
                     for kind, attr, out in kinds:
-                        for pos, ent in enumerate(getattr(node, attr)):
-                            if not self._executable(ent, role):
-                                continue
-                            handle = ent.handle
-                            try:
-                                handle.__enter__()
-                            except InvalidHandle:
-                                continue
-                            entered.append(handle)
-                            out.append(handle)
-                            owner[handle.pointer] = (ni, kind, pos, ent, node)
+                        _enter_entities(getattr(node, attr), ni, kind, node, role,
+                                        self._executable, out, owner, entered)
                     if hot:
                         for gc in node.guards:
                             if not self._executable(gc, role):
