@@ -6,3 +6,4 @@
 from av_infer._cy.ndcheck cimport spec_match
 
 cpdef dict validate_inputs(model, spec, inputs, bint borrow=*)
+cdef object _np_dtype(dtype)

@@ -39,9 +39,7 @@ def validate_inputs(model: str, spec: Spec, inputs: Any,
         out: dict[str, np.ndarray] = {}
         for name, (shape, dtype) in spec.items():
             v = inputs.get(name)
-            dt = _DTYPES.get(dtype)
-            if dt is None:
-                dt = _DTYPES[dtype] = np.dtype(dtype)
+            dt = _np_dtype(dtype)
             m = spec_match(v, shape if type(shape) is tuple else tuple(shape), dt)
             if m == 0:
                 break
@@ -71,9 +69,7 @@ def validate_inputs(model: str, spec: Spec, inputs: Any,
             raise InvalidInputError(
                 f"model {model!r} input {name!r}: expected a numpy array {dtype}{list(shape)}, "
                 f"got {type(v).__name__}")
-        dt = _DTYPES.get(dtype)
-        if dt is None:
-            dt = _DTYPES[dtype] = np.dtype(dtype)
+        dt = _np_dtype(dtype)
         vdt = v.dtype  # numpy's dtypes of the built-in types are one object each: ``is``
         if v.shape != (shape if type(shape) is tuple else tuple(shape)) or (
                 vdt is not dt and vdt != dt):
@@ -91,6 +87,14 @@ def validate_inputs(model: str, spec: Spec, inputs: Any,
 
 #: dtype name (as a plan's spec holds it) -> ``np.dtype``: a handful of entries
 _DTYPES: dict[Any, np.dtype] = {}
+
+
+def _np_dtype(dtype: Any) -> np.dtype:
+    """``np.dtype(dtype)`` from the cache (made once per name)."""
+    dt = _DTYPES.get(dtype)
+    if dt is None:
+        dt = _DTYPES[dtype] = np.dtype(dtype)
+    return dt
 
 
 class InputBuffers(dict):
