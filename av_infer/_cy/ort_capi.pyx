@@ -332,11 +332,12 @@ cdef class RunOptions:
     def terminate(self, value):
         cdef bint v = bool(value)
         cdef AviOrtStatus* st
-        with nogil:
-            if v:
-                st = (<f_obj>avi_ort_api[I_RunOptionsSetTerminate])(self.ptr)
-            else:
-                st = (<f_obj>avi_ort_api[I_RunOptionsUnsetTerminate])(self.ptr)
+        # an atomic flag store inside ORT: called with the GIL held (releasing it here
+        # would make the RT arrival that kills a BE run wait to take it back)
+        if v:
+            st = (<f_obj>avi_ort_api[I_RunOptionsSetTerminate])(self.ptr)
+        else:
+            st = (<f_obj>avi_ort_api[I_RunOptionsUnsetTerminate])(self.ptr)
         _check(st, "terminate")
         self._terminate = v
 
