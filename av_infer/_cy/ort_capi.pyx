@@ -36,6 +36,8 @@ from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
 
 import os
 
+import numpy as np
+
 cdef extern from *:
     """
     #include <stdint.h>
@@ -125,11 +127,11 @@ cdef void* _cpu_info = NULL  # the CPU memory description every bound tensor use
 cdef object _loaded = None  # (path, version) once loaded; an exception once refused
 cdef object _refused = None
 
-#: ONNX element types by numpy dtype (ONNXTensorElementDataType)
-_ONNX_TYPES = {
+#: ONNX element types by numpy dtype (ONNXTensorElementDataType; native byte order)
+_ONNX_TYPES = {np.dtype(k): v for k, v in {
     "float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7,
     "bool": 9, "float16": 10, "float64": 11, "uint32": 12, "uint64": 13,
-}
+}.items()}
 
 #: what ORT's message says when ``RunOptions.terminate`` stopped a run
 KILL_TEXT = "terminate flag"
@@ -365,7 +367,8 @@ cdef class BoundSegment:
 
     cdef int _bind(self, str name, object dtype, object shape, size_t ptr,
                    bint output) except -1:
-        t = _ONNX_TYPES.get(str(dtype))
+        dt = np.dtype(dtype)
+        t = _ONNX_TYPES.get(dt)
         if t is None:
             raise OrtRunError(f"tensor {name!r}: dtype {dtype} has no C API binding here")
         cdef Py_ssize_t nd = len(shape), i
@@ -373,21 +376,23 @@ cdef class BoundSegment:
         cdef size_t n = 1
         cdef void* value = NULL
         cdef bytes bname = name.encode()
-        cdef size_t item
+        cdef size_t item = dt.itemsize
+        cdef AviOrtStatus* st
         if dims == NULL:
             raise MemoryError()
         try:
-            import numpy as np
-
-            item = np.dtype(dtype).itemsize
             for i in range(nd):
                 dims[i] = int(shape[i])
                 n *= <size_t>dims[i]
-            _check((<f_tensor>avi_ort_api[I_CreateTensorWithDataAsOrtValue])(
-                _cpu_info, <void*>ptr, n * item, dims, nd, <int>t, &value), f"tensor {name!r}")
+            st = (<f_tensor>avi_ort_api[I_CreateTensorWithDataAsOrtValue])(
+                _cpu_info, <void*>ptr, n * item, dims, nd, <int>t, &value)
+            if st != NULL:  # (the message is built only for an error: rebinds are per request)
+                _check(st, f"tensor {name!r}")
             try:
-                _check((<f_bind>avi_ort_api[I_BindOutput if output else I_BindInput])(
-                    self.binding, bname, value), f"bind {name!r}")
+                st = (<f_bind>avi_ort_api[I_BindOutput if output else I_BindInput])(
+                    self.binding, bname, value)
+                if st != NULL:
+                    _check(st, f"bind {name!r}")
             finally:
                 (<f_release>avi_ort_api[I_ReleaseValue])(value)
         finally:
