@@ -233,3 +233,31 @@ def test_the_environment_picks_the_api_and_c_is_never_a_silent_fallback():
         "except UnsupportedModelError as e:\n"
         "    print('refused |', e)\n", AV_INFER_ORT_LIB="/nonexistent.so")
     assert out.splitlines()[-1].startswith("refused |") and "dlopen failed" in out
+
+
+def test_an_ort_error_in_a_c_api_run_answers_the_request_typed_and_the_next_one_runs():
+    """ORT refusing a run on the C API path (here: an input rebound to the wrong length)
+    answers that request with DeviceFaultError carrying ORT's message; the failed task's
+    buffers are not pooled, so the next request runs clean."""
+    from av_infer.errors import DeviceFaultError
+
+    m = _relu_model()
+    with Runtime(CpuDevice(ort_api="c"), max_be_streams=1) as rt:
+        rt.load_model("relu", m)
+        runner = rt._reg.models["relu"].handle.runner
+        assert runner.api == "c"
+        short = np.zeros(3, np.float32)
+        bind = runner.bind
+
+        def bad_bind(arena):
+            fns = bind(arena)
+            fns[0].bind_input("x", short.dtype, short.shape, short.ctypes.data)
+            return fns
+
+        runner.bind = bad_bind
+        x = {"x": np.array([-1, 2, -3, 4], np.float32)}
+        with pytest.raises(DeviceFaultError, match="ONNXRuntimeError"):
+            rt.infer("relu", x, priority="RT")
+        runner.bind = bind
+        out = rt.infer("relu", x, priority="RT").outputs
+        assert next(iter(out.values())).tolist() == [0, 2, 0, 4]
