@@ -76,7 +76,7 @@ $(foreach p,$(IFACE_PKGS),$(eval $(call iface_rule,$(p))))
 build: $(VENV)/.stamp-build
 $(VENV)/.stamp-build: $(VENV)/.stamp-deps $(PYX) setup.py pyproject.toml
 	$(VPY) setup.py -q build_ext --inplace -j $(shell nproc 2>/dev/null || echo 2)
-	$(VPY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	AV_INFER_NO_EXT=1 $(VPY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
 test: setup
