@@ -276,6 +276,13 @@ def _set_shape(msg: Any, dims: Any) -> None:
     shape.dims = dims
 
 
+def _same_shape(msg: Any, dims: tuple[int, ...]) -> bool:
+    """Whether ``msg.shape`` (a ``TensorShape`` or :class:`Shape`) already is ``dims``."""
+    shape = getattr(msg, "shape", None)
+    return (shape is not None and shape.rank == len(dims)
+            and tuple(shape.dims) == tuple(dims))
+
+
 def contiguous_strides(shape: list[int], itemsize: int) -> list[int]:
     """Byte strides of a C-contiguous array of ``shape``."""
     strides = [0] * len(shape)
@@ -287,7 +294,9 @@ def contiguous_strides(shape: list[int], itemsize: int) -> list[int]:
 
 
 def fill_tensor(msg: Any, name: str, value: np.ndarray) -> Any:
-    """Sets ``msg``'s fields (a ``Tensor``) from ``value``: one copy of the bytes.
+    """Sets ``msg``'s fields (a ``Tensor``) from ``value``: one copy of the bytes. A
+    message that already holds a tensor of this name, dtype and shape (a reused one) gets
+    the new bytes copied into its data buffer and no field set again.
 
     The copy is one only if ``msg``'s setter keeps the ``array.array`` it is given: make
     the message with ``check_fields=True`` (``av_infer_nodes.common.new_tensor``); with
@@ -300,6 +309,13 @@ def fill_tensor(msg: Any, name: str, value: np.ndarray) -> Any:
         raise CodecError(f"tensor {name!r}: dtype {arr.dtype} has no Tensor data_type")
     if arr.dtype.byteorder == ">" or not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr, dtype=DATA_TYPES[code])  # the rare extra copy
+    old = getattr(msg, "data", None)
+    if (isinstance(old, array.array) and old.typecode == "B" and len(old) == arr.nbytes
+            and msg.data_type == code and msg.name == name and _same_shape(msg, arr.shape)):
+        # a reused message that already describes this tensor (a node publishing the same
+        # model's outputs every frame): the bytes copied into its buffer, no field set
+        memoryview(old)[:] = arr.reshape(-1).view(np.uint8)
+        return msg
     data = array.array("B")
     data.frombytes(arr.reshape(-1).view(np.uint8))
     msg.name = name

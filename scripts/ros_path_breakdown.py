@@ -10,9 +10,13 @@ the consumer; then a direct ``submit`` of the same tensor (the alternative), wit
 ms against 1.0-1.4 ms with the pause: warm caches, no idle wake-up). Wall clock on a
 possibly shared machine: compare the rows of one run.
 
-    scripts/netns_run.sh .venv/bin/python scripts/ros_path_breakdown.py [single|lean|multi]
+    scripts/netns_run.sh .venv/bin/python scripts/ros_path_breakdown.py [EXECUTOR|-] [PAUSE_MS]
 
-(the executor: default ``av_infer_nodes.common.DEFAULT_EXECUTOR``)
+(the executor: single, lean or multi; default, or ``-``: ``av_infer_nodes.common.
+DEFAULT_EXECUTOR``; ``PAUSE_MS``: the pause
+between images and between direct submits, default 3; 0 runs both back to back, where the
+caches still hold what the last frame touched: the difference between the two is what the
+time away costs on this host, docs/ros.md)
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ def main() -> None:
     rt.load_model(MODEL, zoo_path(MODEL), pin=True)
     from av_infer_nodes.common import DEFAULT_EXECUTOR
 
-    executor = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_EXECUTOR
+    executor = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "-" else DEFAULT_EXECUTOR
+    pause = float(sys.argv[2]) * 1e-3 if len(sys.argv) > 2 else 0.003
     h = RosHarness(num_threads=2, executor=executor, start=False)
     marks: dict[str, float] = {}
     on_image, publish, to_tensor = (ImageInferenceNode._on_image, ImageInferenceNode._publish,
@@ -91,7 +96,7 @@ def main() -> None:
             m = dict(marks)
             rows.append([m["cb"] - t0, m["pre_end"] - m["pre"], m["pub"] - m["pre_end"],
                          m["pub_end"] - m["pub"], arrived[0] - m["cb_end"], arrived[0] - t0])
-        time.sleep(0.003)
+        time.sleep(pause)
     a = np.array(rows) * 1e3
     for j, n in enumerate(["image transport", "preprocess", "submit+infer", "build+publish",
                            "output hop", "ROS path total"]):
@@ -104,9 +109,9 @@ def main() -> None:
         t0 = time.perf_counter()
         rt.submit(MODEL, x, priority="RT").result()
         d.append((time.perf_counter() - t0) * 1e3)
-        time.sleep(0.003)  # the same pause as between images: back to back is cache-warm
+        time.sleep(pause)  # the same pause as between images: back to back is cache-warm
     print(f"{'direct submit':16s} p50 {np.percentile(d, 50):.3f} ms  (executor {executor}, "
-          f"load average {os.getloadavg()[0]:.2f})")
+          f"pause {pause * 1e3:g} ms, load average {os.getloadavg()[0]:.2f})")
     os._exit(0)  # the harness' executor thread: no orderly teardown needed for a probe
 
 

@@ -47,6 +47,23 @@ def test_fill_tensor_and_views_round_trip_every_dtype():
         assert np.shares_memory(view, np.frombuffer(t.data, np.uint8))  # no copy
 
 
+def test_fill_tensor_refills_a_reused_message_in_place_and_resets_a_changed_one():
+    t = codec.fill_tensor(NS(), "y", np.zeros((1, 4), np.float32))
+    data = t.data
+    again = codec.fill_tensor(t, "y", np.arange(4, dtype=np.float32).reshape(1, 4))
+    assert again is t and t.data is data  # same tensor: bytes copied into the buffer
+    np.testing.assert_array_equal(codec.check_tensors([t])["y"], [[0, 1, 2, 3]])
+    for name, arr in (("z", np.ones((1, 4), np.float32)),      # another name
+                      ("z", np.ones((2, 2), np.float32)),      # another shape, same size
+                      ("z", np.ones((1, 4), np.int32)),        # another dtype, same size
+                      ("z", np.ones((1, 8), np.float32))):     # another size
+        codec.fill_tensor(t, name, arr)
+        assert t.data is not data and list(t.shape.dims) == list(arr.shape)
+        assert t.data_type == codec.DATA_TYPE_OF[arr.dtype.name]
+        np.testing.assert_array_equal(codec.check_tensors([t])[name], arr)
+        data = t.data
+
+
 def test_fill_tensor_makes_big_endian_and_strided_arrays_contiguous():
     t = codec.fill_tensor(NS(), "b", np.arange(6, dtype=">f4").reshape(2, 3)[:, ::2])
     view = codec.check_tensors([t])["b"]
