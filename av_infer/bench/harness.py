@@ -440,6 +440,7 @@ class Bench:
         from av_infer.sched.policies import get_policy
         from av_infer.sched.request import Priority
         from av_infer.sched.rt_forecast import BUDGET, QuietWindows, RtForecast
+        from av_infer.sched.scheduler import EVENT_KINDS
 
         cfg = self.cfg
         c = cfg.c if c is None else c
@@ -469,6 +470,12 @@ class Bench:
                     be_kernels[1].append(float(data["t_end"] if math.isnan(t_stop) else t_stop))
                 counts[event] = counts.get(event, 0) + 1
 
+            if sim is not None:
+                # the simulator counts the launches it completes, one "kernel" event each
+                # (one completion record a launch; nothing ran on this fresh device yet):
+                # the listener is not called once per kernel for a count (issue 31)
+                listener.event_kinds = EVENT_KINDS - {"kernel"}  # type: ignore[attr-defined]
+                sim_kernels0 = sim.stats["kernels"]
             rt.add_listener(listener)
             if forecast:
                 rt.add_listener(QuietWindows(rt.device, RtForecast(
@@ -545,6 +552,8 @@ class Bench:
             else:
                 self._drive_wall(rt, schedule, closed, submit, t0, t_end, closed_loops_over,
                                  pending, lock, all_done)
+            if sim is not None and sim.stats["kernels"] > sim_kernels0:
+                counts["kernel"] = sim.stats["kernels"] - sim_kernels0
             events = dict(counts)
             tl = capture.result() if capture is not None else None
             residency = self._residency(sim, be_streams, be_kernels)

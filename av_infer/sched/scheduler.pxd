@@ -95,7 +95,9 @@ cdef class Scheduler:
     cdef public bint edf_preempt
     cdef public bint preempt_drain
     cdef readonly Stats stats
-    cdef public list listeners
+    cdef tuple _listeners
+    cdef readonly tuple _kernel_listeners
+    cdef dict _routes
     cdef public object rt_queue
     cdef public object be_queues
     cdef public dict tasks
@@ -144,6 +146,7 @@ cdef class Scheduler:
     @cython.locals(req=Request, cs=ClientStats)
     cdef _miss(self, Task t, now, deadline=*, str where=*)
     cdef _queue(self, Task t, bint front=*)
+    cdef tuple _route(self, str kind)
     cdef _emit(self, str kind, dict payload)
     @cython.locals(task=Task, cs=ClientStats, lock=FastLock)
     cpdef on_arrival(self, Request req, ModelEntry entry)
@@ -160,6 +163,10 @@ cdef class Scheduler:
     @cython.locals(s=StreamState)
     cdef int _be_running_count(self)
     cdef bint _be_running(self)
+    @cython.locals(s=StreamState)
+    cdef bint _be_in_flight(self)
+    @cython.locals(s=StreamState)
+    cdef bint _be_owned(self)
     @cython.locals(cur=Task, width=int)
     cdef bint _rt_idle(self)
     @cython.locals(cur=Task, task=Task, width=int)

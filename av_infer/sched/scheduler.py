@@ -55,6 +55,11 @@ log = logging.getLogger(__name__)
 
 Listener = Callable[[str, dict], None]
 
+#: every event kind the scheduler emits to its listeners (``Scheduler.listeners``): a
+#: listener with an ``event_kinds`` attribute is called for the kinds it names only
+EVENT_KINDS = frozenset(("arrival", "dispatch", "preempt", "restore", "kernel", "complete",
+                         "fail", "be_grant"))
+
 #: BE starvation window (device seconds): BE work waiting this long without a BE launch
 #: completing, while RT holds the device, gets a grant (``Scheduler.be_min_share``).
 BE_SHARE_WINDOW = 0.05
@@ -220,7 +225,13 @@ class Scheduler:
         #: the statistics (compiled: a typed ``Stats``, its lock, tables and counters C
         #: fields); set here only (read-only compiled)
         self.stats = Stats()
-        self.listeners: list[Listener] = []
+        #: the listeners (``listeners``, a property: its setter routes them by kind)
+        self._listeners: tuple = ()
+        #: the listeners the "kernel" event goes to (one per completion: its payload is
+        #: built only when one wants it)
+        self._kernel_listeners: tuple = ()
+        #: kind -> the listeners of that kind (filled on first use after each assignment)
+        self._routes: dict = {}
         self.rt_queue = RtQueue()
         self.be_queues = BeQueues()
         self.tasks: dict[int, Task] = {}  # allocated or running tasks (not queued ones)
@@ -456,7 +467,7 @@ class Scheduler:
         self._grant_until = now + BE_SHARE_WINDOW * share / (1.0 - share)
         with self.stats.lock:
             self.stats.be_grants += 1
-        if self.listeners:
+        if self._listeners:
             self._emit("be_grant", {"until": self._grant_until, "t": now})
         return True
 
@@ -530,8 +541,38 @@ class Scheduler:
         self._schedule()
 
     # -- listeners --------------------------------------------------------------------------
+    @property
+    def listeners(self) -> tuple:
+        """The listeners, ``fn(kind, payload)``, in the order they are called (a tuple:
+        assign a new sequence to change them, as ``Engine.add_listener`` does). A listener
+        with an ``event_kinds`` attribute (a collection of ``EVENT_KINDS``) is called for
+        those kinds only; one without, for every kind. So the per-completion "kernel"
+        event costs nothing (no payload built, no call) unless a listener wants it."""
+        return self._listeners
+
+    @listeners.setter
+    def listeners(self, fns: Sequence[Listener]) -> None:
+        fns = tuple(fns)
+        for fn in fns:
+            kinds = getattr(fn, "event_kinds", None)
+            if kinds is not None and not EVENT_KINDS.issuperset(kinds):
+                raise ValueError(f"listener {fn!r}: unknown event kinds "
+                                 f"{sorted(set(kinds) - EVENT_KINDS)}")
+        self._listeners = fns
+        self._routes = {}
+        self._kernel_listeners = self._route("kernel")
+
+    def _route(self, kind: str) -> tuple:
+        """The listeners of ``kind`` (see ``listeners``), cached until the next assignment."""
+        fns = self._routes.get(kind)
+        if fns is None:
+            fns = tuple(fn for fn in self._listeners
+                        if getattr(fn, "event_kinds", None) is None or kind in fn.event_kinds)
+            self._routes[kind] = fns
+        return fns
+
     def _emit(self, kind: str, payload: dict) -> None:
-        for fn in self.listeners:
+        for fn in self._route(kind):
             try:
                 fn(kind, payload)
             except Exception:
@@ -604,7 +645,7 @@ class Scheduler:
                 s.outstanding -= 1
                 if be:
                     self._be_seen = tt[2 * i + 1]  # BE progressed
-                if self.listeners:
+                if self._kernel_listeners:
                     self._emit("kernel", _kernel_payload(
                         comp.stream, comp.task, k0 + i, comp.executed, tt[2 * i],
                         tt[2 * i + 1], math.nan))
@@ -637,7 +678,7 @@ class Scheduler:
                         self.stats.preemption_stop_submit.add(
                             max(0.0, stop - s.stop_from_received))
                 s.stop_from = None
-        if self.listeners:
+        if self._kernel_listeners:
             self._emit("kernel", _kernel_payload(comp.stream, comp.task, comp.kernel,
                                                  comp.executed, comp.t_start, comp.t_end,
                                                  comp.t_stop))
@@ -839,11 +880,30 @@ class Scheduler:
 
     def _be_running_count(self) -> int:
         """BE streams whose task is running (not preempted, paused or finished)."""
-        return sum(1 for s in self.be_streams
-                   if s.owner is not None and s.owner.state == RUNNING)
+        n = 0
+        for s in self.be_streams:  # a plain loop: no generator (a closure and a frame)
+            if s.owner is not None and s.owner.state == RUNNING:
+                n += 1
+        return n
 
     def _be_running(self) -> bool:
         return self._be_running_count() > 0
+
+    def _be_in_flight(self) -> bool:
+        """A BE stream with a task has launches on the device (plain loops here and in
+        ``_be_owned``, not ``any()`` over a generator: the wait policy asks on every
+        decision while RT is queued)."""
+        for s in self.be_streams:
+            if s.owner is not None and s.outstanding > 0:
+                return True
+        return False
+
+    def _be_owned(self) -> bool:
+        """A BE stream has a task (running, preempted or paused)."""
+        for s in self.be_streams:
+            if s.owner is not None:
+                return True
+        return False
 
     def _rt_idle(self) -> bool:
         """``_schedule_rt`` would do nothing: no RT request is queued, or the fed RT task
@@ -877,8 +937,7 @@ class Scheduler:
                 return  # every parallel RT stream runs a task: EDF order on the next one
             if self._policy.preempts:
                 self._preempt_be()
-                if (self._policy.waits or self.preempt_drain) and any(
-                        s.outstanding > 0 for s in self.be_streams if s.owner is not None):
+                if (self._policy.waits or self.preempt_drain) and self._be_in_flight():
                     return  # what BE launched finishes or self-evicts first
             task = self.rt_queue.pop()
             if task.entry.variants is not None and self.ext is not None and not task.allocated:
@@ -905,7 +964,7 @@ class Scheduler:
         cur.req.timings.preempted += 1
         with self.stats.lock:
             self.stats.rt_switches += 1
-        if self.listeners:
+        if self._listeners:
             self._emit("preempt", {"request_id": cur.tid, "stream": s.id, "kind": "edf",
                                    "last_sent": info.last_sent, "done": info.done,
                                    "t": self.device.now()})
@@ -950,7 +1009,7 @@ class Scheduler:
             t.req.timings.preempted += 1
             with self.stats.lock:
                 self.stats.preemptions += 1
-            if self.listeners:
+            if self._listeners:
                 self._emit("preempt", {"request_id": t.tid, "stream": s.id,
                                        "kind": self._policy.preempt,
                                        "last_sent": info.last_sent, "done": info.done,
@@ -999,7 +1058,7 @@ class Scheduler:
                 self._restore(t, s)
             else:
                 self._enqueue(t, s, t.resume_from)
-                if self.listeners:
+                if self._listeners:
                     self._emit("restore", {"request_id": t.tid, "stream": s.id,
                                            "from": t.resume_from, "t": self.device.now()})
         # Start new BE tasks on free streams.
@@ -1011,7 +1070,7 @@ class Scheduler:
             if room is not None and self._be_running_count() >= room:
                 return
             if self._policy.exclusive and (self._be_running() or self.rt_active or
-                                  any(x.owner is not None for x in self.be_streams)):
+                                           self._be_owned()):
                 return
             while self.be_queues:
                 t = self.be_queues.pop()
@@ -1048,7 +1107,7 @@ class Scheduler:
         with self.stats.lock:
             self.stats.restores += 1
         self._enqueue(t, s, rp)
-        if self.listeners:
+        if self._listeners:
             self._emit("restore", {"request_id": t.tid, "stream": s.id, "from": rp,
                                    "t": self.device.now()})
 

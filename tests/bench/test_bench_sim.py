@@ -213,3 +213,29 @@ def test_json_dest_dash_prints_to_stdout_and_a_path_writes_the_file(tmp_path, ca
     out = emit_json(doc, tmp_path / "sub" / "x.json")
     assert json.loads(out.read_text()) == doc and human_stream(str(out)) is sys.stdout
     assert emit_json(doc, None) is None and capsys.readouterr().out == ""
+
+
+def test_sim_counts_kernel_events_from_the_device_not_a_listener_call_each(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On sim the harness's listener does not take the per-completion "kernel" event (its
+    ``event_kinds``); the run's "kernel" count is the device's launches, the same number
+    of "kernel" events a listener of every kind sees, and every other count is the same."""
+    from av_infer.runtime import Runtime
+    from av_infer.sched.scheduler import EVENT_KINDS
+
+    every: dict[str, int] = {}
+    kinds: list = []
+    add = Runtime.add_listener
+
+    def add_beside(rt: Runtime, fn) -> None:  # noqa: ANN001
+        kinds.append(getattr(fn, "event_kinds", None))
+        add(rt, fn)
+        add(rt, lambda k, p: every.__setitem__(k, every.get(k, 0) + 1))
+
+    monkeypatch.setattr(Runtime, "add_listener", add_beside)
+    cfg = BenchConfig(device="sim", duration=0.3, gpu="h100", progress=False,
+                      standalone_n=3, timeline=False)
+    run = Bench(load_workload("A"), cfg).run_policy("reef")
+    assert kinds == [EVENT_KINDS - {"kernel"}]
+    assert run.events["kernel"] == run.device["kernels"] == every["kernel"] > 0
+    assert run.events == every and run.events["preempt"] > 0

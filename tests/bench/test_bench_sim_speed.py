@@ -63,6 +63,7 @@ def test_completion_cost_counts_every_completion_and_restores_the_device() -> No
     assert r["policy"] == "reef" and r["requests"] > 0
     assert r["completions"] == r["kernels"] > 0
     assert r["cpu_per_completion_us"] > 0 and r["clock_pair_us"] > 0
+    assert r["clock_pair_p50_us"] > 0 and isinstance(r["callback_p50_us"], float)
 
 
 def test_equivalence_refuses_an_unknown_configuration() -> None:

@@ -140,7 +140,7 @@ def _run(seed: int, merge: bool, policy: str, kw: dict) -> tuple[str, Batching]:
     rt = Runtime(device=dev, policy=policy, c=4, max_be_streams=2, **kw)
     events: list[tuple] = []
     if seed % 2:
-        rt._sched.listeners.append(lambda kind, p: events.append((kind, repr(p))))
+        rt._sched.listeners = [lambda kind, p: events.append((kind, repr(p)))]
     for name, plan in (("rt", rt_plan), ("be", be_plan), ("be2", be2_plan)):
         rt.load_model(name, plan)
     arr = random.Random(seed * 7 + 1)
