@@ -27,7 +27,7 @@ from av_infer.sched.request cimport Request, Timings
 from av_infer.sched.stats cimport ClientStats, Stats
 
 cdef int QUEUED, RUNNING, PAUSED, PREEMPTED, ABORTING, DONE
-cdef double _INF, _NINF
+cdef double _INF, _NINF, _BE_WINDOW
 cdef tuple _PRIO
 cdef dict _KERNEL_KEYS
 
@@ -78,6 +78,7 @@ cdef class Task:
 cdef class StreamState:
     cdef public int id
     cdef public str kind
+    cdef readonly bint is_be
     cdef public Task owner
     cdef public int outstanding
     cdef public bint flagged

@@ -63,6 +63,9 @@ EVENT_KINDS = frozenset(("arrival", "dispatch", "preempt", "restore", "kernel", 
 #: BE starvation window (device seconds): BE work waiting this long without a BE launch
 #: completing, while RT holds the device, gets a grant (``Scheduler.be_min_share``).
 BE_SHARE_WINDOW = 0.05
+#: the same, read by the decisions (compiled: a C double, scheduler.pxd; no float boxed
+#: and added as Python objects in ``next_timer`` and ``_be_granted``)
+_BE_WINDOW = BE_SHARE_WINDOW
 
 # Task states.
 QUEUED, RUNNING, PAUSED, PREEMPTED, ABORTING, DONE = range(6)
@@ -186,6 +189,8 @@ class StreamState:
     def __init__(self, id: int, kind: str) -> None:
         self.id = id
         self.kind = kind  # "rt_hi" | "rt" | "be"
+        #: ``kind == "be"``, read on every completion (compiled: a C flag, no string compare)
+        self.is_be = kind == "be"
         self.owner: Task | None = None  # BE: the task owning the stream (running/preempted)
         self.outstanding = 0  # launches of every task on it, enqueued and not completed
         self.flagged = False  # its preemption flag (published by Scheduler._flag)
@@ -420,7 +425,7 @@ class Scheduler:
             if self._grant_until > _NINF:
                 due = min(due, self._grant_until)
             elif self._be_wait:
-                due = min(due, self._be_seen + BE_SHARE_WINDOW)
+                due = min(due, self._be_seen + _BE_WINDOW)
         return due
 
     # -- BE's minimum share under RT overload --------------------------------------------------
@@ -461,10 +466,10 @@ class Scheduler:
         if not self._be_wait:  # BE starts waiting now
             self._be_wait, self._be_seen = True, now
             return False
-        if now - self._be_seen < BE_SHARE_WINDOW:
+        if now - self._be_seen < _BE_WINDOW:
             return False
         share = self.be_min_share
-        self._grant_until = now + BE_SHARE_WINDOW * share / (1.0 - share)
+        self._grant_until = now + _BE_WINDOW * share / (1.0 - share)
         with self.stats.lock:
             self.stats.be_grants += 1
         if self._listeners:
@@ -639,7 +644,7 @@ class Scheduler:
             task = self.tasks[comp.task]
             tt = comp.times
             k0 = comp.kernel
-            be = s.kind == "be"
+            be = s.is_be
             tm = task.req.timings
             for i in range(comp.count):
                 s.outstanding -= 1
@@ -667,7 +672,7 @@ class Scheduler:
         s = self.streams.get(comp.stream)
         if s is not None:
             s.outstanding -= 1
-            if s.kind == "be" and comp.executed is not False:
+            if s.is_be and comp.executed is not False:
                 self._be_seen = comp.t_end  # BE progressed
             if s.stop_from is not None:  # preemption latency (docs/design.md, Metrics)
                 stop = comp.t_stop if comp.t_stop == comp.t_stop else comp.t_end
@@ -1400,7 +1405,7 @@ class Scheduler:
             info = self.device.reset(s.id)
             if info is not None:
                 self._account_dropped(t, s, info)
-            if t.outstanding > 0 and s.kind == "be":
+            if t.outstanding > 0 and s.is_be:
                 self._flag(s, True)
         if t.outstanding > 0:
             t.state = ABORTING
