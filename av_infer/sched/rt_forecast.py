@@ -120,6 +120,10 @@ class QuietWindows:
     Add it with ``runtime.add_listener(QuietWindows(runtime.device))`` under a policy that
     preempts BE work (it holds BE launches; under ``streams`` it would only cost BE)."""
 
+    #: the scheduler calls it for these kinds only (``Scheduler.listeners``): no payload is
+    #: built for it per kernel completion
+    event_kinds = frozenset(("arrival", "dispatch", "complete"))
+
     def __init__(self, device: Any, forecast: RtForecast | None = None) -> None:
         self.device = device
         self.forecast = forecast or RtForecast()
