@@ -12,3 +12,6 @@ cdef class FastLock:
     cpdef bint acquire(self, bint blocking=*, double timeout=*)
     cpdef release(self)
     cpdef bint release_if_locked(self)
+
+
+cpdef unsigned long thread_ident() noexcept

@@ -17,7 +17,7 @@ compiled as it is.
 
 cimport cython
 
-from av_infer._cy.fastlock cimport FastLock
+from av_infer._cy.fastlock cimport FastLock, thread_ident
 from av_infer.sched.request cimport Request
 from av_infer.sched.scheduler cimport Scheduler
 
@@ -37,7 +37,7 @@ cdef class Driver:
     cdef public object stopped
     cdef public object _pending
     cdef public FastLock _lock
-    cdef public object _holder
+    cdef public unsigned long _holder
     cdef public object _cbq
     cdef public object _cb_thread
     cdef public object _cb_lock

@@ -44,10 +44,9 @@ from functools import partial
 from queue import SimpleQueue
 from typing import Any
 
-from av_infer._cy.fastlock import FastLock
+from av_infer._cy.fastlock import FastLock, thread_ident
 
 log = logging.getLogger(__name__)
-_get_ident = threading.get_ident
 
 __all__ = ["Driver", "RequestFuture"]
 
@@ -262,7 +261,7 @@ class Driver:
                     break
                 if not lock.acquire(False):
                     return  # the thread inside handles it before it leaves (re-check below)
-            self._holder = _get_ident()
+            self._holder = thread_ident()
             try:
                 # do what is due: every queued event (the scheduler's non-blocking
                 # handlers), then arm a timer for the next timed decision (inf: none)
@@ -326,7 +325,7 @@ class Driver:
 
     def holds(self) -> bool:
         """True on the thread that is inside the scheduler now."""
-        return self._holder == _get_ident()
+        return self._holder == thread_ident()
 
     def call(self, fn: Callable[[], Any], wait: bool = True) -> Any:
         """Run ``fn`` inside the scheduler (between events) and return its result.
@@ -396,7 +395,7 @@ class Driver:
 def _help_run(fut: RequestFuture, driver: Driver, req: Any) -> None:
     """``RequestFuture._help``'s loop (compiled: a C function with ``driver`` and ``req``
     typed, so the driver's fields and the request's stream are C reads, driver.pxd)."""
-    if driver._holder == _get_ident():
+    if driver._holder == thread_ident():
         return
     run = driver.device.run_pending
     until = partial(getattr, fut, "resolved")  # ``until()``: a C call, no Python frame

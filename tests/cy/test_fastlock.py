@@ -89,3 +89,18 @@ def test_bad_timeouts_are_refused_as_threading_lock_refuses_them(make):
     with pytest.raises(ValueError):
         lk.acquire(True, -2.0)
     assert not lk.locked()
+
+
+def test_thread_ident_is_the_threading_module_s_id_on_every_thread():
+    from av_infer._cy.fastlock import thread_ident
+
+    seen = {}
+
+    def record():
+        seen["thread"] = (thread_ident(), threading.get_ident())
+
+    th = threading.Thread(target=record)
+    th.start()
+    th.join()
+    assert thread_ident() == threading.get_ident()
+    assert seen["thread"][0] == seen["thread"][1] != thread_ident()
