@@ -91,28 +91,34 @@ class RequestFuture(Future):
     ``concurrent.futures.wait``/``as_completed`` and ``asyncio.wrap_future`` work on it
     (tests/sched/test_request_future.py)."""
 
+    #: the request whose launches a waiting thread runs (``_help``; set by the runtime when
+    #: it posts the request). It holds this future: dropped once resolved, so a request is
+    #: freed when its last reference goes instead of by the cycle collector (whose
+    #: collections, every few hundred requests, cost about 12 k instructions a request)
+    request: Any = None
+    #: set once a result or an exception is in (a plain read, unlike ``done()``, which
+    #: takes the future's lock: helpers poll it between launches)
+    resolved = False
+
+    if _LEAN:
+        # ``Future``'s fields as class-level defaults of a pending future without a
+        # condition: a new future sets only ``_driver`` (each attribute set on an instance
+        # is a generic setattr, ~200 instructions, nine of them a request before), and an
+        # instance attribute written later (``Future``'s methods, ``_condition``,
+        # ``set_result``) shadows its default. ``_waiters``/``_done_callbacks`` are made
+        # with the condition (every ``Future`` method that reads them holds it first); a
+        # missed one fails loudly (a tuple has no ``append``)
+        _cond: threading.Condition | None = None
+        _state = _PENDING
+        _result: Any = None
+        _exception: BaseException | None = None
+        _waiters: list | tuple = ()
+        _done_callbacks: list | tuple = ()
+
     def __init__(self, driver: Driver) -> None:
-        if _LEAN:
-            self._cond: threading.Condition | None = None
-            self._state = _PENDING
-            self._result = None
-            self._exception: BaseException | None = None
-            # made with the condition (``_condition``): every Future method that reads
-            # them holds it first; a missed one fails loudly (a tuple has no append)
-            self._waiters: list | tuple = ()
-            self._done_callbacks: list | tuple = ()
-        else:
+        if not _LEAN:
             super().__init__()
         self._driver = driver
-        #: the request whose launches a waiting thread runs (``_help``; set by the runtime
-        #: when it posts the request). It holds this future: dropped once resolved, so a
-        #: request is freed when its last reference goes instead of by the cycle collector
-        #: (whose collections, every few hundred requests, cost about 12 k instructions a
-        #: request)
-        self.request: Any = None
-        #: set once a result or an exception is in (a plain read, unlike ``done()``,
-        #: which takes the future's lock: helpers poll it between launches)
-        self.resolved = False
 
     if _LEAN:
         @property  # type: ignore[override]
