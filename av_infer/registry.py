@@ -3,12 +3,18 @@
 configurations, under one lock.
 
 Why one owner: a request is resolved (client configuration -> variant group -> model
-entry) on every submit; holding all four tables behind one lock lets that resolution take
-one lock acquisition (``resolve``), and every change (load, unload, group, client) is made
-whole under the same lock, so a submit never sees half of one. The registry holds *what is
-loaded and how clients are configured*; it never talks to the device or the scheduler
-(``engine.Engine`` does) and does no compiling, so every method is short and never blocks
-on the scheduler while holding the lock.
+entry) on every submit; every change (load, unload, group, client) is made whole under
+one lock, so a submit never sees half of one. The per-submit look-up (``resolve``) takes
+no lock (docs/request_path.md, "The request path's last Python costs"): the writers
+count a generation up before and after each change (odd while one is under way), and a
+look-up that saw an odd generation, or a different one at its end, is made again under
+the lock. Under the GIL, a look-up that saw the same even generation before and after
+read tables no change touched in between: it returns what the locked look-up would
+have returned at that moment (taking the lock a request was ~1 k instructions).
+
+The registry holds *what is loaded and how clients are configured*; it never talks to the
+device or the scheduler (``engine.Engine`` does) and does no compiling, so every method is
+short and never blocks on the scheduler while holding the lock.
 
 Compiled where built (``registry.pxd``, Cython's pure-Python mode,
 av_infer/_cy/compiled.py): ``ModelRegistry`` is a ``cdef class`` whose ``resolve`` the
@@ -57,11 +63,17 @@ Group = tuple[VariantGroup, ModelEntry, GroupStats]
 
 class ModelRegistry:
     """Models, ONNX sources (for batch plans), variant groups, client configurations and
-    submit-error counts of one runtime. Thread-safe: every method takes ``lock`` (an
-    RLock; callers may hold it around several calls)."""
+    submit-error counts of one runtime. Thread-safe: every method but ``resolve`` takes
+    ``lock`` (an RLock; callers may hold it around several calls); ``resolve`` reads
+    without it unless a change is under way (the module docstring). Whoever changes
+    ``models``, ``groups`` or ``clients`` does it through these methods (each brackets
+    the change with ``_begin``/``_end``)."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
+        #: counted up before and after every change of the tables ``resolve`` reads
+        #: (odd: a change is under way); written under ``lock`` only
+        self._gen = 0
         self.models: dict[str, ModelEntry] = {}
         self.sources: dict[str, tuple[Any, Any, bool]] = {}  # name -> (source, shapes, whole)
         self.groups: dict[str, Group] = {}
@@ -81,9 +93,13 @@ class ModelRegistry:
         with self.lock:
             if entry.name in self.models:
                 raise ModelNameInUseError(f"model {entry.name!r} is already loaded")
-            self.models[entry.name] = entry
-            if source is not None:
-                self.sources[entry.name] = source
+            self._begin()
+            try:
+                self.models[entry.name] = entry
+                if source is not None:
+                    self.sources[entry.name] = source
+            finally:
+                self._end()
 
     def remove(self, name: str) -> ModelEntry | None:
         """Forget a model (None if unknown); refused while a variant group uses it."""
@@ -92,7 +108,19 @@ class ModelRegistry:
             if used:
                 raise InvalidParameterError(
                     f"model {name!r} is a variant of group(s) {used}; remove them first")
-            return self.models.pop(name, None)
+            self._begin()
+            try:
+                return self.models.pop(name, None)
+            finally:
+                self._end()
+
+    def _begin(self) -> None:
+        """A change of the tables ``resolve`` reads starts (under ``lock``)."""
+        self._gen += 1
+
+    def _end(self) -> None:
+        """The change is whole (under ``lock``)."""
+        self._gen += 1
 
     def names(self) -> list[str]:
         with self.lock:
@@ -125,22 +153,35 @@ class ModelRegistry:
             if cfg.variant_group is not None and cfg.variant_group not in self.groups:
                 raise UnknownModelError(f"unknown variant group {cfg.variant_group!r}; "
                                         f"defined: {self.variant_groups()}")
+            self._begin()
             self.clients[client] = cfg
+            self._end()
 
     def resolve(self, model: str, client: str, variant_group: str | None
                 ) -> tuple[ClientConfig, str | None, Group | None, ModelEntry | None]:
-        """One request's look-up, under one lock acquisition (every submit): the client's
-        configuration, the variant group that serves it (the request's, else the
-        client's; None: none), that group, and the entry it runs on (None: unknown)."""
+        """One request's look-up (every submit): the client's configuration, the variant
+        group that serves it (the request's, else the client's; None: none), that group,
+        and the entry it runs on (None: unknown). As of one moment between changes: read
+        without the lock when no change overlapped it, else again under the lock."""
+        gen = self._gen
+        if not gen & 1:
+            got = self._look(model, client, variant_group)
+            if self._gen == gen:
+                return got
         with self.lock:
-            cfg = self.clients.get(client) or DEFAULT_CLIENT
-            gname = cfg.variant_group if variant_group is None else variant_group
-            if gname is None:
-                entry = self.models.get(model)
-                if entry is None and model in self.groups:
-                    entry = self.groups[model][1]
-                return cfg, None, None, entry
-            grp = self.groups.get(gname)
+            return self._look(model, client, variant_group)
+
+    def _look(self, model: str, client: str, variant_group: str | None) -> tuple:
+        cfg = self.clients.get(client) or DEFAULT_CLIENT
+        gname = cfg.variant_group if variant_group is None else variant_group
+        if gname is None:
+            entry = self.models.get(model)
+            if entry is None:
+                grp = self.groups.get(model)
+                if grp is not None:
+                    entry = grp[1]
+            return cfg, None, None, entry
+        grp = self.groups.get(gname)
         return cfg, gname, grp, None if grp is None else grp[1]
 
     def count_submit_error(self, code: str) -> None:
@@ -163,17 +204,25 @@ class ModelRegistry:
 
     def add_group(self, group: VariantGroup, entry: ModelEntry) -> None:
         with self.lock:
-            self.groups[group.name] = (group, entry, GroupStats(group))
+            stats = GroupStats(group)
+            self._begin()
+            self.groups[group.name] = (group, entry, stats)
+            self._end()
 
     def remove_group(self, name: str) -> None:
         """Forget a group (UnknownModelError if unknown); clients configured with it fall
         back to serving the model they name."""
         with self.lock:
-            if self.groups.pop(name, None) is None:
+            if name not in self.groups:
                 raise UnknownModelError(f"unknown variant group {name!r}")
-            for client, cfg in list(self.clients.items()):
-                if cfg.variant_group == name:
-                    self.clients[client] = replace(cfg, variant_group=None)
+            self._begin()
+            try:
+                del self.groups[name]
+                for client, cfg in list(self.clients.items()):
+                    if cfg.variant_group == name:
+                        self.clients[client] = replace(cfg, variant_group=None)
+            finally:
+                self._end()
 
     def group(self, name: str) -> Group | None:
         with self.lock:
