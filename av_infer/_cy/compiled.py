@@ -27,14 +27,14 @@ from pathlib import Path
 #: (dependencies first: ``use_interpreted`` loads them in this order; the scheduler
 #: imports the request module, the driver the scheduler; the latency recorders are
 #: imported by the scheduler's statistics and the cpu device; the scheduler cimports the
-#: devices' completion records, the policies and the statistics; the model services
-#: cimport the scheduler's ``Task`` and the model cache; the admission, the runtime's
-#: request builder, cimports the input checks, the request options, the registry, the
-#: driver and the request records)
+#: devices' completion records, the cpu device's lane engine, the policies and the
+#: statistics; the model services cimport the scheduler's ``Task`` and the model cache;
+#: the admission, the runtime's request builder, cimports the input checks, the request
+#: options, the registry, the driver and the request records)
 PURE_MODULES: tuple[str, ...] = ("latency", "devices.completion", "sched.request",
-                                 "sched.policies", "sched.stats",
+                                 "sched.policies", "sched.stats", "devices.cpu_lanes",
                                  "sched.scheduler", "cache", "sched.model_services",
-                                 "sched.driver", "devices.cpu_lanes", "inputs",
+                                 "sched.driver", "inputs",
                                  "request_options", "registry", "admission")
 
 _PKG = Path(__file__).resolve().parents[1]

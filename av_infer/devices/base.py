@@ -241,6 +241,13 @@ class Device(ABC):
     #: cores one RT task occupies (the CPU: its intra-op threads); only read where
     #: ``rt_parallel`` > 1
     rt_task_cores: int = 1
+    #: The device's C-level table (docs/request_path.md section 2): an object whose
+    #: ``new_task``/``write_inputs``/``enqueue``/``run_pending``/``release_task``/
+    #: ``read_outputs`` are this device's own, which the compiled scheduler (and the
+    #: driver's helping caller) call as C methods; today the cpu device's lane engine
+    #: (``CpuDevice.lane_engine``). None: they call the device's methods. Read once, when
+    #: the scheduler is built.
+    lane_engine: Any = None
 
     def enqueue_padded(self, stream: int, task: int, kernel: int,
                        parts: Sequence[tuple[int, int, int, int, int]]) -> bool:

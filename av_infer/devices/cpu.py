@@ -227,6 +227,20 @@ class CpuDevice(Device):
             if getattr(type(self), name) is getattr(CpuDevice, name):
                 setattr(self, name, getattr(self._lanes_engine, name))
 
+    @property
+    def lane_engine(self) -> LaneEngine | None:
+        """The lane engine when this device's request-path methods (``_PORT_METHODS``)
+        are all the engine's own, else None (a subclass overrides one, or one was
+        replaced on the instance). The scheduler reads it once, when it is built, and then
+        calls those methods on the engine as C methods (its typed ``_port``; the C-level
+        table of docs/request_path.md section 2); with None it calls the device's."""
+        eng = self._lanes_engine
+        own = vars(self)
+        for name in _PORT_METHODS:
+            if own.get(name) != getattr(eng, name):
+                return None
+        return eng
+
     # -- the engine's state, read and written through ---------------------------------------
     @property
     def _lanes(self) -> list[_Lane]:
@@ -522,5 +536,8 @@ def _make_bound(handle: _Model) -> _Bound:
 
 
 #: the methods a CpuDevice binds to its engine's (``__init__``)
+#: the engine's methods the scheduler calls per request (``lane_engine``)
+_PORT_METHODS = ("new_task", "write_inputs", "enqueue", "run_pending", "release_task",
+                 "read_outputs")
 _ENGINE_METHODS = ("enqueue", "run_pending", "new_task", "write_inputs", "read_outputs",
                    "release_task", "set_preempt", "reset")

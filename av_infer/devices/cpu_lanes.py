@@ -43,7 +43,6 @@ from av_infer._cy.vhq import VHQ
 from av_infer.devices import os_priority
 from av_infer.devices.base import Completion, ResetInfo
 from av_infer.errors import DeviceFaultError
-from av_infer.kernels.ort_segments import is_kill
 
 log = logging.getLogger("av_infer.devices.cpu")
 
@@ -55,6 +54,16 @@ _clocks = threading.local()
 #: attribute read per drain)
 _perf_counter = time.perf_counter
 _clock_gettime = time.clock_gettime
+
+
+def _is_kill(exc: BaseException) -> bool:
+    """``kernels.ort_segments.is_kill``, imported at the first kill: that module loads
+    ONNX (~0.4 s), and the scheduler imports this one for ``LaneEngine`` (its typed
+    reference to the cpu device's engine, sched/scheduler.py ``_port_of``), simulator
+    included."""
+    from av_infer.kernels.ort_segments import is_kill
+
+    return is_kill(exc)
 
 
 def _thread_ids() -> tuple[int, int]:
@@ -498,7 +507,7 @@ class LaneEngine:
                     else:
                         rec.bound.fns[k](ro)
                 except BaseException as e:  # noqa: BLE001 - reported at read_outputs
-                    if ro is not None and ro.terminate and is_kill(e):
+                    if ro is not None and ro.terminate and _is_kill(e):
                         executed = False  # killed: evicted, restored from its start
                     else:
                         rec.error, rec.error_kernel = e, k

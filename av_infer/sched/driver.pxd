@@ -18,6 +18,7 @@ compiled as it is.
 cimport cython
 
 from av_infer._cy.fastlock cimport FastLock, thread_ident
+from av_infer.devices.cpu_lanes cimport LaneEngine
 from av_infer.sched.request cimport Request
 from av_infer.sched.scheduler cimport Scheduler
 
@@ -50,5 +51,5 @@ cdef class Driver:
     cdef _drain(self, first)
 
 
-@cython.locals(s=int)
+@cython.locals(s=int, port=LaneEngine)
 cdef _help_run(fut, Driver driver, Request req)

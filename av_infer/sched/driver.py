@@ -400,11 +400,19 @@ class Driver:
 
 def _help_run(fut: RequestFuture, driver: Driver, req: Any) -> None:
     """``RequestFuture._help``'s loop (compiled: a C function with ``driver`` and ``req``
-    typed, so the driver's fields and the request's stream are C reads, driver.pxd)."""
+    typed, so the driver's fields and the request's stream are C reads, driver.pxd; on
+    the cpu device ``run_pending`` is the lane engine's, a C call: ``Scheduler._port``)."""
     if driver._holder == thread_ident():
         return
-    run = driver.device.run_pending
     until = partial(getattr, fut, "resolved")  # ``until()``: a C call, no Python frame
+    port = driver.sched._port
+    if port is not None:
+        while not fut.resolved:
+            s = req.stream
+            if s < 0 or not port.run_pending(s, until):
+                return
+        return
+    run = driver.device.run_pending
     while not fut.resolved:
         s = req.stream
         if s < 0 or not run(s, until):

@@ -22,6 +22,7 @@ cimport cython
 
 from av_infer._cy.fastlock cimport FastLock
 from av_infer.devices.completion cimport Completion
+from av_infer.devices.cpu_lanes cimport LaneEngine
 from av_infer.sched.policies cimport Policy
 from av_infer.sched.request cimport Request, Timings
 from av_infer.sched.stats cimport ClientStats, Stats
@@ -89,6 +90,9 @@ cdef class StreamState:
 @cython.final
 cdef class Scheduler:
     cdef public object device
+    # the cpu device's lane engine when its request-path methods are the engine's own
+    # (``CpuDevice.lane_engine``): called as C methods; None for every other device
+    cdef readonly LaneEngine _port
     # the live policy (``policy``, a read-only property; ``set_policy`` its one writer),
     # typed: the decisions read its fields as C fields, no copies
     cdef Policy _policy
@@ -182,13 +186,14 @@ cdef class Scheduler:
     cdef _schedule_be(self, bint granted=*)
     @cython.locals(rp=int)
     cdef _restore(self, Task t, StreamState s)
-    @cython.locals(first=int, req=Request)
+    @cython.locals(first=int, req=Request, port=LaneEngine)
     cdef bint _start(self, Task t, StreamState s) except -1
     @cython.locals(req=Request)
     cdef _enqueue(self, Task t, StreamState s, int first, bint wake=*)
     cdef _enqueue_from(self, Task t, StreamState s, int first, bint wake)
     cdef _count(self, Task t, StreamState s, int n)
     cdef _flag(self, StreamState s, bint flag)
+    @cython.locals(port=LaneEngine)
     cdef _launch(self, Task t, StreamState s, int first, int last, bint wake=*)
     @cython.locals(bt=Task, k=int, run_from=int)
     cdef _enqueue_padded(self, Task t, StreamState s, int first)
@@ -201,9 +206,9 @@ cdef class Scheduler:
     cdef _dkp_forget(self, dropped)
     @cython.locals(s=StreamState)
     cdef _detach(self, Task t)
-    @cython.locals(s=StreamState)
+    @cython.locals(s=StreamState, port=LaneEngine)
     cdef _release(self, Task t)
-    @cython.locals(req=Request)
+    @cython.locals(req=Request, port=LaneEngine)
     cdef _finish(self, Task t, double t_end)
     @cython.locals(s=StreamState)
     cpdef _abort(self, Task t, err)

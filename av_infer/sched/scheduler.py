@@ -36,6 +36,7 @@ from typing import Any
 from av_infer._cy.dkp_select import Selector
 from av_infer.devices.base import Device, ResetInfo
 from av_infer.devices.completion import Completion
+from av_infer.devices.cpu_lanes import LaneEngine
 from av_infer.errors import (
     AvInferError,
     DeadlineMissedError,
@@ -221,6 +222,12 @@ class Scheduler:
         """``policy`` and ``c`` arrive validated (``engine.check_policy``/``check_c``, the
         one validator of each); the scheduler holds the live values."""
         self.device = device
+        #: the device's per-request methods as a C-level table where it offers one: the
+        #: cpu device's lane engine (``_port_of``), whose ``new_task``/``write_inputs``/
+        #: ``enqueue``/``release_task``/``read_outputs`` the compiled scheduler (and the
+        #: driver's ``run_pending``) call as C methods; None: the device's Python methods
+        #: (simulator, cuda, a device that overrides one). Read-only compiled
+        self._port = _port_of(device)
         # the live policy: the decisions read its fields (compiled: C fields of a typed
         # ``Policy``, no copies here); ``set_policy`` is its one writer
         self._policy = policy
@@ -1158,10 +1165,17 @@ class Scheduler:
                 if handle is None:  # parked: resume_parked queues it again once loaded
                     return False
             try:
-                self.device.new_task(handle, t.tid)
-                t.allocated = True
-                self.tasks[t.tid] = t
-                self.device.write_inputs(t.tid, req.inputs)
+                port = self._port
+                if port is not None:  # C calls (the cpu device's lane engine)
+                    port.new_task(handle, t.tid)
+                    t.allocated = True
+                    self.tasks[t.tid] = t
+                    port.write_inputs(t.tid, req.inputs)
+                else:
+                    self.device.new_task(handle, t.tid)
+                    t.allocated = True
+                    self.tasks[t.tid] = t
+                    self.device.write_inputs(t.tid, req.inputs)
             except Exception as e:  # noqa: BLE001
                 self._fail(t, DeviceFaultError(f"could not start request {req.id}: {e}"))
                 if t.allocated:
@@ -1228,7 +1242,11 @@ class Scheduler:
         """Enqueue kernels ``first..last`` of ``t``; counted as outstanding only once the
         device took them (a refusal leaves the counts matching what is on the device; the
         completions of what it took are handled after this handler, never during it)."""
-        self.device.enqueue(s.id, t.tid, first, last, wake)
+        port = self._port
+        if port is not None:
+            port.enqueue(s.id, t.tid, first, last, wake)
+        else:
+            self.device.enqueue(s.id, t.tid, first, last, wake)
         self._count(t, s, last - first + 1)
 
     # -- dynamic kernel padding (REEF §5) -----------------------------------------------------
@@ -1363,7 +1381,11 @@ class Scheduler:
         if t.allocated:
             t.allocated = False
             try:
-                self.device.release_task(t.tid)
+                port = self._port
+                if port is not None:
+                    port.release_task(t.tid)
+                else:
+                    self.device.release_task(t.tid)
             except Exception:
                 log.exception("release_task(%d) failed", t.tid)
             if self.ext is not None:  # cache hook: the model may be evicted again
@@ -1377,7 +1399,11 @@ class Scheduler:
     def _finish(self, t: Task, t_end: float) -> None:
         req = t.req
         try:
-            outputs = self.device.read_outputs(t.tid)
+            port = self._port
+            if port is not None:
+                outputs = port.read_outputs(t.tid)
+            else:
+                outputs = self.device.read_outputs(t.tid)
         except Exception as e:  # noqa: BLE001
             err = e if isinstance(e, AvInferError) else DeviceFaultError(
                 f"request {req.id} ({req.model}) failed on the device: {e}")
@@ -1541,6 +1567,15 @@ def _past_hard_deadline(t: Task, now: float) -> bool:
     before). Compiled, a C function of a typed task (scheduler.pxd)."""
     return (not t.rt and not t.allocated and t.members is None
             and now > t.req.hard_deadline)
+
+
+def _port_of(device: Device) -> LaneEngine | None:
+    """The device's C-level table (``Device.lane_engine``, docs/request_path.md section
+    2): the cpu device's lane engine where its request-path methods are the engine's own
+    (``CpuDevice.lane_engine`` says; read once, here), else None (every other device:
+    Python calls)."""
+    port = device.lane_engine
+    return port if isinstance(port, LaneEngine) else None
 
 
 def _device_sms(device: Device) -> int:

@@ -81,6 +81,46 @@ def test_a_subclass_override_of_a_hot_method_still_runs() -> None:
         dev.close()
 
 
+def test_the_scheduler_calls_the_engine_where_the_device_is_the_engines() -> None:
+    """The C-level table (docs/request_path.md section 2): a plain cpu device offers its
+    lane engine (``lane_engine``) and the scheduler holds it (``_port``) and calls its
+    request-path methods directly; a device whose subclass overrides one of them, or with
+    one replaced on the instance, offers none, so the scheduler calls the device's
+    methods (the override runs) and every request is still answered with ORT's outputs."""
+    from av_infer import Runtime
+    from av_infer.devices.cpu import _PORT_METHODS
+    from av_infer.devices.sim import SimDevice
+
+    assert set(_PORT_METHODS) <= set(_ENGINE_METHODS)
+    x = zoo.sample_inputs("tiny_mlp")
+    seen: list[int] = []
+
+    class Seen(CpuDevice):
+        def read_outputs(self, task):  # noqa: ANN001
+            seen.append(task)
+            return super().read_outputs(task)
+
+    with Runtime("cpu", max_be_streams=1, device_options={"be_nice": 0}) as rt:
+        dev = rt.device
+        assert dev.lane_engine is dev._lanes_engine is rt._sched._port
+        rt.load_model("m", zoo.path("tiny_mlp"))
+        want = rt.infer("m", x).outputs
+        got = rt.submit("m", x).result().outputs
+        assert want.keys() == got.keys() and all((want[k] == got[k]).all() for k in want)
+        dev.enqueue = dev.enqueue  # an instance attribute that is still the engine's
+        assert dev.lane_engine is dev._lanes_engine
+        dev.enqueue = lambda *a: None  # replaced: no table
+        assert dev.lane_engine is None
+    with Runtime(device=Seen(be_nice=0), max_be_streams=1) as rt:
+        assert rt.device.lane_engine is None and rt._sched._port is None
+        rt.load_model("m", zoo.path("tiny_mlp"))
+        got = rt.infer("m", x).outputs
+        rid = rt.submit("m", x).result().request_id
+        assert got.keys() == want.keys() and all((want[k] == got[k]).all() for k in want)
+        assert len(seen) == 2 and rid > 0
+    assert SimDevice().lane_engine is None
+
+
 _INTERPRETED_RUN = r"""
 import json, sys
 import numpy as np
