@@ -156,7 +156,9 @@ class RequestFuture(Future):
             return self._state in _DONE_STATES
 
         def result(self, timeout: float | None = None) -> Any:
-            self._help()
+            req = self.request  # ``_help`` inline: no method call per request
+            if req is not None and not self.resolved:
+                _help_run(self, self._driver, req)
             if self._state == _FINISHED:
                 exc = self._exception
                 if exc is None:
