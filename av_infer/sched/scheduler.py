@@ -606,7 +606,7 @@ class Scheduler:
             self.stats.model(req.model)["submitted"] += 1
         finally:
             lock.release()
-        if self.listeners:
+        if self._listeners:
             self._emit("arrival", {"request_id": req.id, "model": req.model,
                                    "client": req.client, "priority": _PRIO[task.rt],
                                    "deadline": req.deadline, "t": req.timings.arrival})
@@ -1193,7 +1193,7 @@ class Scheduler:
             self.rt_active.add(t)
         else:
             s.owner = t
-        if self.listeners:
+        if self._listeners:
             self._emit("dispatch", {"request_id": t.tid, "stream": s.id, "first": first,
                                     "priority": _PRIO[t.rt], "t": now})
         # no wake-up only where the waiting caller itself is handling this (it helps next)
@@ -1470,7 +1470,7 @@ class Scheduler:
             lock.release()
         self._unref(t.entry)
         self._answers.append((req.future, result, False))
-        if self.listeners:
+        if self._listeners:
             self._emit("complete", {"request_id": req.id, "model": req.model,
                                     "client": req.client, "priority": _PRIO[t.rt],
                                     "latency": tm.end - tm.arrival,
@@ -1496,7 +1496,7 @@ class Scheduler:
             self.stats.model(req.model)["failed"] += 1
         self._unref(t.entry)
         self._answers.append((req.future, err, True))
-        if self.listeners:
+        if self._listeners:
             self._emit("fail", {"request_id": req.id, "model": req.model, "client": req.client,
                                 "priority": _PRIO[t.rt],
                                 "error": err.code, "message": str(err),
