@@ -123,6 +123,12 @@ def _callgrind(mode: str, n: int) -> dict[str, int]:
             print(f"valgrind exited {r.returncode} (try {attempt}); running it again",
                   file=sys.stderr)
         else:
+            # where it placed the heap depends on the loaded libraries' sizes: with the
+            # extensions built with -g0 (the default since 2026-11-27) it overflowed every
+            # time on this VM; with debug information (same machine code) it did not
+            print("valgrind kept dying (brk segment overflow?): count in a build with "
+                  "debug information, e.g. a worktree built with AV_INFER_CFLAGS='-O3 -g' "
+                  "python setup.py build_ext --inplace", file=sys.stderr)
             raise subprocess.CalledProcessError(r.returncode, cmd)
         out = {}
         for path in sorted(glob.glob(f"{d}/cg.*-*")):
