@@ -536,8 +536,8 @@ def _make_bound(handle: _Model) -> _Bound:
 
 
 #: the methods a CpuDevice binds to its engine's (``__init__``)
+_ENGINE_METHODS = ("enqueue", "run_pending", "new_task", "write_inputs", "read_outputs",
+                   "release_task", "set_preempt", "reset")
 #: the engine's methods the scheduler calls per request (``lane_engine``)
 _PORT_METHODS = ("new_task", "write_inputs", "enqueue", "run_pending", "release_task",
                  "read_outputs")
-_ENGINE_METHODS = ("enqueue", "run_pending", "new_task", "write_inputs", "read_outputs",
-                   "release_task", "set_preempt", "reset")
