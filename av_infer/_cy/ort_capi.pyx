@@ -31,6 +31,8 @@ reason); an ORT error becomes ``OrtRunError`` (``Terminated`` when the run was s
 """
 
 from libc.stdint cimport int64_t, uint32_t
+from posix.resource cimport PRIO_PROCESS, setpriority
+from posix.types cimport id_t
 from libc.stdlib cimport free, malloc
 from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
 
@@ -312,10 +314,17 @@ cdef class Session:
 
 cdef class RunOptions:
     """A launch's run options: setting ``terminate`` (from any thread) stops the run at ORT's
-    next kernel boundary; it stays set (sticky) until set back to False."""
+    next kernel boundary; it stays set (sticky) until set back to False.
+
+    ``back_tid``/``back_nice``: when ``back_tid`` > 0, the run gives thread ``back_tid``
+    the nice value ``back_nice`` as soon as ORT returns, before the GIL is taken back (a
+    BE run niced while ORT runs must not hold the GIL at its low priority while other
+    processes take its core: docs/cpu_engine.md "Beside other processes")."""
 
     cdef void* ptr
     cdef bint _terminate
+    cdef public int back_tid
+    cdef public int back_nice
 
     def __cinit__(self):
         load()
@@ -410,7 +419,11 @@ cdef class BoundSegment:
         cdef void* s = self.sess.ptr
         cdef void* b = self.binding
         cdef void* r = ro.ptr
+        cdef int tid = ro.back_tid
+        cdef int nice = ro.back_nice
         with nogil:
             st = (<f_run_binding>avi_ort_api[I_RunWithBinding])(s, r, b)
+            if tid > 0:
+                setpriority(PRIO_PROCESS, <id_t>tid, nice)  # refused: the lane renices again
         if st != NULL:
             _check(st, "")

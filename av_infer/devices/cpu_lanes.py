@@ -39,6 +39,7 @@ import numpy as np
 
 from av_infer._cy.fastlock import FastLock
 from av_infer._cy.ndcheck import copy_into, exact_array, fresh_copy
+from av_infer._cy.ort_capi import RunOptions as _C_RUN_OPTIONS
 from av_infer._cy.vhq import VHQ
 from av_infer.devices import os_priority
 from av_infer.devices.base import Completion, ResetInfo
@@ -499,6 +500,11 @@ class LaneEngine:
                     renice(run_nice)  # own priority back under `lock` below
                     if ro is not None and _terminated(self, lane, ro):
                         renice(os_priority.KILLED_NICE)
+                    if ro is not None and type(ro) is _C_RUN_OPTIONS:
+                        # and, on the C API, as soon as ORT returns, before this thread
+                        # takes the GIL back: at nice 10-19 beside other processes it
+                        # would hold the GIL (and then `lock`) while they take its core
+                        ro.back_tid, ro.back_nice = tid, own
                 try:
                     if faults is not None:
                         faults.check("kernel", rec.model.plan.name, k)
@@ -520,6 +526,8 @@ class LaneEngine:
                     # under the lock set_preempt renices a killed run in: nothing after this
                     renice(own)
                     lane.niced = False
+                    if ro is not None and type(ro) is _C_RUN_OPTIONS:
+                        ro.back_tid = 0  # reused as the lane's spare
                 lane.running = None
                 if ro is not None and not _terminated(self, lane, ro):  # never killed: reusable
                     lane.ro_spare = ro
