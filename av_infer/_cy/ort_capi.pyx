@@ -316,15 +316,19 @@ cdef class RunOptions:
     """A launch's run options: setting ``terminate`` (from any thread) stops the run at ORT's
     next kernel boundary; it stays set (sticky) until set back to False.
 
-    ``back_tid``/``back_nice``: when ``back_tid`` > 0, the run gives thread ``back_tid``
-    the nice value ``back_nice`` as soon as ORT returns, before the GIL is taken back (a
-    BE run niced while ORT runs must not hold the GIL at its low priority while other
-    processes take its core: docs/cpu_engine.md "Beside other processes")."""
+    ``nice_next_run(tid, run, back, killed)``: the next run (only) lowers thread ``tid``
+    to nice ``run`` once the GIL is released, to ``killed`` where ``terminate`` is set by
+    then, and gives it ``back`` as soon as ORT returns, before the GIL is taken back: a BE
+    run niced while ORT runs never holds the GIL at its low priority, where other processes
+    would take its core while every Python thread waits for it (docs/cpu_engine.md "Beside
+    other processes")."""
 
     cdef void* ptr
     cdef bint _terminate
-    cdef public int back_tid
-    cdef public int back_nice
+    cdef long long _nice_tid
+    cdef int _run_nice
+    cdef int _back_nice
+    cdef int _killed_nice
 
     def __cinit__(self):
         load()
@@ -351,6 +355,17 @@ cdef class RunOptions:
             st = (<f_obj>avi_ort_api[I_RunOptionsUnsetTerminate])(self.ptr)
         _check(st, "terminate")
         self._terminate = v
+
+    @property
+    def nice_armed(self) -> bool:
+        """The next run will renice its thread (``nice_next_run``)."""
+        return self._nice_tid > 0
+
+    def nice_next_run(self, long long tid, int run, int back, int killed) -> None:
+        """Arm the next run's renice of thread ``tid`` (class docstring); ``tid`` <= 0
+        disarms. The run disarms it: each run is armed by the thread about to make it."""
+        self._nice_tid = tid if tid > 0 else 0
+        self._run_nice, self._back_nice, self._killed_nice = run, back, killed
 
 
 cdef class BoundSegment:
@@ -419,11 +434,18 @@ cdef class BoundSegment:
         cdef void* s = self.sess.ptr
         cdef void* b = self.binding
         cdef void* r = ro.ptr
-        cdef int tid = ro.back_tid
-        cdef int nice = ro.back_nice
+        cdef id_t tid = <id_t>ro._nice_tid
+        ro._nice_tid = 0  # armed for this run only
         with nogil:
+            if tid > 0:
+                # refused (never, lowering one's own priority): the run keeps its priority
+                setpriority(PRIO_PROCESS, tid, ro._run_nice)
+                # a kill that read the thread's nice before this call landed first: its
+                # `terminate` is set by now (the killer sets it before it renices)
+                if ro._terminate:
+                    setpriority(PRIO_PROCESS, tid, ro._killed_nice)
             st = (<f_run_binding>avi_ort_api[I_RunWithBinding])(s, r, b)
             if tid > 0:
-                setpriority(PRIO_PROCESS, <id_t>tid, nice)  # refused: the lane renices again
+                setpriority(PRIO_PROCESS, tid, ro._back_nice)  # refused: the lane renices again
         if st != NULL:
             _check(st, "")

@@ -321,7 +321,8 @@ class CpuDevice(Device):
         if is_segment_plan(plan):
             runner: Any = SegmentRunner(plan, self.threads, self.ort_api or "python")
             est = [float(k.args.get("est_ms", 0.0)) / 1e3 for k in plan.kernels]
-            return _Model(plan, runner, runner.weight_bytes, True, est)
+            return _Model(plan, runner, runner.weight_bytes, True, est,
+                          nice_in_run=runner.nice_in_run)
         runner = CpuPlanRunner(plan)
         wb = sum(int(np.asarray(w).nbytes) for w in plan.weights.values())
         return _Model(plan, runner, wb, False, [0.0] * len(plan.kernels))

@@ -24,6 +24,7 @@ cdef class _Model:
     cdef public bint killable
     cdef public list est_s
     cdef public list pool
+    cdef public object nice_in_run
 
 
 @cython.final

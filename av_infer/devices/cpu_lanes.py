@@ -39,7 +39,6 @@ import numpy as np
 
 from av_infer._cy.fastlock import FastLock
 from av_infer._cy.ndcheck import copy_into, exact_array, fresh_copy
-from av_infer._cy.ort_capi import RunOptions as _C_RUN_OPTIONS
 from av_infer._cy.vhq import VHQ
 from av_infer.devices import os_priority
 from av_infer.devices.base import Completion, ResetInfo
@@ -103,16 +102,20 @@ def _signal(ev: FastLock) -> None:
 
 class _Model:
     """A loaded plan: its runner, weight size, whether its launches can be killed, the
-    per-launch estimates (s, for the kill rule) and the pool of reusable arenas."""
+    per-launch estimates (s, for the kill rule), the pool of reusable arenas and
+    ``nice_in_run``: the runner's engine's ``arm(run_options, tid, run, back, killed)``
+    where its runs renice their own thread without the GIL (``ort_segments._Engine``),
+    else None."""
 
     def __init__(self, plan: Any, runner: Any, weight_bytes: int, killable: bool,
-                 est_s: list, pool: list | None = None) -> None:
+                 est_s: list, pool: list | None = None, nice_in_run: Any = None) -> None:
         self.plan = plan
         self.runner = runner  # CpuPlanRunner | SegmentRunner; None once unloaded
         self.weight_bytes = weight_bytes
         self.killable = killable
         self.est_s = est_s
         self.pool = [] if pool is None else pool
+        self.nice_in_run = nice_in_run
 
     def __repr__(self) -> str:
         return (f"_Model(plan={self.plan.name!r}, killable={self.killable!r}, "
@@ -457,6 +460,7 @@ class LaneEngine:
         own = 0  # the thread's own nice value, read before its first reniced run
         read_own = run_nice is not None
         renice: Any = None  # os_priority.nice_setter(tid), made at the first reniced run
+        arm: Any = None  # the reniced run's engine renices in the run (_Model.nice_in_run)
         while dq and not self.stopping and (until is None or not until()):
             lock.acquire()
             try:
@@ -497,14 +501,17 @@ class LaneEngine:
                     # kill sets `terminate`, then renices the run to 19 if `niced` is up; one
                     # landing before our renice is caught by the check after it
                     lane.niced = True
-                    renice(run_nice)  # own priority back under `lock` below
-                    if ro is not None and _terminated(self, lane, ro):
-                        renice(os_priority.KILLED_NICE)
-                    if ro is not None and type(ro) is _C_RUN_OPTIONS:
-                        # and, on the C API, as soon as ORT returns, before this thread
-                        # takes the GIL back: at nice 10-19 beside other processes it
-                        # would hold the GIL (and then `lock`) while they take its core
-                        ro.back_tid, ro.back_nice = tid, own
+                    arm = rec.model.nice_in_run if ro is not None else None
+                    if arm is not None:
+                        # the run renices itself once the GIL is released and gives the
+                        # priority back before it takes the GIL again: at nice 10-19 beside
+                        # other processes this thread must never hold the GIL (and then
+                        # `lock`) while they take its core (docs/cpu_engine.md)
+                        arm(ro, tid, run_nice, own, os_priority.KILLED_NICE)
+                    else:
+                        renice(run_nice)  # own priority back under `lock` below
+                        if ro is not None and _terminated(self, lane, ro):
+                            renice(os_priority.KILLED_NICE)
                 try:
                     if faults is not None:
                         faults.check("kernel", rec.model.plan.name, k)
@@ -523,11 +530,12 @@ class LaneEngine:
             lock.acquire()
             try:
                 if lane.niced:
-                    # under the lock set_preempt renices a killed run in: nothing after this
-                    renice(own)
+                    # under the lock set_preempt renices a killed run in: nothing after this.
+                    # A run that reniced itself gave its priority back already, unless a
+                    # kill reniced it after that (it sets `ro_killed` under this lock)
+                    if arm is None or lane.ro_killed:
+                        renice(own)
                     lane.niced = False
-                    if ro is not None and type(ro) is _C_RUN_OPTIONS:
-                        ro.back_tid = 0  # reused as the lane's spare
                 lane.running = None
                 if ro is not None and not _terminated(self, lane, ro):  # never killed: reusable
                     lane.ro_spare = ro

@@ -111,11 +111,17 @@ class _Engine:
 
             self._capi: Any = ort_capi
             self.run_options: Callable[[], Any] = ort_capi.RunOptions
+            #: ``arm(run_options, tid, run, back, killed)``: the next run renices thread
+            #: ``tid`` itself with the GIL released (``ort_capi.RunOptions.nice_next_run``);
+            #: None where the API cannot (the Python binding takes the GIL back inside its
+            #: own call): the device renices around the run instead
+            self.nice_in_run: Callable[..., None] | None = ort_capi.RunOptions.nice_next_run
         else:
             import onnxruntime as ort
 
             self._capi, self._ort = None, ort
             self.run_options = ort.RunOptions
+            self.nice_in_run = None
 
     def session(self, onnx_bytes: bytes) -> Any:
         if self._capi is not None:
@@ -157,6 +163,8 @@ class SegmentRunner(ArenaIO):
         self.threads = int(threads)
         self.api, self.api_reason = resolve_api(api)
         self._engine = _Engine(self.api, self.threads)
+        #: the engine's ``nice_in_run`` (its runs renice their thread without the GIL)
+        self.nice_in_run = self._engine.nice_in_run
         self.sessions: list[Any] = []
         for k in plan.kernels:
             prog: SegmentProgram = plan.segments[k.args["segment"]]

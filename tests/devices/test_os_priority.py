@@ -11,6 +11,7 @@ import pytest
 from av_infer import Runtime
 from av_infer.devices import os_priority
 from av_infer.devices.faults import FaultInjector
+from av_infer.kernels import ort_segments
 from av_infer.model import zoo
 
 pytestmark = pytest.mark.skipif(not os_priority.supported(), reason="no per-thread nice here")
@@ -31,31 +32,56 @@ def test_as_lane_restores_the_thread_s_own_priority() -> None:
 
 
 class _NiceRecorder(FaultInjector):
-    """Injects nothing; records the calling thread's nice at the cpu device's hook points:
-    ``"lane"`` (the Python before a launch) and ``"kernel"`` (inside the model run)."""
+    """Injects nothing; records the nice the calling thread's model run gets at the cpu
+    device's hook points: ``"lane"`` (the Python before a launch) and ``"kernel"`` (just
+    before the model run): the thread's nice there, or, where the engine renices inside
+    the run (the C API: ``_Engine.nice_in_run``), the nice the lane armed the run with
+    (``record_arms``; the thread's own nice before the run is then checked too)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seen: list[tuple[str, str | None, str, int]] = []
+        self.armed: dict[str, int] = {}
+        self.before_armed: list[int] = []
+
+    def record_arms(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        real_init = ort_segments._Engine.__init__
+        armed = self.armed
+
+        def init(engine: ort_segments._Engine, api: str, threads: int) -> None:
+            real_init(engine, api, threads)
+            arm = engine.nice_in_run
+            if arm is not None:
+                def recording(ro, tid, run, back, killed):  # noqa: ANN001
+                    armed[threading.current_thread().name] = run
+                    arm(ro, tid, run, back, killed)
+                engine.nice_in_run = recording
+
+        monkeypatch.setattr(ort_segments._Engine, "__init__", init)
 
     def check(self, where: str, model: str | None = None, kernel: int | None = None) -> None:
-        self.seen.append((where, model, threading.current_thread().name,
-                          os_priority.current_nice()))
+        name, nice = threading.current_thread().name, os_priority.current_nice()
+        if where == "kernel" and name in self.armed:
+            self.before_armed.append(nice)
+            nice = self.armed.pop(name)
+        self.seen.append((where, model, name, nice))
 
 
 @pytest.mark.skipif(not os_priority.can_restore(),
                     reason="this process may not raise a thread's priority back: BE lane "
                            "workers stay niced (tested by the runtime test above)")
-def test_be_lanes_are_niced_only_while_a_model_runs() -> None:
+def test_be_lanes_are_niced_only_while_a_model_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where priority can be restored, a BE launch runs its model at the lane's nice and the
     Python around it (which holds the GIL an RT thread may wait for) at the thread's own:
     on the calling thread (``infer`` helps) and on a lane worker (``submit``) alike; RT
-    launches keep the thread's own priority, and every thread ends at its own."""
+    launches keep the thread's own priority, and every thread ends at its own. On the C
+    API the run renices itself once the GIL is released (tests/kernels/test_ort_capi.py)."""
     own = os_priority.current_nice()
     run_nice = min(19, own + 10)
+    rec = _NiceRecorder()
+    rec.record_arms(monkeypatch)
     # kill_below_ms 0: every run is long enough to renice (the next test: shorter ones)
     with Runtime("cpu", device_options={"be_nice": 10, "kill_below_ms": 0.0}) as rt:
-        rec = _NiceRecorder()
         rt.device.faults = rec
         rt.load_model("be", zoo.path("tiny_cnn"))
         rt.load_model("rt", zoo.path("tiny_cnn"), pin=True)
@@ -82,6 +108,7 @@ def test_be_lanes_are_niced_only_while_a_model_runs() -> None:
     assert {n for m, _, n in kernel if m == "be"} == {run_nice}
     assert {n for m, _, n in kernel if m == "rt"} == {own}
     assert outside and set(outside) == {own}
+    assert set(rec.before_armed) <= {own}  # armed runs hold the GIL at the thread's own
     be_threads = {th for m, th, _ in kernel if m == "be"}
     assert threading.current_thread().name in be_threads  # helped
     assert any(th.startswith("av_infer-cpu-lane") for th in be_threads)  # a worker ran one

@@ -19,6 +19,7 @@ from onnx import TensorProto, helper
 
 from av_infer import Runtime
 from av_infer._cy import ort_capi
+from av_infer.devices import os_priority
 from av_infer.devices.cpu import CpuDevice
 from av_infer.errors import InvalidParameterError
 from av_infer.kernels.ort_segments import (
@@ -118,6 +119,56 @@ def test_terminate_from_another_thread_stops_a_long_run():
     ro.terminate = True  # another thread: the GIL is released while ORT runs
     t.join(60)
     assert not t.is_alive() and len(result) == 1 and is_kill(result[0])
+
+
+@pytest.mark.skipif(not os_priority.can_restore(),
+                    reason="this process may not raise a thread's priority back")
+def test_an_armed_run_renices_its_thread_only_while_ort_runs():
+    """``RunOptions.nice_next_run``: the thread runs the model at the armed nice (seen from
+    another thread while ORT runs) and has its own back when the call returns; the arming
+    holds for one run."""
+    from tests.devices.test_cpu_engine import _chain_model
+
+    seg = ort_capi.BoundSegment(ort_capi.Session(_chain_model(200, 256).SerializeToString()),
+                                ("x",), ("y",))
+    x = np.ones((64, 256), np.float32)
+    y = np.zeros((64, 256), np.float32)
+    seg.bind_input("x", x.dtype, x.shape, x.ctypes.data)
+    seg.bind_output("y", y.dtype, y.shape, y.ctypes.data)
+    own = os_priority.current_nice()
+    low = min(19, own + 5)
+    seen: set[int] = set()
+    after: list[int] = []
+    stop = threading.Event()
+    ro = ort_capi.RunOptions()
+    armed_after: list[bool] = []
+
+    def run():
+        tid = threading.get_native_id()
+        for _ in range(2000):  # until the watcher has seen a run at `low`
+            if stop.is_set():
+                break
+            ro.nice_next_run(tid, low, own, 19)
+            seg(ro)
+            after.append(os_priority.current_nice())
+            armed_after.append(ro.nice_armed)
+        stop.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    while not stop.is_set():
+        try:
+            n = os.getpriority(os.PRIO_PROCESS, t.native_id)
+        except OSError:  # the thread has ended
+            break
+        seen.add(n)
+        if n == low:
+            stop.set()
+    t.join(120)
+    assert not t.is_alive()
+    assert low in seen
+    assert after and set(after) == {own}
+    assert not any(armed_after)
 
 
 def test_rebinding_reads_the_new_array():
