@@ -520,6 +520,10 @@ class LaneEngine:
                     else:
                         rec.bound.fns[k](ro)
                 except BaseException as e:  # noqa: BLE001 - reported at read_outputs
+                    if lane.niced and arm is not None:
+                        # a fault before the run left it armed: the options are the lane's
+                        # spare, and the next run may be another thread's, unniced
+                        arm(ro, 0, 0, 0, 0)
                     if ro is not None and ro.terminate and _is_kill(e):
                         executed = False  # killed: evicted, restored from its start
                     else:

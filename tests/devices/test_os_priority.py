@@ -138,3 +138,32 @@ def test_runs_shorter_than_kill_below_keep_the_thread_s_own_priority() -> None:
     kernel = [n for w, m, _, n in rec.seen if w == "kernel" and m == "be"]
     assert len(kernel) >= 7 and set(kernel) == {own}
     assert os_priority.current_nice() == own
+
+
+@pytest.mark.skipif(not os_priority.can_restore(),
+                    reason="this process may not raise a thread's priority back: BE lane "
+                           "workers stay niced as a whole, runs are not armed")
+def test_a_fault_before_an_armed_run_leaves_no_renice_armed_for_the_next_run() -> None:
+    """A launch that fails after the lane armed its run (a fault at the run's hook) is
+    answered typed; its run options (the lane's spare for the next launch, which may be
+    another thread's) are left unarmed, and the thread keeps its own priority."""
+    from av_infer.errors import DeviceFaultError
+
+    own = os_priority.current_nice()
+    with Runtime("cpu", max_be_streams=1,
+                 device_options={"be_nice": 10, "kill_below_ms": 0.0}) as rt:
+        rt.load_model("be", zoo.path("tiny_cnn"))
+        x = zoo.sample_inputs("tiny_cnn")
+        rt.infer("be", x)
+        faults = FaultInjector()
+        faults.add("kernel", "be")
+        rt.device.faults = faults
+        with pytest.raises(DeviceFaultError):
+            rt.infer("be", x)
+        lanes = [ln for ln in rt.device._lanes if ln.priority <= 0]
+        spares = [ln.ro_spare for ln in lanes if ln.ro_spare is not None]
+        assert spares and not any(getattr(ro, "nice_armed", False) for ro in spares)
+        assert os_priority.current_nice() == own
+        rt.device.faults = None
+        rt.infer("be", x)  # the next run is served
+    assert os_priority.current_nice() == own
