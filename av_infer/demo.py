@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -397,7 +398,7 @@ def _peer_line(args: argparse.Namespace, device: str, models: dict[str, str]
     through av_infer and through one ORT session per model with a thread per client."""
     if device != "cpu" or args.peer_s <= 0 or args.variant != "scaled":
         return None
-    from av_infer.bench.peer import PeerConfig, peer_command, run_peer
+    from av_infer.bench.peer import PeerConfig, beside_others, peer_command, run_peer
 
     cfg = PeerConfig(rt_model=models["front"], be_model=models["cabin"], rt_rate=args.rate,
                      be_clients=1, policy=args.policy, c=args.c, duration=args.peer_s,
@@ -416,6 +417,11 @@ def _peer_line(args: argparse.Namespace, device: str, models: dict[str, str]
           f"{_fmt(alone['rt_p50_ms'])}/{_fmt(alone['rt_p99_ms'])} ms), BE {a['be_rps']:.0f} vs "
           f"{o['be_rps']:.0f} req/s; repeat (longer for a steadier p99): {doc['command']}",
           flush=True)
+    others = beside_others(doc)
+    if others is not None:  # the line reads differently beside other work: said
+        print(f"[demo]   other processes used {others:.2f} of {os.cpu_count()} cores while "
+              "av_infer ran: its BE lanes (be_nice) yield to them, ORT threads' BE does not "
+              "(docs/cpu_engine.md \"Beside other processes\")", flush=True)
     return doc
 
 

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["PeerConfig", "run_peer", "format_peer", "resolve_model", "add_load_args",
-           "machine_info"]
+           "machine_info", "beside_others", "host_busy_s"]
 
 
 @dataclass
@@ -115,14 +115,20 @@ def machine_info() -> dict[str, Any]:
 def _summary(raw: _Raw) -> dict[str, Any]:
     """RT latency distribution (``rt_<p50|p90|p99|p999|mean|max>_ms``), BE rate, the cores
     the process used while measuring (``cores_used``: CPU seconds over wall seconds; only
-    the measured system runs then) and how late the RT client called (``rt_late_p50_ms``,
-    ``rt_late_p99_ms``: after the scheduled arrival, before the system knew of it)."""
+    the measured system runs then), the cores *other processes* used meanwhile
+    (``other_cores``: the host's busy time from ``/proc/stat`` less this process's; None
+    where the host does not say: a comparison beside other work reads differently, since
+    BE lanes at ``be_nice`` yield to them, docs/cpu_engine.md "Beside other processes") and
+    how late the RT client called (``rt_late_p50_ms``, ``rt_late_p99_ms``: after the
+    scheduled arrival, before the system knew of it)."""
     from av_infer.bench.metrics import dist
 
     w = raw.window
     out: dict[str, Any] = {"rt_n": len(raw.lat), "be_done": int(raw.be_done),
                            "be_rps": raw.be_done / w if w > 0 else 0.0,
-                           "cores_used": raw.cpu_s / w if w > 0 else 0.0}
+                           "cores_used": raw.cpu_s / w if w > 0 else 0.0,
+                           "other_cores": (max(0.0, (raw.host_s - raw.cpu_s) / w)
+                                           if w > 0 and raw.host_s >= 0 else None)}
     out.update({f"rt_{k}_ms": v for k, v in dist(raw.lat, 1e3).items()})
     late = dist(raw.late, 1e3)
     out.update({f"rt_late_{k}_ms": late[k] for k in ("p50", "p99")})
@@ -140,6 +146,7 @@ class _Raw:
     window: float = 0.0
     late: list[float] = field(default_factory=list)
     cpu_s: float = 0.0  # the process's CPU time (user + system) while measuring
+    host_s: float = 0.0  # the host's busy CPU time meanwhile (all processes; < 0: unknown)
 
     def add(self, other: _Raw) -> None:
         self.lat += other.lat
@@ -147,6 +154,7 @@ class _Raw:
         self.window += other.window
         self.late += other.late
         self.cpu_s += other.cpu_s
+        self.host_s = -1.0 if min(self.host_s, other.host_s) < 0 else self.host_s + other.host_s
 
 
 def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]],
@@ -157,6 +165,7 @@ def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]]
     stop = threading.Event()
     t_meas = [0.0, 0.0]
     cpu = [0.0, 0.0]
+    host = [0.0, 0.0]
     counts = [0] * len(be_infer)
     measuring = threading.Event()
     errors: list[BaseException] = []
@@ -191,7 +200,7 @@ def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]]
                 time.sleep(dt)
             if i == n_warm:
                 measuring.set()
-                t_meas[0], cpu[0] = now(), _cpu_s()
+                t_meas[0], cpu[0], host[0] = now(), _cpu_s(), host_busy_s()
             t_call = now()
             rt_infer(sched)
             if i >= n_warm:
@@ -202,7 +211,7 @@ def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]]
             if errors:
                 break
     finally:
-        t_meas[1], cpu[1] = now(), _cpu_s()
+        t_meas[1], cpu[1], host[1] = now(), _cpu_s(), host_busy_s()
         measuring.clear()
         stop.set()
         for th in ths:
@@ -211,12 +220,30 @@ def _drive(rt_infer: Callable[[float], None], be_infer: list[Callable[[], None]]
             bar.close()
     if errors:
         raise RuntimeError(f"{label}: a BE client failed: {errors[0]!r}") from errors[0]
-    return _Raw(lat, sum(counts), t_meas[1] - t_meas[0], late, cpu[1] - cpu[0])
+    busy = -1.0 if min(host) < 0 else host[1] - host[0]
+    return _Raw(lat, sum(counts), t_meas[1] - t_meas[0], late, cpu[1] - cpu[0], busy)
 
 
 def _cpu_s() -> float:
     t = os.times()
     return t.user + t.system
+
+
+def host_busy_s() -> float:
+    """CPU seconds the whole host has been busy since boot (every process, all cores:
+    ``/proc/stat``'s user, nice, system, irq, softirq and steal), -1.0 where it cannot be
+    read. The difference over a window, less this process's own CPU time, is what other
+    processes took."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        if fields[0] != "cpu":
+            return -1.0
+        ticks = [int(v) for v in fields[1:9]]
+        busy = ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6] + ticks[7]
+        return busy / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return -1.0
 
 
 def _bar(n: int, label: str, on: bool) -> Any:
@@ -399,8 +426,8 @@ def format_peer(doc: dict[str, Any]) -> str:
              f"{cfg['threads']} intra-op thread(s) per session, {cfg['duration']:g} s"
              + (f" in {doc['rounds']} interleaved rounds" if doc.get("rounds", 1) > 1 else ""),
              f"{'system':<14}{'RT p50 ms':>10}{'p99':>8}{'p99.9':>8}{'max':>8}{'RT n':>7}"
-             f"{'BE req/s':>10}{'cores':>7}{'late p99':>10}{'preempt p99 ms':>16}"
-             f"{'from submit':>13}"]
+             f"{'BE req/s':>10}{'cores':>7}{'others':>7}{'late p99':>10}"
+             f"{'preempt p99 ms':>16}{'from submit':>13}"]
     for s in ("avi", "ort_threads", "ort_rt_alone"):
         r = doc.get(s)
         if not r:
@@ -410,6 +437,7 @@ def format_peer(doc: dict[str, Any]) -> str:
         lines.append(f"{s:<14}{fmt_num(r['rt_p50_ms']):>10}{fmt_num(r['rt_p99_ms']):>8}"
                      f"{fmt_num(r['rt_p999_ms']):>8}{fmt_num(r['rt_max_ms']):>8}{r['rt_n']:>7}"
                      f"{r['be_rps']:>10.1f}{fmt_num(r.get('cores_used')):>7}"
+                     f"{fmt_num(r.get('other_cores')):>7}"
                      f"{fmt_num(r.get('rt_late_p99_ms'), 3):>10}{fmt_num(pre, 3):>16}"
                      f"{fmt_num(pre_sub, 3):>13}")
     ra = doc.get("ratios")
@@ -420,4 +448,19 @@ def format_peer(doc: dict[str, Any]) -> str:
     if rr:
         lines.append("per round: " + ", ".join(
             f"{k} {fmt_num(v[0])}-{fmt_num(v[1])}x" for k, v in rr.items()))
+    others = beside_others(doc)
+    if others is not None:
+        lines.append(f"other processes used {others:.2f} cores while av_infer ran: BE lanes "
+                     "at be_nice yield to them (docs/cpu_engine.md \"Beside other processes\")")
     return "\n".join(lines)
+
+
+#: cores other processes used during av_infer's turns above which a comparison says so
+OTHERS_NOTE_CORES = 0.25
+
+
+def beside_others(doc: dict[str, Any]) -> float | None:
+    """The cores other processes used while av_infer ran (``avi.other_cores``) where that is
+    at least ``OTHERS_NOTE_CORES``, else None: a report beside other work says it was."""
+    v = (doc.get("avi") or {}).get("other_cores")
+    return v if v is not None and v >= OTHERS_NOTE_CORES else None

@@ -138,3 +138,41 @@ def test_each_system_reports_its_cores_and_the_rt_clients_lateness():
 def test_rounds_must_be_positive():
     with pytest.raises(SystemExit):
         main(["bench", "--peer", "ort", "--rounds", "0"])
+
+
+def test_a_comparison_beside_other_processes_says_how_many_cores_they_took():
+    """``other_cores``: the host's busy time less the process's own over the measured
+    window. Beside a busy process it is well above zero and the report says so (BE lanes
+    yield to other processes by design: the reader must know they were there)."""
+    import subprocess
+    import sys
+
+    from av_infer.bench.peer import OTHERS_NOTE_CORES, beside_others, host_busy_s
+
+    if host_busy_s() < 0:
+        pytest.skip("this host has no /proc/stat: other_cores is None (checked below)")
+    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        cfg = PeerConfig(rt_model="tiny_mlp", be_model="tiny_cnn", rt_rate=40.0,
+                         be_clients=1, duration=1.0, warmup=0.05, progress=False,
+                         systems=("ort_threads", "avi"))
+        doc = run_peer(cfg)
+    finally:
+        loop.kill()
+        loop.wait()
+    for system in ("avi", "ort_threads"):
+        assert doc[system]["other_cores"] > 0.05
+    if doc["avi"]["other_cores"] >= OTHERS_NOTE_CORES:
+        assert beside_others(doc) == doc["avi"]["other_cores"]
+        assert "other processes used" in format_peer(doc)
+
+
+def test_other_cores_is_unknown_not_zero_where_the_host_cannot_say():
+    from av_infer.bench.peer import _Raw, _summary, beside_others
+
+    raw = _Raw([0.001], 10, 1.0, [0.0], 0.5, 0.7)
+    assert _summary(raw)["other_cores"] == pytest.approx(0.2)
+    raw.add(_Raw([0.001], 10, 1.0, [0.0], 0.5, -1.0))  # one window the host did not report
+    assert _summary(raw)["other_cores"] is None
+    assert beside_others({"avi": {"other_cores": None}}) is None
+    assert beside_others({"avi": {"other_cores": 0.1}}) is None
