@@ -93,7 +93,8 @@ def test_a_terminated_run_is_a_kill_and_the_segment_reruns_to_the_same_bits():
     assert all(np.array_equal(out[k], ref[k]) for k in ref)
 
 
-def test_terminate_from_another_thread_stops_a_long_run():
+def _long_segment() -> tuple[ort_capi.BoundSegment, tuple[np.ndarray, np.ndarray]]:
+    """A bound 200-MatMul chain (a few ms a run) and its arrays (keep them alive)."""
     from tests.devices.test_cpu_engine import _chain_model
 
     seg = ort_capi.BoundSegment(ort_capi.Session(_chain_model(200, 256).SerializeToString()),
@@ -102,6 +103,11 @@ def test_terminate_from_another_thread_stops_a_long_run():
     y = np.zeros((64, 256), np.float32)
     seg.bind_input("x", x.dtype, x.shape, x.ctypes.data)
     seg.bind_output("y", y.dtype, y.shape, y.ctypes.data)
+    return seg, (x, y)
+
+
+def test_terminate_from_another_thread_stops_a_long_run():
+    seg, _arrays = _long_segment()
     ro = ort_capi.RunOptions()
     started, result = threading.Event(), []
 
@@ -127,14 +133,7 @@ def test_an_armed_run_renices_its_thread_only_while_ort_runs():
     """``RunOptions.nice_next_run``: the thread runs the model at the armed nice (seen from
     another thread while ORT runs) and has its own back when the call returns; the arming
     holds for one run."""
-    from tests.devices.test_cpu_engine import _chain_model
-
-    seg = ort_capi.BoundSegment(ort_capi.Session(_chain_model(200, 256).SerializeToString()),
-                                ("x",), ("y",))
-    x = np.ones((64, 256), np.float32)
-    y = np.zeros((64, 256), np.float32)
-    seg.bind_input("x", x.dtype, x.shape, x.ctypes.data)
-    seg.bind_output("y", y.dtype, y.shape, y.ctypes.data)
+    seg, _arrays = _long_segment()
     own = os_priority.current_nice()
     low = min(19, own + 5)
     seen: set[int] = set()
