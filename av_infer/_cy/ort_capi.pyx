@@ -33,8 +33,18 @@ reason); an ORT error becomes ``OrtRunError`` (``Terminated`` when the run was s
 from libc.stdint cimport int64_t, uint32_t
 from posix.resource cimport PRIO_PROCESS, setpriority
 from posix.types cimport id_t
+
 from libc.stdlib cimport free, malloc
 from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
+
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_mutex_t:
+        pass
+    int pthread_mutex_init(pthread_mutex_t*, const void*)
+    int pthread_mutex_destroy(pthread_mutex_t*)
+    int pthread_mutex_lock(pthread_mutex_t*)
+    int pthread_mutex_unlock(pthread_mutex_t*)
 
 import os
 
@@ -321,16 +331,22 @@ cdef class RunOptions:
     then, and gives it ``back`` as soon as ORT returns, before the GIL is taken back: a BE
     run niced while ORT runs never holds the GIL at its low priority, where other processes
     would take its core while every Python thread waits for it (docs/cpu_engine.md "Beside
-    other processes")."""
+    other processes"). ``lower_in_run()`` (a kill, after ``terminate``): the thread of a
+    run armed so drops to ``killed`` if, and only if, it is still inside ORT: the run's
+    renices and this one are ordered by a mutex held only around each ``setpriority``, so a
+    kill landing as the run returns never leaves the thread at ``killed``."""
 
     cdef void* ptr
     cdef bint _terminate
-    cdef long long _nice_tid
+    cdef id_t _nice_tid
     cdef int _run_nice
     cdef int _back_nice
     cdef int _killed_nice
+    cdef id_t _in_run  # the armed run's thread while it is inside ORT, else 0 (under _nm)
+    cdef pthread_mutex_t _nm
 
     def __cinit__(self):
+        pthread_mutex_init(&self._nm, NULL)
         load()
         _check((<f_out>avi_ort_api[I_CreateRunOptions])(&self.ptr), "CreateRunOptions")
 
@@ -338,6 +354,7 @@ cdef class RunOptions:
         if self.ptr != NULL and avi_ort_api != NULL:
             (<f_release>avi_ort_api[I_ReleaseRunOptions])(self.ptr)
             self.ptr = NULL
+        pthread_mutex_destroy(&self._nm)
 
     @property
     def terminate(self) -> bool:
@@ -357,15 +374,29 @@ cdef class RunOptions:
         self._terminate = v
 
     @property
-    def nice_armed(self) -> bool:
-        """The next run will renice its thread (``nice_next_run``)."""
-        return self._nice_tid > 0
+    def armed_nice(self):
+        """The nice the next run will take (``nice_next_run``), None where not armed."""
+        return self._run_nice if self._nice_tid > 0 else None
 
     def nice_next_run(self, long long tid, int run, int back, int killed) -> None:
         """Arm the next run's renice of thread ``tid`` (class docstring); ``tid`` <= 0
         disarms. The run disarms it: each run is armed by the thread about to make it."""
-        self._nice_tid = tid if tid > 0 else 0
+        self._nice_tid = <id_t>tid if tid > 0 else 0
         self._run_nice, self._back_nice, self._killed_nice = run, back, killed
+
+    def lower_in_run(self) -> bool:
+        """Drop the thread of the armed run inside ORT now to its ``killed`` nice (the
+        caller set ``terminate`` first); False where no armed run is inside ORT (it has
+        not started, and will read ``terminate`` itself, or it has returned and has its
+        priority back)."""
+        cdef bint done = False
+        with nogil:
+            pthread_mutex_lock(&self._nm)
+            if self._in_run > 0:
+                setpriority(PRIO_PROCESS, self._in_run, self._killed_nice)
+                done = True
+            pthread_mutex_unlock(&self._nm)
+        return done
 
 
 cdef class BoundSegment:
@@ -434,18 +465,22 @@ cdef class BoundSegment:
         cdef void* s = self.sess.ptr
         cdef void* b = self.binding
         cdef void* r = ro.ptr
-        cdef id_t tid = <id_t>ro._nice_tid
+        cdef id_t tid = ro._nice_tid
         ro._nice_tid = 0  # armed for this run only
         with nogil:
             if tid > 0:
-                # refused (never, lowering one's own priority): the run keeps its priority
-                setpriority(PRIO_PROCESS, tid, ro._run_nice)
-                # a kill that read the thread's nice before this call landed first: its
-                # `terminate` is set by now (the killer sets it before it renices)
-                if ro._terminate:
-                    setpriority(PRIO_PROCESS, tid, ro._killed_nice)
+                pthread_mutex_lock(&ro._nm)
+                ro._in_run = tid
+                # refused (never: lowering one's own priority): the run keeps its priority
+                # a kill before this point set `terminate` first and found no run to lower
+                setpriority(PRIO_PROCESS, tid,
+                            ro._killed_nice if ro._terminate else ro._run_nice)
+                pthread_mutex_unlock(&ro._nm)
             st = (<f_run_binding>avi_ort_api[I_RunWithBinding])(s, r, b)
             if tid > 0:
+                pthread_mutex_lock(&ro._nm)
+                ro._in_run = 0
                 setpriority(PRIO_PROCESS, tid, ro._back_nice)  # refused: the lane renices again
+                pthread_mutex_unlock(&ro._nm)
         if st != NULL:
             _check(st, "")

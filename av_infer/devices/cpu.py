@@ -462,7 +462,8 @@ class CpuDevice(Device):
                 {"id": ln.id, "priority": ln.priority, "queued": ln.vhq.queued,
                  "in_flight": ln.vhq.in_flight, "flag": ln.flag,
                  "capacity": ln.vhq.c, "executed": ln.executed, "evicted": ln.evicted,
-                 "killed": ln.killed, "restarts": ln.restarts,
+                 "killed": ln.killed, "kill_lowered": ln.kill_lowered,
+                 "restarts": ln.restarts,
                  "os_priority": ln.prio_desc}
                 for ln in self._lanes
             ],

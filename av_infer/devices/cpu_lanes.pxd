@@ -24,7 +24,7 @@ cdef class _Model:
     cdef public bint killable
     cdef public list est_s
     cdef public list pool
-    cdef public object nice_in_run
+    cdef public bint nice_in_run
 
 
 @cython.final
@@ -74,6 +74,8 @@ cdef class _Lane:
     cdef public object nice
     cdef public object run_nice
     cdef public bint niced
+    cdef public bint armed
+    cdef public long long kill_lowered
     cdef public object prio_desc
     cdef public bint helpable
     cdef public object hand

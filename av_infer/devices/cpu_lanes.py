@@ -103,12 +103,12 @@ def _signal(ev: FastLock) -> None:
 class _Model:
     """A loaded plan: its runner, weight size, whether its launches can be killed, the
     per-launch estimates (s, for the kill rule), the pool of reusable arenas and
-    ``nice_in_run``: the runner's engine's ``arm(run_options, tid, run, back, killed)``
-    where its runs renice their own thread without the GIL (``ort_segments._Engine``),
-    else None."""
+    ``nice_in_run``: its runner's engine's runs renice their own thread without the GIL
+    (``ort_segments._Engine.nice_in_run``: their run options' ``nice_next_run`` and
+    ``lower_in_run``)."""
 
     def __init__(self, plan: Any, runner: Any, weight_bytes: int, killable: bool,
-                 est_s: list, pool: list | None = None, nice_in_run: Any = None) -> None:
+                 est_s: list, pool: list | None = None, nice_in_run: bool = False) -> None:
         self.plan = plan
         self.runner = runner  # CpuPlanRunner | SegmentRunner; None once unloaded
         self.weight_bytes = weight_bytes
@@ -173,7 +173,10 @@ class _Lane:
     running launch; ``nice``: the worker's nice value where it was changed; ``run_nice``:
     the nice value of the lane's model runs where only the runs are niced; ``niced``: the
     running launch was reniced (the thread's own priority comes back under ``lock`` after
-    the run); ``helpable``: callers may run the lane (``run_pending``); ``hand``: the
+    the run); ``armed``: ... by the run itself, with the GIL released, which also gives it
+    back (``RunOptions.nice_next_run``; a kill lowers it with ``lower_in_run``);
+    ``kill_lowered``: kills that dropped a running launch's thread to ``KILLED_NICE``;
+    ``helpable``: callers may run the lane (``run_pending``); ``hand``: the
     launch taken from ``dq`` and not yet completed, (task, kernel, start time), what a
     thread that dies running the lane leaves to be answered (``fail_hand``)."""
 
@@ -205,6 +208,8 @@ class _Lane:
         self.nice = None
         self.run_nice = None
         self.niced = False
+        self.armed = False  # the niced run renices itself (RunOptions.nice_next_run)
+        self.kill_lowered = 0  # kills that dropped a running launch's thread to KILLED_NICE
         self.prio_desc = ""  # what was done to the worker's OS priority (telemetry)
         self.helpable = False
         self.hand = None
@@ -353,9 +358,16 @@ class LaneEngine:
                         lane.ro_killed = True
                         if lane.niced:
                             # what it still runs (to ORT's next node) is lost work: the
-                            # lowest priority, so it takes no time from RT's cores (the
-                            # thread's own comes back under this lock after the run)
-                            os_priority.set_thread_nice(lane.run_tid, os_priority.KILLED_NICE)
+                            # lowest priority, so it takes no time from RT's cores. A run
+                            # that renices itself drops only while inside ORT (it has its
+                            # own back when it returns); otherwise the thread's own comes
+                            # back under this lock after the run
+                            if lane.armed:
+                                if ro.lower_in_run():
+                                    lane.kill_lowered += 1
+                            elif os_priority.set_thread_nice(lane.run_tid,
+                                                             os_priority.KILLED_NICE):
+                                lane.kill_lowered += 1
 
     def worth_killing(self, est: float, elapsed: float = 0.0) -> bool:
         """A run estimated at ``est`` seconds, ``elapsed`` into it, has enough left to be
@@ -427,7 +439,7 @@ class LaneEngine:
             hand, lane.hand = lane.hand, None
             lane.running = None
             lane.busy = False
-            lane.niced = False
+            lane.niced = lane.armed = False
             lane.flag_mark = None
             if hand is not None:
                 task, k, t0 = hand
@@ -460,7 +472,6 @@ class LaneEngine:
         own = 0  # the thread's own nice value, read before its first reniced run
         read_own = run_nice is not None
         renice: Any = None  # os_priority.nice_setter(tid), made at the first reniced run
-        arm: Any = None  # the reniced run's engine renices in the run (_Model.nice_in_run)
         while dq and not self.stopping and (until is None or not until()):
             lock.acquire()
             try:
@@ -501,13 +512,13 @@ class LaneEngine:
                     # kill sets `terminate`, then renices the run to 19 if `niced` is up; one
                     # landing before our renice is caught by the check after it
                     lane.niced = True
-                    arm = rec.model.nice_in_run if ro is not None else None
-                    if arm is not None:
+                    if ro is not None and rec.model.nice_in_run:
                         # the run renices itself once the GIL is released and gives the
                         # priority back before it takes the GIL again: at nice 10-19 beside
                         # other processes this thread must never hold the GIL (and then
                         # `lock`) while they take its core (docs/cpu_engine.md)
-                        arm(ro, tid, run_nice, own, os_priority.KILLED_NICE)
+                        ro.nice_next_run(tid, run_nice, own, os_priority.KILLED_NICE)
+                        lane.armed = True
                     else:
                         renice(run_nice)  # own priority back under `lock` below
                         if ro is not None and _terminated(self, lane, ro):
@@ -520,10 +531,10 @@ class LaneEngine:
                     else:
                         rec.bound.fns[k](ro)
                 except BaseException as e:  # noqa: BLE001 - reported at read_outputs
-                    if lane.niced and arm is not None:
+                    if lane.armed:
                         # a fault before the run left it armed: the options are the lane's
                         # spare, and the next run may be another thread's, unniced
-                        arm(ro, 0, 0, 0, 0)
+                        ro.nice_next_run(0, 0, 0, 0)
                     if ro is not None and ro.terminate and _is_kill(e):
                         executed = False  # killed: evicted, restored from its start
                     else:
@@ -535,11 +546,11 @@ class LaneEngine:
             try:
                 if lane.niced:
                     # under the lock set_preempt renices a killed run in: nothing after this.
-                    # A run that reniced itself gave its priority back already, unless a
-                    # kill reniced it after that (it sets `ro_killed` under this lock)
-                    if arm is None or lane.ro_killed:
+                    # A run that reniced itself has its priority back (a kill lowers it only
+                    # while inside ORT: RunOptions.lower_in_run)
+                    if not lane.armed:
                         renice(own)
-                    lane.niced = False
+                    lane.niced = lane.armed = False
                 lane.running = None
                 if ro is not None and not _terminated(self, lane, ro):  # never killed: reusable
                     lane.ro_spare = ro

@@ -111,17 +111,17 @@ class _Engine:
 
             self._capi: Any = ort_capi
             self.run_options: Callable[[], Any] = ort_capi.RunOptions
-            #: ``arm(run_options, tid, run, back, killed)``: the next run renices thread
-            #: ``tid`` itself with the GIL released (``ort_capi.RunOptions.nice_next_run``);
-            #: None where the API cannot (the Python binding takes the GIL back inside its
-            #: own call): the device renices around the run instead
-            self.nice_in_run: Callable[..., None] | None = ort_capi.RunOptions.nice_next_run
+            #: runs renice their own thread with the GIL released: their run options'
+            #: ``nice_next_run`` and ``lower_in_run`` (``ort_capi.RunOptions``); False where
+            #: the API cannot (the Python binding takes the GIL back inside its own call):
+            #: the device renices around the run instead
+            self.nice_in_run = True
         else:
             import onnxruntime as ort
 
             self._capi, self._ort = None, ort
             self.run_options = ort.RunOptions
-            self.nice_in_run = None
+            self.nice_in_run = False
 
     def session(self, onnx_bytes: bytes) -> Any:
         if self._capi is not None:

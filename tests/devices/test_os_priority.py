@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 import pytest
 
 from av_infer import Runtime
 from av_infer.devices import os_priority
 from av_infer.devices.faults import FaultInjector
-from av_infer.kernels import ort_segments
 from av_infer.model import zoo
 
 pytestmark = pytest.mark.skipif(not os_priority.supported(), reason="no per-thread nice here")
@@ -34,43 +34,30 @@ def test_as_lane_restores_the_thread_s_own_priority() -> None:
 class _NiceRecorder(FaultInjector):
     """Injects nothing; records the nice the calling thread's model run gets at the cpu
     device's hook points: ``"lane"`` (the Python before a launch) and ``"kernel"`` (just
-    before the model run): the thread's nice there, or, where the engine renices inside
-    the run (the C API: ``_Engine.nice_in_run``), the nice the lane armed the run with
-    (``record_arms``; the thread's own nice before the run is then checked too)."""
+    before the model run): the thread's nice there, or, where the run renices itself
+    (the C API: its lane is ``armed``), the nice it was armed with (the thread's own nice
+    before such a run is kept in ``before_armed``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dev: Any = None) -> None:
         super().__init__()
+        self.dev = dev
         self.seen: list[tuple[str, str | None, str, int]] = []
-        self.armed: dict[str, int] = {}
         self.before_armed: list[int] = []
-
-    def record_arms(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        real_init = ort_segments._Engine.__init__
-        armed = self.armed
-
-        def init(engine: ort_segments._Engine, api: str, threads: int) -> None:
-            real_init(engine, api, threads)
-            arm = engine.nice_in_run
-            if arm is not None:
-                def recording(ro, tid, run, back, killed):  # noqa: ANN001
-                    armed[threading.current_thread().name] = run
-                    arm(ro, tid, run, back, killed)
-                engine.nice_in_run = recording
-
-        monkeypatch.setattr(ort_segments._Engine, "__init__", init)
 
     def check(self, where: str, model: str | None = None, kernel: int | None = None) -> None:
         name, nice = threading.current_thread().name, os_priority.current_nice()
-        if where == "kernel" and name in self.armed:
-            self.before_armed.append(nice)
-            nice = self.armed.pop(name)
+        tid = threading.get_native_id()
+        for ln in (self.dev._lanes if where == "kernel" and self.dev is not None else ()):
+            if ln.busy and ln.armed and ln.run_tid == tid and ln.running is not None:
+                self.before_armed.append(nice)
+                nice = ln.running.armed_nice
         self.seen.append((where, model, name, nice))
 
 
 @pytest.mark.skipif(not os_priority.can_restore(),
                     reason="this process may not raise a thread's priority back: BE lane "
                            "workers stay niced (tested by the runtime test above)")
-def test_be_lanes_are_niced_only_while_a_model_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_be_lanes_are_niced_only_while_a_model_runs() -> None:
     """Where priority can be restored, a BE launch runs its model at the lane's nice and the
     Python around it (which holds the GIL an RT thread may wait for) at the thread's own:
     on the calling thread (``infer`` helps) and on a lane worker (``submit``) alike; RT
@@ -78,10 +65,9 @@ def test_be_lanes_are_niced_only_while_a_model_runs(monkeypatch: pytest.MonkeyPa
     API the run renices itself once the GIL is released (tests/kernels/test_ort_capi.py)."""
     own = os_priority.current_nice()
     run_nice = min(19, own + 10)
-    rec = _NiceRecorder()
-    rec.record_arms(monkeypatch)
     # kill_below_ms 0: every run is long enough to renice (the next test: shorter ones)
     with Runtime("cpu", device_options={"be_nice": 10, "kill_below_ms": 0.0}) as rt:
+        rec = _NiceRecorder(rt.device)
         rt.device.faults = rec
         rt.load_model("be", zoo.path("tiny_cnn"))
         rt.load_model("rt", zoo.path("tiny_cnn"), pin=True)
@@ -124,7 +110,7 @@ def test_runs_shorter_than_kill_below_keep_the_thread_s_own_priority() -> None:
     runs at the thread's own priority; a kill of it renices nothing."""
     own = os_priority.current_nice()
     with Runtime("cpu", device_options={"be_nice": 10, "kill_below_ms": 1000.0}) as rt:
-        rec = _NiceRecorder()
+        rec = _NiceRecorder(rt.device)
         rt.device.faults = rec
         rt.load_model("be", zoo.path("tiny_cnn"))
         x = zoo.sample_inputs("tiny_cnn")
@@ -162,7 +148,7 @@ def test_a_fault_before_an_armed_run_leaves_no_renice_armed_for_the_next_run() -
             rt.infer("be", x)
         lanes = [ln for ln in rt.device._lanes if ln.priority <= 0]
         spares = [ln.ro_spare for ln in lanes if ln.ro_spare is not None]
-        assert spares and not any(getattr(ro, "nice_armed", False) for ro in spares)
+        assert spares and all(getattr(ro, "armed_nice", None) is None for ro in spares)
         assert os_priority.current_nice() == own
         rt.device.faults = None
         rt.infer("be", x)  # the next run is served

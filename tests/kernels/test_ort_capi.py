@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import onnxruntime
@@ -93,8 +94,10 @@ def test_a_terminated_run_is_a_kill_and_the_segment_reruns_to_the_same_bits():
     assert all(np.array_equal(out[k], ref[k]) for k in ref)
 
 
-def _long_segment() -> tuple[ort_capi.BoundSegment, tuple[np.ndarray, np.ndarray]]:
-    """A bound 200-MatMul chain (a few ms a run) and its arrays (keep them alive)."""
+@pytest.fixture(scope="module")
+def long_segment() -> tuple[ort_capi.BoundSegment, tuple[np.ndarray, np.ndarray]]:
+    """A bound 200-MatMul chain (tens of ms a run; its session takes seconds to make: one
+    for the module) and its arrays (kept alive with it)."""
     from tests.devices.test_cpu_engine import _chain_model
 
     seg = ort_capi.BoundSegment(ort_capi.Session(_chain_model(200, 256).SerializeToString()),
@@ -106,8 +109,8 @@ def _long_segment() -> tuple[ort_capi.BoundSegment, tuple[np.ndarray, np.ndarray
     return seg, (x, y)
 
 
-def test_terminate_from_another_thread_stops_a_long_run():
-    seg, _arrays = _long_segment()
+def test_terminate_from_another_thread_stops_a_long_run(long_segment):
+    seg, _arrays = long_segment
     ro = ort_capi.RunOptions()
     started, result = threading.Event(), []
 
@@ -129,11 +132,11 @@ def test_terminate_from_another_thread_stops_a_long_run():
 
 @pytest.mark.skipif(not os_priority.can_restore(),
                     reason="this process may not raise a thread's priority back")
-def test_an_armed_run_renices_its_thread_only_while_ort_runs():
+def test_an_armed_run_renices_its_thread_only_while_ort_runs(long_segment):
     """``RunOptions.nice_next_run``: the thread runs the model at the armed nice (seen from
     another thread while ORT runs) and has its own back when the call returns; the arming
     holds for one run."""
-    seg, _arrays = _long_segment()
+    seg, _arrays = long_segment
     own = os_priority.current_nice()
     low = min(19, own + 5)
     seen: set[int] = set()
@@ -150,7 +153,7 @@ def test_an_armed_run_renices_its_thread_only_while_ort_runs():
             ro.nice_next_run(tid, low, own, 19)
             seg(ro)
             after.append(os_priority.current_nice())
-            armed_after.append(ro.nice_armed)
+            armed_after.append(ro.armed_nice is not None)
         stop.set()
 
     t = threading.Thread(target=run)
@@ -163,11 +166,57 @@ def test_an_armed_run_renices_its_thread_only_while_ort_runs():
         seen.add(n)
         if n == low:
             stop.set()
+        time.sleep(0.0002)  # the GIL to the runner between its runs
     t.join(120)
     assert not t.is_alive()
     assert low in seen
     assert after and set(after) == {own}
     assert not any(armed_after)
+
+
+@pytest.mark.skipif(not os_priority.can_restore(),
+                    reason="this process may not raise a thread's priority back")
+def test_a_kill_lowers_an_armed_run_only_while_it_is_inside_ort(long_segment):
+    """``lower_in_run``: the thread of an armed run inside ORT drops to the armed ``killed``
+    nice (and the run gives its own back when it returns); once the run has returned, a
+    kill lowers nothing, so a kill landing as a run ends never leaves its thread low."""
+    seg, _arrays = long_segment
+    own = os_priority.current_nice()
+    low, killed = min(19, own + 5), 19
+    ro = ort_capi.RunOptions()
+    after: list[int] = []
+    tid: list[int] = []
+    go, done = threading.Event(), threading.Event()
+
+    def run():
+        tid.append(threading.get_native_id())
+        go.set()
+        while not done.is_set():
+            ro.nice_next_run(tid[0], low, own, killed)
+            try:
+                seg(ro)
+            except ort_capi.OrtRunError:
+                pass  # terminated: the watcher's kill (or its retry's leftover)
+            after.append(os_priority.current_nice())
+
+    t = threading.Thread(target=run)
+    t.start()
+    go.wait()
+    lowered = False
+    for _ in range(100_000):  # until a kill lands while a run is inside ORT
+        if os.getpriority(os.PRIO_PROCESS, tid[0]) != low:
+            time.sleep(0.0002)  # the GIL to the runner between its runs
+            continue
+        ro.terminate = True
+        lowered = ro.lower_in_run()
+        if lowered:
+            break
+        ro.terminate = False  # the run had returned in between: again
+    done.set()
+    t.join(120)
+    assert not t.is_alive() and lowered
+    assert after and set(after) == {own}  # every run gave the thread its own back
+    assert ro.lower_in_run() is False  # no run inside ORT: nothing to lower
 
 
 def test_rebinding_reads_the_new_array():
