@@ -48,7 +48,7 @@ cdef class Driver:
     cpdef post(self, tuple event)
     cpdef complete(self, comp)
     @cython.locals(lock=FastLock)
-    cdef _drain(self, first)
+    cdef _drain(self, first, comp)
 
 
 @cython.locals(s=int, port=LaneEngine)

@@ -243,28 +243,32 @@ class Driver:
     # -- entering the scheduler ---------------------------------------------------------
     def post(self, event: tuple) -> None:
         """Handle ``event`` now on this thread, or leave it to the thread inside."""
-        self._drain(event)
+        self._drain(event, None)
 
     def complete(self, comp: Any) -> None:
         """One launch (or a coalesced record of several) left the device:
         ``post(("complete", comp))``, the devices' completion entry (the engine starts
-        them with ``Device.start(driver.complete)``)."""
-        self._drain(("complete", comp))
+        them with ``Device.start(driver.complete)``). The event tuple is made only where
+        the record is queued (``_drain``): handled at once, it goes to the scheduler's
+        ``complete`` as it is (one a kernel completion in the simulator)."""
+        self._drain(None, comp)
 
-    def _drain(self, first: tuple | None) -> None:
-        """Handle ``first`` (an event not yet queued, or None) and every queued event on
-        this thread, or leave them to the thread inside. ``first`` skips the queue only
-        when the queue is empty and this thread got in (every ``post`` and ``complete``
-        when nothing waits: no append and pop); otherwise it is queued like any event (so
-        events are handled in the order they were posted)."""
+    def _drain(self, first: tuple | None, comp: Any) -> None:
+        """Handle ``first`` (an event not yet queued, or None) or ``comp`` (a completion
+        record not yet queued, or None: the event ``("complete", comp)``, the tuple not
+        made unless queued) and every queued event on this thread, or leave them to the
+        thread inside. Either skips the queue only when the queue is empty and this thread
+        got in (every ``post`` and ``complete`` when nothing waits: no append and pop);
+        otherwise it is queued like any event (so events are handled in the order they
+        were posted)."""
         pending = self._pending
         lock = self._lock
         sched = self.sched
-        if first is not None and (pending or not lock.acquire(False)):
-            pending.append(first)
-            first = None
+        if (first is not None or comp is not None) and (pending or not lock.acquire(False)):
+            pending.append(first if comp is None else ("complete", comp))
+            first = comp = None
         while True:
-            if first is None:  # (with ``first``, this thread is already in)
+            if first is None and comp is None:  # (with either, this thread is already in)
                 if not pending:
                     break
                 if not lock.acquire(False):
@@ -273,7 +277,10 @@ class Driver:
             try:
                 # do what is due: every queued event (the scheduler's non-blocking
                 # handlers), then arm a timer for the next timed decision (inf: none)
-                if first is not None:
+                if comp is not None:
+                    c, comp = comp, None
+                    sched.complete(c)
+                elif first is not None:
                     ev, first = first, None
                     sched.post(ev)
                 while pending:

@@ -130,8 +130,9 @@ cdef class Scheduler:
     cdef public long long coalesced_applied
     cdef public long long coalesced_split
 
-    @cython.locals(comp=Completion)
     cpdef post(self, tuple event)
+    cpdef complete(self, Completion comp)
+    cdef _enter(self, tuple event, Completion comp)
     cdef _handle(self, tuple ev)
     cpdef bint idle(self)
     cdef _handler_failed(self, tuple ev, exc)

@@ -303,21 +303,37 @@ class Scheduler:
         """Handle ``event`` now, then answer the futures it resolved. One event queue
         exists, the driver's (``sched.driver.Driver``): events posted while one is handled
         wait there, so this is never re-entered (a re-entry is a bug and raises)."""
+        if event[0] == "complete":
+            self.complete(event[1])
+            return
+        self._enter(event, None)
+
+    def complete(self, comp: Completion) -> None:
+        """``post(("complete", comp))`` without the tuple: the driver's entry for a
+        record it did not queue (``Driver.complete``, once a kernel completion in the
+        simulator). The same guarantees as ``post``'s; the tuple is made only where a
+        handler fails (``_handler_failed`` reads the event)."""
+        if comp.count != 1 and not self._coalescible(comp):
+            self.coalesced_split += 1
+            for one in comp.singles():  # exactly as if the device had sent them so
+                self.complete(one)
+            return
+        self._enter(None, comp)
+
+    def _enter(self, event: tuple | None, comp: Completion | None) -> None:
+        """Handle ``event``, or the completion ``comp`` (``event`` None), then answer the
+        futures it resolved (``post``'s body, shared by ``complete``)."""
         if self._busy:
             raise RuntimeError("Scheduler.post re-entered: post events through the Driver")
-        if event[0] == "complete":
-            comp = event[1]  # (typed: ``count`` is a C read)
-            if comp.count != 1 and not self._coalescible(comp):
-                self.coalesced_split += 1
-                for one in comp.singles():  # exactly as if the device had sent them so
-                    self.post(("complete", one))
-                return
         self._busy = True
         try:
             try:
-                self._handle(event)
+                if comp is not None:
+                    self.on_complete(comp)
+                else:
+                    self._handle(event)
             except Exception as e:  # the scheduler survives; the requests do not
-                self._handler_failed(event, e)
+                self._handler_failed(("complete", comp) if comp is not None else event, e)
             if self.closing and not self.stopped and self.idle():
                 self.stopped = True
             if self._answers:
@@ -326,10 +342,8 @@ class Scheduler:
             self._busy = False
 
     def _handle(self, ev: tuple) -> None:
-        kind = ev[0]
-        if kind == "complete":
-            self.on_complete(ev[1])
-        elif kind == "arrival":
+        kind = ev[0]  # ("complete" goes to ``complete``: ``post``)
+        if kind == "arrival":
             self.on_arrival(ev[1], ev[2])
         elif kind == "timer":
             self._expire_late()
