@@ -1540,16 +1540,18 @@ class Scheduler:
             self._unload(entry)
 
     def _flush_answers(self) -> None:
+        """Resolve the futures of the answers the handler made, each once. No ``done()``
+        call first (a Python method call an answer): a future already done (a caller
+        cancelled it) refuses the resolution itself (``Future.set_result``/
+        ``set_exception`` raise ``InvalidStateError``, which leaves it as it was)."""
         answers, self._answers = self._answers, []
         for fut, value, is_err in answers:
-            if fut.done():
-                continue
             try:
                 if is_err:
                     fut.set_exception(value)
                 else:
                     fut.set_result(value)
-            except Exception:  # InvalidStateError if someone cancelled it meanwhile
+            except Exception:  # InvalidStateError: someone cancelled it meanwhile
                 log.debug("future already resolved", exc_info=True)
 
 

@@ -122,13 +122,36 @@ def test_timeouts_cancel_and_a_second_resolution(rt) -> None:
     with pytest.raises(cf.CancelledError):
         c.result()
     with pytest.raises(cf.InvalidStateError):
-        c.set_result(1)  # the scheduler skips it (done()), as for a plain Future
+        c.set_result(1)  # the scheduler's answer leaves it cancelled (see below)
     assert not c.resolved
 
     r = RequestFuture(rt._driver)
     assert r.set_running_or_notify_cancel() and r.running()
     r.set_result(5)
     assert r.result() == 5 and "finished" in repr(r)
+
+
+def test_the_scheduler_leaves_a_done_future_as_it_is(rt) -> None:
+    # the answers' flush calls no done() first: a future a caller cancelled (or one
+    # already resolved) refuses the scheduler's result or error itself, stays as it was,
+    # and the answers after it in the same flush are still delivered
+    sched = rt._engine.sched
+    futs = {k: RequestFuture(rt._driver) for k in ("cancelled_r", "cancelled_e", "done",
+                                                   "plain_cancelled", "pending")}
+    futs["plain_cancelled"] = cf.Future()
+    assert futs["cancelled_r"].cancel() and futs["cancelled_e"].cancel()
+    assert futs["plain_cancelled"].cancel()
+    futs["done"].set_result("first")
+    err = UnknownModelError("x")
+    rt._control(lambda: sched._answers.extend([
+        (futs["cancelled_r"], "late", False), (futs["cancelled_e"], err, True),
+        (futs["done"], "second", False), (futs["plain_cancelled"], "late", False),
+        (futs["pending"], "answer", False)]))
+    assert futs["cancelled_r"].cancelled() and not futs["cancelled_r"].resolved
+    assert futs["cancelled_e"].cancelled() and not futs["cancelled_e"].resolved
+    assert futs["plain_cancelled"].cancelled()
+    assert futs["done"].result() == "first"
+    assert futs["pending"].result(timeout=0) == "answer"
 
 
 def test_done_callbacks_run_once_on_the_callback_thread(rt) -> None:
