@@ -51,5 +51,11 @@ cdef class Driver:
     cdef _drain(self, first, comp)
 
 
+@cython.final
+@cython.freelist(8)
+cdef class _Resolved:
+    cdef object fut
+
+
 @cython.locals(s=int, port=LaneEngine)
 cdef _help_run(fut, Driver driver, Request req)

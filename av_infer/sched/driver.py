@@ -40,7 +40,6 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from functools import partial
 from queue import SimpleQueue
 from typing import Any
 
@@ -407,13 +406,32 @@ class Driver:
             th.join(timeout)
 
 
+class _Resolved:
+    """``until`` of a helping wait (``Device.run_pending(stream, until)``): ``until()``
+    is true once ``fut`` is resolved (its ``resolved``), read between launches.
+
+    One is made per wait (per request a caller waits on). Compiled (``driver.pxd``), a
+    ``cdef class`` with one C field, from a free list: made, called and freed as C,
+    where ``functools.partial(getattr, fut, "resolved")`` cost about 1,000 instructions
+    a request (the partial, its call through ``getattr`` and its deallocation). The
+    same answer at every call as that partial: the future's attribute, read each time."""
+
+    __slots__ = ("fut",)
+
+    def __init__(self, fut: Future) -> None:
+        self.fut = fut
+
+    def __call__(self) -> bool:
+        return self.fut.resolved
+
+
 def _help_run(fut: RequestFuture, driver: Driver, req: Any) -> None:
     """``RequestFuture._help``'s loop (compiled: a C function with ``driver`` and ``req``
     typed, so the driver's fields and the request's stream are C reads, driver.pxd; on
     the cpu device ``run_pending`` is the lane engine's, a C call: ``Scheduler._port``)."""
     if driver._holder == thread_ident():
         return
-    until = partial(getattr, fut, "resolved")  # ``until()``: a C call, no Python frame
+    until = _Resolved(fut)  # ``until()``: a C call, no Python frame
     port = driver.sched._port
     if port is not None:
         while not fut.resolved:
