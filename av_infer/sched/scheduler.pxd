@@ -124,6 +124,7 @@ cdef class Scheduler:
     cdef public list be_streams
     cdef public list rt_par
     cdef public dict streams
+    cdef readonly list _stream_at
     cdef public int sms
     cdef public object _dkp
     cdef public set _dkp_off
@@ -205,6 +206,7 @@ cdef class Scheduler:
     cdef _dkp_credit(self, comp)
     @cython.locals(bt=Task)
     cdef _dkp_forget(self, dropped)
+    cdef StreamState _stream(self, int sid)
     @cython.locals(s=StreamState)
     cdef _detach(self, Task t)
     @cython.locals(s=StreamState, port=LaneEngine)
@@ -226,3 +228,4 @@ cdef class Scheduler:
 cdef dict _kernel_payload(int stream, task, int kernel, executed, double t_start,
                           double t_end, double t_stop)
 cdef bint _past_hard_deadline(Task t, double now) except -1
+cdef list _id_table(dict streams)
