@@ -207,6 +207,8 @@ cdef class Scheduler:
     @cython.locals(bt=Task)
     cdef _dkp_forget(self, dropped)
     cdef StreamState _stream(self, int sid)
+    @cython.locals(t=Task)
+    cdef Task _task_of(self, StreamState s, tid)
     @cython.locals(s=StreamState)
     cdef _detach(self, Task t)
     @cython.locals(s=StreamState, port=LaneEngine)

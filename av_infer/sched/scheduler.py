@@ -666,8 +666,8 @@ class Scheduler:
         would repeat the one before it (the settled path)."""
         if comp.count != 1:
             self.coalesced_applied += 1
-            s = self._stream(comp.stream)  # (not None: ``_coalescible``)
-            task = self.tasks[comp.task]
+            s = self._stream(comp.stream)  # (neither None: ``_coalescible``)
+            task = self._task_of(s, comp.task)
             tt = comp.times
             k0 = comp.kernel
             be = s.is_be
@@ -715,7 +715,7 @@ class Scheduler:
                                                  comp.t_stop))
         if comp.parts:
             self._dkp_credit(comp)
-        task = self.tasks.get(comp.task)
+        task = self._task_of(s, comp.task)
         if task is None:
             self._schedule()
             return
@@ -761,7 +761,7 @@ class Scheduler:
         s = self._stream(comp.stream)
         if s is None or comp.parts or s.stop_from is not None:
             return False
-        task = self.tasks.get(comp.task)
+        task = self._task_of(s, comp.task)
         if task is None or task.state != RUNNING or task.outstanding < n or s.outstanding < n:
             return False
         if comp.executed is False or (comp.executed is None and s.flagged):
@@ -1394,6 +1394,20 @@ class Scheduler:
         if 0 <= sid < len(at):
             return at[sid]
         return self.streams.get(sid)
+
+    def _task_of(self, s: StreamState | None, tid: Any) -> Task | None:
+        """``tasks.get(tid)`` for a completion on ``s`` (None: no such stream), the same
+        answer, most often without the dict look-up: the stream's current task (a BE
+        stream's ``owner``, an RT stream's ``rt_fed``) is the one asked for in most
+        completions, and it is in ``tasks`` as long as it is current: ``_start`` makes it
+        current after adding it, and whatever takes a task out of ``tasks`` makes it
+        not current first (``_detach``: ``_finish``, ``_abort``, ``_evict``, a DONE
+        task's release) or at once (``_release`` of an aborting task, ``close``)."""
+        if s is not None:
+            t = s.owner if s.is_be else self.rt_fed
+            if t is not None and t.tid == tid:
+                return t
+        return self.tasks.get(tid)
 
     def _detach(self, t: Task) -> None:
         if t.rt:
