@@ -2,9 +2,11 @@
 """What a request costs av_infer beyond the model, and what a kill costs ORT, beside the
 plain ONNX Runtime call (docs/cpu_engine.md, "a much slower VM host").
 
-1. Per request: ``Runtime.infer`` (BE, then RT) against ``InferenceSession.run`` of the same
-   model, one thread, back to back; wall time and the calling thread's CPU time per
-   request (the caller runs its own launch, so the difference is av_infer's Python).
+1. Per request: ``Runtime.infer`` (BE, then RT) and ``submit(...).result()`` (BE,
+   ``avi_submit``: issue 31's second figure) against ``InferenceSession.run`` of the same
+   model, one thread, back to back, in turn within each round; wall time and the calling
+   thread's CPU time per request (the caller runs its own launch, so the difference is
+   av_infer's Python).
 2. Per kill: ``ort_segments.measure_kill_cost`` (a run terminated before it starts), and
    ``RunOptions.terminate`` set at a random point of a running ``--kill-model`` run: how
    long its thread keeps running (wall and CPU) after the flag.
@@ -120,7 +122,8 @@ def main() -> int:
             row = {k: _per_call(fn, args.requests) for k, fn in (
                 ("ort", lambda: sess.run(None, m.inputs)),
                 ("avi_be", lambda: r.infer("be", m.inputs, client="be")),
-                ("avi_rt", lambda: r.infer("rt", m.inputs, client="rt")))}
+                ("avi_rt", lambda: r.infer("rt", m.inputs, client="rt")),
+                ("avi_submit", lambda: r.submit("be", m.inputs, client="be").result()))}
             rows.append({k: {"wall_us": w, "cpu_us": c} for k, (w, c) in row.items()})
             print("  ".join(f"{k} {w:.0f}/{c:.0f} us" for k, (w, c) in row.items())
                   + "  (wall/thread CPU per request)", file=out, flush=True)
