@@ -124,7 +124,6 @@ cdef class Scheduler:
     cdef public list be_streams
     cdef public list rt_par
     cdef public dict streams
-    cdef readonly list _stream_at
     cdef public int sms
     cdef public object _dkp
     cdef public set _dkp_off
@@ -206,7 +205,6 @@ cdef class Scheduler:
     cdef _dkp_credit(self, comp)
     @cython.locals(bt=Task)
     cdef _dkp_forget(self, dropped)
-    cdef StreamState _stream(self, int sid)
     @cython.locals(t=Task)
     cdef Task _task_of(self, StreamState s, tid)
     @cython.locals(s=StreamState)
@@ -230,4 +228,3 @@ cdef class Scheduler:
 cdef dict _kernel_payload(int stream, task, int kernel, executed, double t_start,
                           double t_end, double t_stop)
 cdef bint _past_hard_deadline(Task t, double now) except -1
-cdef list _id_table(dict streams)

@@ -283,11 +283,6 @@ class Scheduler:
         self.streams: dict[int, StreamState] = {
             s.id: s for s in (*self.rt_par, self.rt_plain, *self.be_streams)
         }
-        #: ``streams`` as a table indexed by stream id, read by ``_stream`` (once or
-        #: twice a completion): the devices number their streams 0, 1, 2, ...
-        #: (``open_stream``), so a look-up is an index instead of a dict look-up of a
-        #: boxed int. Built once: ``streams`` is not changed after this
-        self._stream_at = _id_table(self.streams)
         self._apply_capacity(self.c, self._policy)
         # DKP: candidate slots (one per BE stream). Which BE parts ride in which RT launch
         # is the device's launch record (Completion.parts, ResetInfo.dropped_parts).
@@ -666,7 +661,7 @@ class Scheduler:
         would repeat the one before it (the settled path)."""
         if comp.count != 1:
             self.coalesced_applied += 1
-            s = self._stream(comp.stream)  # (neither None: ``_coalescible``)
+            s = self.streams[comp.stream]  # (neither missing: ``_coalescible``)
             task = self._task_of(s, comp.task)
             tt = comp.times
             k0 = comp.kernel
@@ -695,7 +690,7 @@ class Scheduler:
                 return
             self._schedule()
             return
-        s = self._stream(comp.stream)
+        s = self.streams.get(comp.stream)
         if s is not None:
             s.outstanding -= 1
             if s.is_be and comp.executed is not False:
@@ -758,7 +753,7 @@ class Scheduler:
         records leave the same state as one pass over their counts followed by the last
         one's decision, which is what ``on_complete`` then does. Reads, changes nothing."""
         n = comp.count
-        s = self._stream(comp.stream)
+        s = self.streams.get(comp.stream)
         if s is None or comp.parts or s.stop_from is not None:
             return False
         task = self._task_of(s, comp.task)
@@ -897,10 +892,8 @@ class Scheduler:
 
     def _rt_stream_for(self, task: Task) -> StreamState | None:
         """The stream ``task`` starts on; None when every parallel RT stream is taken."""
-        if task.outstanding > 0:
-            s = self._stream(task.stream)
-            if s is not None:
-                return s  # launches still there: keep stream order
+        if task.outstanding > 0 and task.stream in self.streams:
+            return self.streams[task.stream]  # launches still there: keep stream order
         if not self._policy.rt_high_priority:
             return self.rt_plain
         if self._rt_width() == 1:
@@ -1387,14 +1380,6 @@ class Scheduler:
             if bt is not None and bt.pad_k >= 0:
                 bt.pad_k, bt.pad_b = kern, b0
 
-    def _stream(self, sid: int) -> StreamState | None:
-        """``streams.get(sid)``: the same answer (``_stream_at`` is made from
-        ``streams``, which does not change), by index where the id is in the table."""
-        at = self._stream_at
-        if 0 <= sid < len(at):
-            return at[sid]
-        return self.streams.get(sid)
-
     def _task_of(self, s: StreamState | None, tid: Any) -> Task | None:
         """``tasks.get(tid)`` for a completion on ``s`` (None: no such stream), the same
         answer, most often without the dict look-up: the stream's current task (a BE
@@ -1415,7 +1400,7 @@ class Scheduler:
             if self.rt_fed is t:
                 self.rt_fed = None
         else:
-            s = self._stream(t.stream)
+            s = self.streams.get(t.stream)
             if s is not None and s.owner is t:
                 s.owner = None
 
@@ -1435,7 +1420,7 @@ class Scheduler:
                 self.ext.release(t)
         if t.state == ABORTING:
             t.state = DONE
-            s = self._stream(t.stream)
+            s = self.streams.get(t.stream)
             if s is not None and s.owner is t:
                 s.owner = None
 
@@ -1469,7 +1454,7 @@ class Scheduler:
         self._fail(t, err)
         if t.rt:
             self._detach(t)
-        s = self._stream(t.stream)
+        s = self.streams.get(t.stream)
         if t.outstanding > 0 and s is not None:
             info = self.device.reset(s.id)
             if info is not None:
@@ -1612,16 +1597,6 @@ def _past_hard_deadline(t: Task, now: float) -> bool:
     before). Compiled, a C function of a typed task (scheduler.pxd)."""
     return (not t.rt and not t.allocated and t.members is None
             and now > t.req.hard_deadline)
-
-
-def _id_table(streams: dict[int, StreamState]) -> list[StreamState | None]:
-    """``[streams.get(i) for i in range(max id + 1)]`` where the ids run from 0 to a
-    small bound (every device's do: 0, 1, 2, ...); else empty (``Scheduler._stream``
-    then looks every id up in ``streams``)."""
-    ids = list(streams)
-    if not ids or min(ids) < 0 or max(ids) >= 4 * len(ids) + 64:
-        return []
-    return [streams.get(i) for i in range(max(ids) + 1)]
 
 
 def _port_of(device: Device) -> LaneEngine | None:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from av_infer.bench.peer import PeerConfig, format_peer, peer_command, run_peer
+from av_infer.bench.peer import PeerConfig, format_peer, host_busy_s, peer_command, run_peer
 from av_infer.cli import main
 
 KEYS = ("rt_p50_ms", "rt_p99_ms", "rt_p999_ms", "be_rps", "rt_n", "be_done")
@@ -140,6 +140,8 @@ def test_rounds_must_be_positive():
         main(["bench", "--peer", "ort", "--rounds", "0"])
 
 
+@pytest.mark.skipif(host_busy_s() < 0, reason="this host has no /proc/stat: other_cores "
+                    "is None there (the next test checks that case)")
 def test_a_comparison_beside_other_processes_says_how_many_cores_they_took():
     """``other_cores``: the host's busy time less the process's own over the measured
     window. Beside a busy process it is well above zero and the report says so (BE lanes
@@ -147,10 +149,8 @@ def test_a_comparison_beside_other_processes_says_how_many_cores_they_took():
     import subprocess
     import sys
 
-    from av_infer.bench.peer import OTHERS_NOTE_CORES, beside_others, host_busy_s
+    from av_infer.bench.peer import OTHERS_NOTE_CORES, beside_others
 
-    if host_busy_s() < 0:
-        pytest.skip("this host has no /proc/stat: other_cores is None (checked below)")
     loop = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         cfg = PeerConfig(rt_model="tiny_mlp", be_model="tiny_cnn", rt_rate=40.0,

@@ -475,16 +475,3 @@ def test_kernel_fault_fails_only_that_request(plans, inputs):
             bad.result(timeout=30)
         assert rt.submit("cnn", inputs["cnn"]).result(timeout=30).outputs
         assert rt.stats()["clients"]["default"]["errors"] == {"device_fault": 1}
-
-
-@pytest.mark.parametrize("device", ["cpu", "sim"])
-def test_the_stream_table_is_the_stream_dict(device):
-    # ``Scheduler._stream`` (once or twice a completion) reads ``_stream_at`` by index
-    # where the id is in it, else ``streams``: the table must give what the dict gives
-    # for every id, and cover every stream (the devices number them 0, 1, 2, ...)
-    with Runtime(device, max_be_streams=3) as rt:
-        sched = rt._engine.sched
-        at, streams = sched._stream_at, sched.streams
-        assert len(at) == max(streams) + 1
-        assert all(at[i] is streams.get(i) for i in range(len(at)))
-        assert all(at[sid] is s for sid, s in streams.items())
