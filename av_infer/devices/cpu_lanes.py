@@ -173,8 +173,9 @@ class _Lane:
     running launch; ``nice``: the worker's nice value where it was changed; ``run_nice``:
     the nice value of the lane's model runs where only the runs are niced; ``niced``: the
     running launch was reniced (the thread's own priority comes back under ``lock`` after
-    the run); ``armed``: ... by the run itself, with the GIL released, which also gives it
-    back (``RunOptions.nice_next_run``; a kill lowers it with ``lower_in_run``);
+    the run); ``armed``: the running launch was reniced by the run itself, with the GIL
+    released, which also gives the priority back (``RunOptions.nice_next_run``; a kill
+    lowers it with ``lower_in_run``);
     ``kill_lowered``: kills that dropped a running launch's thread to ``KILLED_NICE``;
     ``helpable``: callers may run the lane (``run_pending``); ``hand``: the
     launch taken from ``dq`` and not yet completed, (task, kernel, start time), what a
