@@ -38,6 +38,16 @@ import numpy as np
 #: only per-frame work on the pixels (av_infer/_cy/gather.pyx).
 from av_infer._cy.gather import GatherPlan, ResizePlan  # noqa: E402, F401
 
+#: The data path's messages in their serialised (CDR) form (av_infer/_cy/ros_cdr.pyx): an
+#: output ``TensorList`` written straight from the arrays (:func:`tensor_list_cdr`), a
+#: received ``Image``/``CompressedImage`` read into its fields and a view of its pixels.
+from av_infer._cy.ros_cdr import (  # noqa: E402, F401
+    read_compressed_image,
+    read_image,
+    write_outputs,
+    write_tensor_list,
+)
+
 MALFORMED = "malformed_request"
 
 #: ``Tensor.DATA_TYPE_*`` -> little-endian numpy dtype. 1..10 are the codes Isaac ROS's
@@ -54,6 +64,9 @@ DATA_TYPES: dict[int, np.dtype] = {
 ISAAC_DATA_TYPES = frozenset(range(1, 11))
 #: numpy dtype name -> ``Tensor.DATA_TYPE_*``.
 DATA_TYPE_OF: dict[str, int] = {dt.name: code for code, dt in DATA_TYPES.items()}
+#: numpy type number -> ``Tensor.DATA_TYPE_*`` (``write_outputs``' fast path; a type with a
+#: second number, e.g. ``longlong`` beside ``int64``, takes the general path by name)
+_TYPE_CODES: dict[int, int] = {dt.num: code for code, dt in DATA_TYPES.items()}
 
 #: ``InferRequest.PRIORITY_*`` -> the runtime's priority names.
 PRIORITIES: dict[int, str] = {0: "RT", 1: "BE"}
@@ -324,6 +337,34 @@ def fill_tensor(msg: Any, name: str, value: np.ndarray) -> Any:
     msg.strides = array.array("Q", contiguous_strides(list(arr.shape), arr.dtype.itemsize))
     msg.data = data
     return msg
+
+
+def tensor_list_cdr(stamp: tuple[int, int], frame_id: str,
+                    outputs: Mapping[str, Any]) -> bytes:
+    """``outputs`` as a serialised ``TensorList`` (header ``stamp`` = ``(sec, nanosec)``,
+    ``frame_id``), the bytes ``Publisher.publish`` sends as they are: what
+    :func:`fill_tensor` would put in each ``Tensor`` (strides filled in, little-endian,
+    C order), with one copy of each array's bytes and no message objects
+    (``av_infer/_cy/ros_cdr.pyx``). Raises :class:`CodecError` for a dtype the wire
+    cannot carry or a rank over 255, before anything is written."""
+    raw = write_outputs(stamp[0], stamp[1], frame_id.encode(), outputs, _TYPE_CODES)
+    if raw is not None:  # every output a plain array: written from C, no Python per tensor
+        return raw
+    tensors = []
+    for name, value in outputs.items():
+        arr = np.asarray(value)
+        code = DATA_TYPE_OF.get(arr.dtype.name)
+        if code is None:
+            raise CodecError(f"tensor {name!r}: dtype {arr.dtype} has no Tensor data_type")
+        if arr.dtype.byteorder == ">" or not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr, dtype=DATA_TYPES[code])  # the rare extra copy
+        tensors.append((name.encode(), arr.shape, code,
+                        contiguous_strides(list(arr.shape), arr.dtype.itemsize),
+                        arr.reshape(-1).view(np.uint8)))
+    try:
+        return write_tensor_list(stamp[0], stamp[1], frame_id.encode(), tensors)
+    except (ValueError, OverflowError) as exc:  # a rank or a dimension the wire cannot carry
+        raise CodecError(str(exc)) from None
 
 
 def spec_tensor(msg: Any, name: str, shape: Iterable[int], dtype: Any) -> Any:

@@ -5,13 +5,17 @@ false: configure loads the model (in-process runtime), activate accepts images, 
 drops them (counted ``dropped_inactive``), cleanup releases the runtime client.
 
 Subscribes ``sensor_msgs/Image`` on ``~/input/image`` (SensorDataQoS, depth 1: a late frame is
-replaced, never queued), preprocesses it straight into the request's input buffer
-(``preprocess.py``; in-process that is the runtime's own task input buffer, the only copy
-of the input), submits it with ``deadline = header.stamp + relative_deadline_ms`` and
+replaced, never queued) and reads it in its serialised form (a raw subscription:
+``tensor_codec.read_image`` takes the header and a view of the pixels, no ``Image`` object
+is built; a ``Frame`` keeps the header), preprocesses it straight into the request's input
+buffer (``preprocess.py``; in-process that is the runtime's own task input buffer, the only
+copy of the input), submits it with ``deadline = header.stamp + relative_deadline_ms`` and
 publishes the outputs on ``~/output/tensors`` as ``av_infer_msgs/TensorList`` with the
-image's header. Every image that is submitted gets exactly one message: the outputs on
-``~/output/tensors``, or an ``av_infer_msgs/InferResponse`` without tensors on
-``~/output/errors`` with its status and code (e.g. ``deadline_missed``). Images arriving
+image's header (serialised straight from the output arrays,
+``tensor_codec.tensor_list_cdr``). Every image that is submitted gets exactly one message:
+the outputs on ``~/output/tensors``, or an ``av_infer_msgs/InferResponse`` without tensors
+on ``~/output/errors`` with its status and code (e.g. ``deadline_missed``); so does one
+whose bytes are no image (``invalid_input``, an empty header). Images arriving
 while ``max_in_flight`` requests are pending, before the runtime is reachable, or while
 inactive are dropped and counted. Outputs are encoded and published on the node's
 executor (``Handoff``).
@@ -55,12 +59,10 @@ from av_infer_nodes.common import (
     as_float_list,
     debug_publishers,
     declare,
-    new_tensor,
     publish_cyclic,
     publish_debug,
     response_msg,
     ros_now_ns,
-    stamp_tuple,
 )
 from av_infer_nodes.detections import DECODER_PARAMS, decoder_from_params, detections_msg
 from av_infer_nodes.handoff import Handoff
@@ -86,6 +88,7 @@ from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackRet
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, CompressedImage, Image
+from std_msgs.msg import Header
 from vision_msgs.msg import Detection2DArray
 
 from av_infer import PRECISIONS, AvInferError, InvalidParameterError
@@ -97,7 +100,30 @@ IMAGE_QOS = QoSProfile(depth=1, history=qos_profile_sensor_data.history,
                        reliability=qos_profile_sensor_data.reliability,
                        durability=qos_profile_sensor_data.durability)
 
-ResultListener = Callable[[Reply, Image, float], None]
+
+
+class Frame:
+    """A received image as the node keeps it past its callback: the header's fields (what
+    the outputs, errors, detections and listeners carry of it). ``header`` is the
+    ``std_msgs/Header``, built on first use: the tensors' output is written without one."""
+
+    __slots__ = ("sec", "nanosec", "frame_id", "_header")
+
+    def __init__(self, sec: int, nanosec: int, frame_id: str):
+        self.sec, self.nanosec, self.frame_id = sec, nanosec, frame_id
+        self._header: Header | None = None
+
+    @property
+    def header(self) -> Header:
+        if self._header is None:
+            h = Header(frame_id=self.frame_id)
+            h.stamp.sec, h.stamp.nanosec = self.sec, self.nanosec
+            self._header = h
+        return self._header
+
+
+#: ``fn(reply, frame, t_received_monotonic)``; ``frame.header`` is the image's header
+ResultListener = Callable[[Reply, Frame, float], None]
 
 #: Topics, Autoware's ``~/input/*`` / ``~/output/*`` convention (remap them: ``-r
 #: ~/input/image:=/camera/image_raw``; the launch file remaps every one of ``TOPICS``).
@@ -271,13 +297,6 @@ class ImageInferenceNode(LifecycleNode):
                                              self.publish_diagnostics)
         self._pub = self.create_publisher(TensorList, node_topic(self, TENSORS_TOPIC), 10,
                                           event_callbacks=PUB_EVENTS)
-        #: the output message, filled again for every in-process answer instead of built
-        #: anew (``publish`` serialises it before it returns, so nothing keeps it): ~40 us
-        #: less per image after an idle moment on the dev VM (docs/ros.md, "ROS path
-        #: cost"); the lock because ``multi`` may run the image callback and the
-        #: ``Handoff`` drain (two callback groups) at once
-        self._out_msg = TensorList()
-        self._out_lock = threading.Lock()
         self._err_pub = self.create_publisher(InferResponse, node_topic(self, ERRORS_TOPIC), 10,
                                               event_callbacks=PUB_EVENTS)
         #: the detector-head decoder (parameter ``decoder``; None: raw tensors only) and
@@ -293,10 +312,11 @@ class ImageInferenceNode(LifecycleNode):
         self._last_decode_log = 0.0
         # one subscription on ~/input/image: raw Image or, with input:=compressed,
         # CompressedImage
+        # (raw: the callback gets the serialised bytes, read by ros_cdr)
         in_type = CompressedImage if self.p["input"] == "compressed" else Image
         self._sub = self.create_subscription(in_type, node_topic(self, IMAGE_TOPIC),
                                              self._on_image, IMAGE_QOS,
-                                             event_callbacks=SUB_EVENTS)
+                                             event_callbacks=SUB_EVENTS, raw=True)
         #: the latest CameraInfo (use_camera_info) and the input-side model it implies
         self._camera_info: CameraInfo | None = None
         self._info_sub = self._info_pub = None
@@ -710,19 +730,37 @@ class ImageInferenceNode(LifecycleNode):
     def _on_camera_info(self, msg: CameraInfo) -> None:
         self._camera_info = msg
 
-    def _pixels(self, msg: Image | CompressedImage) -> tuple[str, int, int, int, Any]:
+    def _read(self, msg: bytes | Image | CompressedImage) -> tuple[Frame, tuple]:
+        """The image's ``Frame`` and its pixels as :meth:`_pixels` takes them: ``(format,
+        data)`` compressed, ``(encoding, height, width, step, data)`` raw. ``msg``: the
+        subscription's serialised bytes (``data`` a view of them), or a message (a caller
+        of ``_on_image`` in the same process). ValueError if the bytes are not one."""
+        if isinstance(msg, bytes | bytearray | memoryview):
+            if self._sub.msg_type is CompressedImage:
+                sec, ns, fid, fmt, data = codec.read_compressed_image(msg)
+                return Frame(sec, ns, fid), (fmt, data)
+            sec, ns, fid, h, w, enc, _big, step, data = codec.read_image(msg)
+            return Frame(sec, ns, fid), (enc, h, w, step, data)
+        st = msg.header.stamp
+        frame = Frame(st.sec, st.nanosec, msg.header.frame_id)
+        if isinstance(msg, CompressedImage):
+            return frame, (msg.format, msg.data)
+        return frame, (msg.encoding, msg.height, msg.width, msg.step, msg.data)
+
+    @staticmethod
+    def _pixels(px: tuple) -> tuple[str, int, int, int, Any]:
         """``(encoding, height, width, step, data)`` the gather reads: a raw rgb8/bgr8/mono8
         image as it is (no copy), anything else decoded or converted first
         (``image_decode``); ImageFormatError when it cannot be."""
-        if isinstance(msg, CompressedImage):
-            enc, arr = decode_compressed(msg.format, msg.data)
-        elif msg.encoding in CONVERTED:
-            enc, arr = convert_raw(msg.encoding, msg.height, msg.width, msg.step, msg.data)
-        elif msg.encoding not in ENCODINGS:
-            raise ImageFormatError(f"unsupported encoding {msg.encoding!r} (supported: "
+        if len(px) == 2:
+            enc, arr = decode_compressed(*px)
+        elif px[0] in CONVERTED:
+            enc, arr = convert_raw(*px)
+        elif px[0] not in ENCODINGS:
+            raise ImageFormatError(f"unsupported encoding {px[0]!r} (supported: "
                                    f"{', '.join([*ENCODINGS, *CONVERTED])})")
         else:
-            return msg.encoding, int(msg.height), int(msg.width), int(msg.step), msg.data
+            return px[0], int(px[1]), int(px[2]), int(px[3]), px[4]
         return enc, arr.shape[0], arr.shape[1], arr.strides[0], arr
 
     def _check_camera_info(self, height: int, width: int) -> None:
@@ -732,13 +770,22 @@ class ImageInferenceNode(LifecycleNode):
             raise ImageFormatError(f"image is {width}x{height}, camera_info says "
                                    f"{info.width}x{info.height}")
 
-    def _on_image(self, msg: Image | CompressedImage) -> None:
+    def _on_image(self, msg: bytes | Image | CompressedImage) -> None:
         t_recv = time.monotonic()
         p = self.p
         model = p["model"]
         decoder = self._decoder  # with the model: what this image's outputs are decoded by
         client = self.client
-        stamp = msg.header.stamp
+        try:
+            frame, px = self._read(msg)
+        except ValueError as exc:  # bytes that are no image: answered, like a bad image
+            with self._lock:
+                self.counters["received"] += 1
+                self.counters["invalid"] += 1
+            self._publish(Reply(id=f"{self._rid_prefix}{next(self._rid_seq)}",
+                                code="invalid_input", message=str(exc), model=model),
+                          Frame(0, 0, ""), t_recv)
+            return
         # the ROS clock once per image; in-process, read with the runtime's clock so the
         # request's deadline is placed from this one moment (LocalRuntimeClient.submit)
         now_ros = ros_now_ns(self) * 1e-9
@@ -748,7 +795,7 @@ class ImageInferenceNode(LifecycleNode):
         self._last_image = t_recv
         with self._lock:
             self.health.rate.tick(t_recv)
-            self.health.stamps.tick(stamp.sec + stamp.nanosec * 1e-9, now_ros)
+            self.health.stamps.tick(frame.sec + frame.nanosec * 1e-9, now_ros)
             self.counters["received"] += 1
             if not self.active or client is None:
                 self.counters["dropped_inactive"] += 1
@@ -770,7 +817,7 @@ class ImageInferenceNode(LifecycleNode):
                 raise ImageFormatError(f"model {model!r} has {len(spec)} inputs; image nodes "
                                        "feed single-input models")
             (input_name, (shape, _dtype)), = spec.items()
-            enc, height, width, step, data = self._pixels(msg)
+            enc, height, width, step, data = self._pixels(px)
             self._check_camera_info(height, width)
             shape = _concrete_shape(shape, height, width)
             inputs = client.input_buffers(model)
@@ -787,11 +834,11 @@ class ImageInferenceNode(LifecycleNode):
         except (ImageFormatError, ValueError) as exc:
             self.counters["invalid"] += 1
             self._publish(Reply(id=rid, code="invalid_input", message=str(exc), model=model),
-                          msg, t_recv)
+                          frame, t_recv)
             return
         ctrl = codec.RequestControl(id=rid, model=model, client=p["client"],
-                                    priority=p["priority"], stamp=stamp_tuple(msg.header.stamp),
-                                    frame_id=msg.header.frame_id,
+                                    priority=p["priority"], stamp=(frame.sec, frame.nanosec),
+                                    frame_id=frame.frame_id,
                                     deadline_s=p["relative_deadline_ms"] * 1e-3 or None,
                                     drop_late=p["drop_late"],
                                     hard_deadline_s=p["hard_deadline_ms"] * 1e-3 or None,
@@ -801,17 +848,17 @@ class ImageInferenceNode(LifecycleNode):
             self.counters["submitted"] += 1
         fut = client.submit(ctrl, inputs, run_here=p["run_in_callback"], clocks=clocks)
         if fut.done():  # ran to completion on this thread (run_in_callback)
-            self._done(fut, msg, t_recv, framing)
+            self._done(fut, frame, t_recv, framing)
         else:
-            fut.add_done_callback(lambda f: self._post(f, msg, t_recv, framing))
+            fut.add_done_callback(lambda f: self._post(f, frame, t_recv, framing))
 
-    def _post(self, fut: Future, image: Image, t_recv: float,
+    def _post(self, fut: Future, frame: Frame, t_recv: float,
               framing: _Framing | None = None) -> None:
         """On the runtime's (or the response callback's) thread: hand over to the executor."""
-        if not self._handoff.post(lambda: self._done(fut, image, t_recv, framing)):
-            self._done(fut, image, t_recv, framing)
+        if not self._handoff.post(lambda: self._done(fut, frame, t_recv, framing)):
+            self._done(fut, frame, t_recv, framing)
 
-    def _done(self, fut: Future, image: Image, t_recv: float,
+    def _done(self, fut: Future, frame: Frame, t_recv: float,
               framing: _Framing | None = None) -> None:
         reply: Reply = fut.result()
         missed = missed_deadline(reply)
@@ -820,26 +867,20 @@ class ImageInferenceNode(LifecycleNode):
                 self.health.misses.tick(missed)
             self._in_flight -= 1
             self.counters["completed" if reply.ok else "failed"] += 1
-        self._publish(reply, image, t_recv, framing)
+        self._publish(reply, frame, t_recv, framing)
 
-    def _publish_tensors(self, reply: Reply, image: Image) -> None:
-        """``~/output/tensors``: the in-process outputs copied once into the node's reused
-        ``TensorList`` (one ``Tensor`` per output, reused while the outputs keep their
-        count); a remote host's received tensors as they are."""
+    def _publish_tensors(self, reply: Reply, frame: Frame) -> None:
+        """``~/output/tensors``: the in-process outputs serialised straight into the
+        ``TensorList``'s bytes (one copy of each array, no message objects:
+        ``tensor_codec.tensor_list_cdr``; docs/ros.md, "ROS path cost"); a remote host's
+        received tensors as they are."""
         if reply.tensors is not None:
-            self._pub.publish(TensorList(header=image.header, tensors=reply.tensors))
+            self._pub.publish(TensorList(header=frame.header, tensors=reply.tensors))
             return
-        outputs = reply.outputs or {}
-        with self._out_lock:
-            msg = self._out_msg
-            if len(msg.tensors) != len(outputs):
-                msg.tensors = [new_tensor() for _ in outputs]
-            for t, (name, value) in zip(msg.tensors, outputs.items(), strict=True):
-                codec.fill_tensor(t, name, value)
-            msg.header = image.header
-            self._pub.publish(msg)
+        self._pub.publish(codec.tensor_list_cdr((frame.sec, frame.nanosec), frame.frame_id,
+                                                reply.outputs or {}))
 
-    def _publish_detections(self, reply: Reply, image: Image, framing: _Framing) -> None:
+    def _publish_detections(self, reply: Reply, frame: Frame, framing: _Framing) -> None:
         """The outputs decoded into ``~/output/detections`` by the decoder the image arrived
         with (``decoder`` set then). Outputs the decoder cannot read are counted
         (``decode_failed``) and logged at most every 5 s: the image's one answer on
@@ -859,31 +900,32 @@ class ImageInferenceNode(LifecycleNode):
                 self._last_decode_log = now
                 self.get_logger().error(f"{decoder.kind} decoder: {exc}")
             return
-        self._det_pub.publish(detections_msg(dets, image.header))
+        self._det_pub.publish(detections_msg(dets, frame.header))
 
     def _detections_publisher(self) -> Any:
         return self.create_publisher(Detection2DArray, node_topic(self, DETECTIONS_TOPIC), 10,
                                      event_callbacks=PUB_EVENTS)
 
-    def _publish(self, reply: Reply, image: Image, t_recv: float,
+    def _publish(self, reply: Reply, frame: Frame, t_recv: float,
                  framing: _Framing | None = None) -> None:
         try:
             if reply.ok:
-                self._publish_tensors(reply, image)
+                self._publish_tensors(reply, frame)
                 if framing is not None:
-                    self._publish_detections(reply, image, framing)
+                    self._publish_detections(reply, frame, framing)
                     info = self._camera_info
                     if self._info_pub is not None and info is not None:
                         self._info_pub.publish(
-                            input_camera_info(info, framing.geom, image.header))
+                            input_camera_info(info, framing.geom, frame.header))
             else:
-                self._err_pub.publish(response_msg(reply, image.header))
-            publish_debug(self._debug, self, t_recv, image.header.stamp)
+                self._err_pub.publish(response_msg(reply, frame.header))
+            if self._debug is not None:  # (the header is built only for them)
+                publish_debug(self._debug, self, t_recv, frame.header.stamp)
         except Exception as exc:  # shut down meanwhile, or outputs the wire cannot carry
             if self.context.ok():
                 self.get_logger().error(f"cannot publish output: {exc}")
         for fn in self._listeners:
-            fn(reply, image, t_recv)
+            fn(reply, frame, t_recv)
 
     # -- diagnostics ---------------------------------------------------------------------
     def health_status(self, now: float | None = None) -> Any:

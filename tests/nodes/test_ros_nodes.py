@@ -169,6 +169,36 @@ def test_bad_image_answered_on_the_error_topic(graph):
         tester.destroy_publisher(pub)
 
 
+def test_bytes_that_are_no_image_are_answered_and_the_next_image_still_runs(graph):
+    """The node reads images in their serialised form (a raw subscription): a publisher
+    that sends bytes which are no ``Image`` (here: truncated ones, published raw) gets one
+    ``invalid_input`` answer with an empty header, counted, and the next real image is
+    answered as ever."""
+    h, host, per, mon, tester = graph
+    errs, outs = Collector(), Collector()
+    sub = tester.create_subscription(InferResponse, "/av_infer_perception/output/errors", errs, 10)
+    sub2 = tester.create_subscription(TensorList, "/av_infer_perception/output/tensors", outs, 10)
+    pub = tester.create_publisher(Image, "/cam_front/image", IMAGE_QOS)
+    try:
+        wait_matched(pub, sub)
+        wait_matched(pub, sub2)
+        invalid = per.counters["invalid"]
+        raw = serialize_message(make_image(tester, "cut", encoding="rgb8"))
+        pub.publish(raw[: len(raw) // 2])
+        resp = wait_for(errs.snapshot, what="error output")[0]
+        assert (resp.status, resp.code) == (InferResponse.STATUS_INVALID_INPUT, "invalid_input")
+        assert "sensor_msgs/Image" in resp.message and resp.header.frame_id == ""
+        assert per.counters["invalid"] == invalid + 1
+        pub.publish(make_image(tester, "whole", encoding="rgb8"))
+        got = wait_for(lambda: [m for m in outs.snapshot() if m.header.frame_id == "whole"],
+                       what="the next image's output")
+        assert got[0].tensors[0].name == "logits"
+    finally:
+        for ent in (sub, sub2):
+            tester.destroy_subscription(ent)
+        tester.destroy_publisher(pub)
+
+
 def _request(rid: str, x: np.ndarray | None, **kw) -> InferRequest:
     ctrl = dict(id=rid, model="tiny_cnn", client="tester", priority="RT", stamp=(0, 0),
                 frame_id=rid, deadline_s=WAIT_S, drop_late=False)

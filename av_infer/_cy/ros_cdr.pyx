@@ -1,0 +1,328 @@
+# cython: language_level=3
+"""CDR, the DDS wire form, of the three messages the perception data path moves per frame:
+``sensor_msgs/Image`` and ``sensor_msgs/CompressedImage`` read, ``av_infer_msgs/TensorList``
+written. ROS-free (bytes in, bytes out), so plain pytest covers it.
+
+Why: rclpy turns a received message into Python objects field by field (an ``Image``: a
+``Header``, a ``Time``, two ``str`` and a 230 KB ``array.array`` copied out of the C
+struct the rmw deserialised into), and a published one back the same way. The perception
+node needs six scalars, two strings and a view of the pixels from an image, and writes a
+header and its output arrays: reading the serialised bytes of a ``raw=True``
+subscription and publishing serialised bytes (``Publisher.publish(bytes)``) skips both
+conversions and one copy of the pixels each way (docs/ros.md, "ROS path cost").
+
+The form: XCDR version 1 ("plain CDR", what rmw_fastrtps and rmw_cyclonedds put on the
+wire for ROS 2 messages), a 4-byte encapsulation header (``00 01``: little-endian, ``00
+00``: big-endian; options ``00 00``), then the fields in IDL order, each primitive aligned
+to its size (8-byte ones to 8) counted from the byte after the encapsulation header;
+strings as a ``uint32`` length that counts the terminating NUL, the bytes and the NUL;
+sequences as a ``uint32`` count and the elements (no alignment when there are none, as
+Fast CDR writes them). Padding is written as zeros (Fast CDR
+leaves whatever was in its buffer; readers ignore it).
+
+Guarantees: a reader checks every length against the buffer and raises ``ValueError``
+naming the field instead of reading past it (a raw subscription hands over whatever a
+publisher sent); the pixel view it returns is a ``memoryview`` into the caller's bytes (no
+copy: the bytes must outlive it). ``tests/cy/test_ros_cdr.py`` holds both directions
+against rclpy's own ``serialize_message``/``deserialize_message``.
+"""
+
+import sys
+
+cimport cython
+cimport numpy as cnp
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy, memset
+
+#: the encapsulation kinds read and written (XCDR1): CDR_BE, CDR_LE
+CDR_BE = b"\x00\x00"
+CDR_LE = b"\x00\x01"
+
+cdef bint _HOST_LE = sys.byteorder == "little"
+
+
+cdef class _Reader:
+    cdef const uint8_t* p
+    cdef Py_ssize_t n, pos   # pos counts from the byte after the encapsulation header
+    cdef bint swap
+    cdef object what
+
+    cdef int need(self, Py_ssize_t k, str field) except -1:
+        if k < 0 or self.pos + k > self.n:
+            raise ValueError(f"{self.what}: {field} runs past the message's end "
+                             f"({self.n + 4} bytes)")
+        return 0
+
+    cdef uint32_t u32(self, str field) except? 0xFFFFFFFF:
+        cdef uint32_t v
+        self.pos = (self.pos + 3) & ~3
+        self.need(4, field)
+        memcpy(&v, self.p + self.pos, 4)
+        self.pos += 4
+        if self.swap:
+            v = ((v >> 24) | ((v >> 8) & 0xFF00) | ((v << 8) & 0xFF0000) | (v << 24))
+        return v
+
+    cdef uint8_t u8(self, str field) except? 0xFF:
+        self.need(1, field)
+        self.pos += 1
+        return self.p[self.pos - 1]
+
+    cdef str string(self, str field):
+        cdef uint32_t k = self.u32(field)
+        if k == 0:  # some writers send an empty string without its NUL
+            return ""
+        self.need(k, field)
+        if self.p[self.pos + k - 1] != 0:
+            raise ValueError(f"{self.what}: {field} is not NUL-terminated")
+        s = (<const char*>self.p + self.pos)[:k - 1].decode("utf-8", "replace")
+        self.pos += k
+        return s
+
+    cdef Py_ssize_t octets(self, str field) except -1:
+        """Skips a ``uint8[]``; returns where its bytes start, counted from the buffer's
+        first byte (its end is then ``self.pos + 4``)."""
+        cdef uint32_t k = self.u32(field)
+        self.need(k, field)
+        self.pos += k
+        return self.pos - k + 4
+
+
+cdef _Reader _reader(const uint8_t[::1] buf, str what):
+    cdef _Reader r = _Reader.__new__(_Reader)
+    if buf.shape[0] < 4:
+        raise ValueError(f"{what}: {buf.shape[0]} bytes, no CDR encapsulation header")
+    if buf[0] != 0 or buf[1] > 1:
+        raise ValueError(f"{what}: encapsulation {buf[0]:02x} {buf[1]:02x} is not XCDR1 "
+                         "(00 00 big-endian or 00 01 little-endian)")
+    r.p = &buf[4] if buf.shape[0] > 4 else NULL
+    r.n = buf.shape[0] - 4
+    r.pos = 0
+    r.swap = (buf[1] == 1) != _HOST_LE
+    r.what = what
+    return r
+
+
+def read_image(data):
+    """``(sec, nanosec, frame_id, height, width, encoding, is_bigendian, step, pixels)`` of a
+    serialised ``sensor_msgs/Image``; ``pixels`` is a ``memoryview`` of ``data``'s bytes
+    (no copy). ValueError if ``data`` is not one."""
+    cdef const uint8_t[::1] buf = data
+    cdef _Reader r = _reader(buf, "sensor_msgs/Image")
+    sec = <int32_t>r.u32("header.stamp.sec")
+    nanosec = r.u32("header.stamp.nanosec")
+    frame_id = r.string("header.frame_id")
+    height = r.u32("height")
+    width = r.u32("width")
+    encoding = r.string("encoding")
+    big = r.u8("is_bigendian")
+    step = r.u32("step")
+    cdef Py_ssize_t start = r.octets("data")
+    return (sec, nanosec, frame_id, height, width, encoding, big, step,
+            memoryview(data)[start:r.pos + 4])
+
+
+def read_compressed_image(data):
+    """``(sec, nanosec, frame_id, format, payload)`` of a serialised
+    ``sensor_msgs/CompressedImage``; ``payload`` is a ``memoryview`` of ``data``'s bytes."""
+    cdef const uint8_t[::1] buf = data
+    cdef _Reader r = _reader(buf, "sensor_msgs/CompressedImage")
+    sec = <int32_t>r.u32("header.stamp.sec")
+    nanosec = r.u32("header.stamp.nanosec")
+    frame_id = r.string("header.frame_id")
+    fmt = r.string("format")
+    cdef Py_ssize_t start = r.octets("data")
+    return sec, nanosec, frame_id, fmt, memoryview(data)[start:r.pos + 4]
+
+
+cdef inline Py_ssize_t _al(Py_ssize_t pos, Py_ssize_t a) noexcept nogil:
+    return (pos + a - 1) & ~(a - 1)
+
+
+cdef inline Py_ssize_t _put32(char* b, Py_ssize_t pos, uint32_t v) noexcept nogil:
+    cdef Py_ssize_t q = _al(pos, 4)
+    memset(b + pos, 0, q - pos)
+    memcpy(b + q, &v, 4)
+    return q + 4
+
+
+cdef inline Py_ssize_t _put_str(char* b, Py_ssize_t pos, const char* s,
+                                Py_ssize_t k) noexcept nogil:
+    pos = _put32(b, pos, <uint32_t>(k + 1))
+    memcpy(b + pos, s, k)
+    b[pos + k] = 0
+    return pos + k + 1
+
+
+cdef inline Py_ssize_t _size_str(Py_ssize_t pos, Py_ssize_t k) noexcept nogil:
+    return _al(pos, 4) + 4 + k + 1
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def write_tensor_list(int sec, unsigned int nanosec, bytes frame_id, list tensors):
+    """A serialised ``av_infer_msgs/TensorList`` (little-endian XCDR1, what
+    ``Publisher.publish(bytes)`` sends as is): header ``(sec, nanosec, frame_id)`` (UTF-8
+    bytes, no NUL) and ``tensors``, each ``(name: bytes, dims: tuple of int, data_type:
+    int, strides: tuple of int, data)`` where ``data`` is a C-contiguous buffer of
+    ``prod(dims) * itemsize`` bytes (the caller's contract, ``tensor_codec``); its bytes
+    are copied once, into the result."""
+    cdef Py_ssize_t pos = 0, i, j, k, rank, ns
+    cdef const uint8_t[::1] view
+    cdef list views = []
+    if not _HOST_LE:
+        raise ValueError("write_tensor_list writes little-endian CDR from a little-endian host")
+    # pass 1: the size (alignment depends on every length before)
+    pos = _size_str(pos + 8, len(frame_id))
+    pos = _al(pos, 4) + 4
+    for t in tensors:
+        name, dims, code, strides, data = t
+        if len(dims) > 255:
+            raise ValueError(f"tensor {name!r}: rank {len(dims)} > 255 (TensorShape.rank is "
+                             "uint8)")
+        view = memoryview(data).cast("B")
+        views.append(view)
+        pos = _size_str(pos, len(<bytes>name))
+        pos += 1                                  # shape.rank
+        pos = _al(pos, 4) + 4 + 4 * len(dims)     # shape.dims
+        pos = _al(pos, 4) + 4                     # data_type
+        pos = _al(pos, 4) + 4                     # strides count
+        if len(strides):                          # 8-aligned when there are any
+            pos = _al(pos, 8) + 8 * len(strides)
+        if view.shape[0] > 0xFFFFFFFF:
+            raise ValueError(f"tensor {name!r}: {view.shape[0]} bytes (a CDR sequence holds "
+                             "at most 2**32 - 1)")
+        pos = _al(pos, 4) + 4 + view.shape[0]     # data
+    out = PyBytes_FromStringAndSize(NULL, pos + 4)
+    cdef char* b = PyBytes_AS_STRING(out)
+    b[0] = 0
+    b[1] = 1
+    b[2] = 0
+    b[3] = 0
+    b += 4
+    cdef int32_t s32 = sec
+    cdef uint64_t s64
+    memcpy(b, &s32, 4)
+    memcpy(b + 4, &nanosec, 4)
+    pos = _put_str(b, 8, frame_id, len(frame_id))
+    pos = _put32(b, pos, <uint32_t>len(tensors))
+    for i in range(len(tensors)):
+        name, dims, code, strides, data = tensors[i]
+        view = views[i]
+        pos = _put_str(b, pos, name, len(<bytes>name))
+        rank = len(dims)
+        b[pos] = <char>rank
+        pos += 1
+        pos = _put32(b, pos, <uint32_t>rank)
+        for j in range(rank):
+            pos = _put32(b, pos, <uint32_t>dims[j])
+        pos = _put32(b, pos, <uint32_t><int32_t>code)
+        ns = len(strides)
+        pos = _put32(b, pos, <uint32_t>ns)
+        if ns:
+            k = _al(pos, 8)
+            memset(b + pos, 0, k - pos)
+            pos = k
+            for j in range(ns):
+                s64 = <uint64_t>strides[j]
+                memcpy(b + pos, &s64, 8)
+                pos += 8
+        k = view.shape[0]
+        pos = _put32(b, pos, <uint32_t>k)
+        if k:
+            memcpy(b + pos, &view[0], k)
+        pos += k
+    return out
+
+
+cnp.import_array()
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def write_outputs(int sec, unsigned int nanosec, bytes frame_id, dict outputs,
+                  dict type_codes):
+    """``write_tensor_list`` for a dict ``{name: array}`` of outputs, each written as
+    ``tensor_codec.fill_tensor`` would (strides filled in, C order), straight from the
+    arrays through numpy's C API: no Python per tensor (on the data path, after an idle
+    moment, the Python version cost ~70 us a frame on the dev VM, this a few). None,
+    and nothing written, unless every value is a C-contiguous, native-byte-order numpy
+    array whose type number is in ``type_codes`` (``{dtype.num: Tensor data_type}``):
+    the caller then takes the general path (``tensor_codec.tensor_list_cdr``)."""
+    cdef Py_ssize_t pos, i, j, k, rank, n = len(outputs)
+    cdef cnp.ndarray a
+    cdef cnp.npy_intp* dims
+    cdef uint64_t s64, acc
+    cdef list arrays = [], names = [], codes = []
+    if not _HOST_LE:
+        return None
+    pos = _size_str(8, len(frame_id))
+    pos = _al(pos, 4) + 4
+    for name, v in outputs.items():
+        if type(v) is not cnp.ndarray:
+            return None
+        a = <cnp.ndarray>v
+        code = type_codes.get(cnp.PyArray_TYPE(a))
+        if code is None or not cnp.PyArray_IS_C_CONTIGUOUS(a) or not cnp.PyArray_ISNOTSWAPPED(a):
+            return None
+        rank = cnp.PyArray_NDIM(a)
+        if rank > 255 or cnp.PyArray_NBYTES(a) > 0xFFFFFFFF:
+            return None
+        for j in range(rank):
+            if cnp.PyArray_DIMS(a)[j] > 0xFFFFFFFF:
+                return None
+        bname = (<str>name).encode() if type(name) is str else None
+        if bname is None:
+            return None
+        arrays.append(a)
+        names.append(bname)
+        codes.append(code)
+        pos = _size_str(pos, len(<bytes>bname))
+        pos += 1
+        pos = _al(pos, 4) + 4 + 4 * rank
+        pos = _al(pos, 4) + 4
+        pos = _al(pos, 4) + 4
+        if rank:
+            pos = _al(pos, 8) + 8 * rank
+        pos = _al(pos, 4) + 4 + cnp.PyArray_NBYTES(a)
+    out = PyBytes_FromStringAndSize(NULL, pos + 4)
+    cdef char* b = PyBytes_AS_STRING(out)
+    b[0] = 0
+    b[1] = 1
+    b[2] = 0
+    b[3] = 0
+    b += 4
+    cdef int32_t s32 = sec
+    memcpy(b, &s32, 4)
+    memcpy(b + 4, &nanosec, 4)
+    pos = _put_str(b, 8, frame_id, len(frame_id))
+    pos = _put32(b, pos, <uint32_t>n)
+    for i in range(n):
+        a = <cnp.ndarray>arrays[i]
+        bname = names[i]
+        pos = _put_str(b, pos, bname, len(<bytes>bname))
+        rank = cnp.PyArray_NDIM(a)
+        dims = cnp.PyArray_DIMS(a)
+        b[pos] = <char>rank
+        pos += 1
+        pos = _put32(b, pos, <uint32_t>rank)
+        for j in range(rank):
+            pos = _put32(b, pos, <uint32_t>dims[j])
+        pos = _put32(b, pos, <uint32_t><int32_t>codes[i])
+        pos = _put32(b, pos, <uint32_t>rank)        # strides: C order, one per dim
+        if rank:
+            k = _al(pos, 8)
+            memset(b + pos, 0, k - pos)
+            pos = k
+            acc = <uint64_t>cnp.PyArray_ITEMSIZE(a)
+            for j in range(rank - 1, -1, -1):       # contiguous_strides: a 0 dim counts 1
+                memcpy(b + pos + 8 * j, &acc, 8)
+                acc *= <uint64_t>(dims[j] if dims[j] > 1 else 1)
+            pos += 8 * rank
+        k = cnp.PyArray_NBYTES(a)
+        pos = _put32(b, pos, <uint32_t>k)
+        if k:
+            memcpy(b + pos, cnp.PyArray_DATA(a), k)
+        pos += k
+    return out

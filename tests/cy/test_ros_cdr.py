@@ -1,0 +1,196 @@
+"""``av_infer._cy.ros_cdr`` against rclpy's own CDR (``rclpy.serialization``): what it reads
+from a serialised ``Image``/``CompressedImage`` is what rclpy deserialises, what it writes
+as a ``TensorList`` rclpy deserialises into the same message, field for field, and a
+damaged buffer is a ``ValueError``, never a read past its end. No ROS context is started
+(serialisation needs none)."""
+
+from __future__ import annotations
+
+import array
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("rclpy")
+
+from av_infer_msgs.msg import Tensor, TensorList, TensorShape  # noqa: E402
+from rclpy.serialization import deserialize_message, serialize_message  # noqa: E402
+from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
+
+from av_infer import tensor_codec as codec  # noqa: E402
+from av_infer._cy import ros_cdr  # noqa: E402
+
+texts = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+                max_size=12)
+
+
+def _image(sec: int, nanosec: int, frame: str, h: int, w: int, enc: str, big: int,
+           step: int, data: bytes) -> Image:
+    msg = Image(height=h, width=w, encoding=enc, is_bigendian=big, step=step,
+                data=array.array("B", data))
+    msg.header.stamp.sec, msg.header.stamp.nanosec, msg.header.frame_id = sec, nanosec, frame
+    return msg
+
+
+@settings(max_examples=150, deadline=None)
+@given(sec=st.integers(-2**31, 2**31 - 1), nanosec=st.integers(0, 2**32 - 1), frame=texts,
+       h=st.integers(0, 2**32 - 1), w=st.integers(0, 2**32 - 1), enc=texts,
+       big=st.integers(0, 1), step=st.integers(0, 2**32 - 1), data=st.binary(max_size=64))
+def test_read_image_is_what_rclpy_deserialises(sec, nanosec, frame, h, w, enc, big, step,
+                                               data) -> None:
+    raw = serialize_message(_image(sec, nanosec, frame, h, w, enc, big, step, data))
+    back = deserialize_message(raw, Image)
+    got = ros_cdr.read_image(raw)
+    assert got[:8] == (back.header.stamp.sec, back.header.stamp.nanosec,
+                       back.header.frame_id, back.height, back.width, back.encoding,
+                       back.is_bigendian, back.step)
+    assert isinstance(got[8], memoryview) and bytes(got[8]) == bytes(back.data)
+
+
+def test_image_pixels_are_a_view_of_the_buffer() -> None:
+    raw = bytearray(serialize_message(_image(1, 2, "cam", 2, 3, "rgb8", 0, 9, bytes(range(18)))))
+    pixels = ros_cdr.read_image(raw)[8]
+    raw[-1] = 77
+    assert pixels[-1] == 77 and pixels.readonly is False and len(pixels) == 18
+
+
+@settings(max_examples=80, deadline=None)
+@given(sec=st.integers(-2**31, 2**31 - 1), frame=texts, fmt=texts, data=st.binary(max_size=64))
+def test_read_compressed_image_is_what_rclpy_deserialises(sec, frame, fmt, data) -> None:
+    msg = CompressedImage(format=fmt, data=array.array("B", data))
+    msg.header.stamp.sec, msg.header.stamp.nanosec, msg.header.frame_id = sec, 5, frame
+    raw = serialize_message(msg)
+    assert ros_cdr.read_compressed_image(raw)[:4] == (sec, 5, frame, fmt)
+    assert bytes(ros_cdr.read_compressed_image(raw)[4]) == data
+
+
+def test_big_endian_image() -> None:
+    """A big-endian writer's image (encapsulation ``00 00``), laid out by hand."""
+    body = struct.pack(">iI", -3, 9) + struct.pack(">I", 4) + b"cam\0"
+    body += struct.pack(">II", 1, 2) + struct.pack(">I", 6) + b"mono8\0" + b"\x01"
+    body += b"\0" * (-len(body) % 4) + struct.pack(">I", 2) + struct.pack(">I", 2) + b"\x05\x06"
+    got = ros_cdr.read_image(b"\x00\x00\x00\x00" + body)
+    assert got[:8] == (-3, 9, "cam", 1, 2, "mono8", 1, 2) and bytes(got[8]) == b"\x05\x06"
+
+
+def test_every_truncation_and_a_foreign_encapsulation_are_value_errors() -> None:
+    raw = serialize_message(_image(1, 2, "front", 2, 3, "rgb8", 0, 9, bytes(range(18))))
+    for n in range(len(raw)):
+        with pytest.raises(ValueError, match="sensor_msgs/Image"):
+            ros_cdr.read_image(raw[:n])
+    for head in (b"\x00\x02\x00\x00", b"\x01\x01\x00\x00", b"\x00\x07\x00\x00"):
+        with pytest.raises(ValueError, match="encapsulation"):
+            ros_cdr.read_image(head + raw[4:])
+    bad = bytearray(raw)
+    bad[4 + 12 + len("front")] = ord("x")  # frame_id "front\0" loses its NUL
+    with pytest.raises(ValueError, match="NUL"):
+        ros_cdr.read_image(bytes(bad))
+    huge = bytearray(raw)
+    huge[-18 - 4:-18] = struct.pack("<I", 2**31)  # data claims 2 GB
+    with pytest.raises(ValueError, match="data runs past"):
+        ros_cdr.read_image(bytes(huge))
+
+
+dtypes = st.sampled_from(sorted(codec.DATA_TYPES))
+
+
+@st.composite
+def tensors(draw):  # noqa: ANN001, ANN201
+    code = draw(dtypes)
+    dims = tuple(draw(st.lists(st.integers(0, 4), max_size=4)))
+    dt = codec.DATA_TYPES[code]
+    n = int(np.prod(dims)) * dt.itemsize
+    data = np.frombuffer(draw(st.binary(min_size=n, max_size=n)), np.uint8)
+    strides = tuple(draw(st.sampled_from([(), tuple(codec.contiguous_strides(list(dims),
+                                                                            dt.itemsize))])))
+    return draw(texts), dims, code, strides, data
+
+
+@settings(max_examples=150, deadline=None)
+@given(sec=st.integers(-2**31, 2**31 - 1), nanosec=st.integers(0, 2**32 - 1), frame=texts,
+       ts=st.lists(tensors(), max_size=4))
+def test_write_tensor_list_is_what_rclpy_reads(sec, nanosec, frame, ts) -> None:
+    raw = ros_cdr.write_tensor_list(sec, nanosec, frame.encode(),
+                                    [(n.encode(), d, c, s, x) for n, d, c, s, x in ts])
+    back = deserialize_message(raw, TensorList)
+    assert (back.header.stamp.sec, back.header.stamp.nanosec, back.header.frame_id) == (
+        sec, nanosec, frame)
+    assert len(back.tensors) == len(ts)
+    want = TensorList(tensors=[Tensor(name=n, shape=TensorShape(rank=len(d), dims=list(d)),
+                                      data_type=c, strides=list(s),
+                                      data=array.array("B", x.tobytes()))
+                               for n, d, c, s, x in ts])
+    want.header = back.header
+    for got, exp in zip(back.tensors, want.tensors, strict=True):
+        assert (got.name, got.shape.rank, list(got.shape.dims), got.data_type,
+                list(got.strides), bytes(got.data)) == (
+            exp.name, exp.shape.rank, list(exp.shape.dims), exp.data_type,
+            list(exp.strides), bytes(exp.data))
+    # (not the byte count: rclpy sizes its buffer by an estimate that pads every empty
+    # uint64[] to 8 and leaves those bytes after the last field)
+    assert len(raw) <= len(serialize_message(want))
+
+
+def test_write_tensor_list_refuses_a_rank_the_wire_cannot_carry() -> None:
+    with pytest.raises(ValueError, match="rank 256"):
+        ros_cdr.write_tensor_list(0, 0, b"", [(b"x", (1,) * 256, 9, (), b"")])
+
+
+@st.composite
+def output_arrays(draw):  # noqa: ANN001, ANN201
+    code = draw(dtypes)
+    dims = tuple(draw(st.lists(st.integers(0, 4), max_size=4)))
+    dt = codec.DATA_TYPES[code]
+    n = int(np.prod(dims)) * dt.itemsize
+    arr = np.frombuffer(draw(st.binary(min_size=n, max_size=n)), np.uint8).view(dt)
+    arr = arr.reshape(dims)
+    form = draw(st.sampled_from(["plain", "fortran", "bigendian", "list"]))
+    if form == "fortran":
+        arr = np.asfortranarray(arr)
+    elif form == "bigendian" and dt.itemsize > 1:
+        arr = arr.astype(dt.newbyteorder(">"))
+    elif form == "list" and code != 128:
+        arr = arr.tolist()
+    return arr
+
+
+@settings(max_examples=150, deadline=None)
+@given(outs=st.dictionaries(texts, output_arrays(), max_size=4), frame=texts)
+def test_tensor_list_cdr_is_fill_tensor_on_the_wire(outs, frame) -> None:
+    """Whichever path writes them (numpy's C API for plain arrays, Python otherwise), the
+    outputs arrive as ``fill_tensor`` puts them in a ``TensorList``; both paths write the
+    same bytes where both apply."""
+    raw = codec.tensor_list_cdr((7, 8), frame, outs)
+    back = deserialize_message(raw, TensorList)
+    assert (back.header.stamp.sec, back.header.stamp.nanosec, back.header.frame_id) == (
+        7, 8, frame)
+    assert [t.name for t in back.tensors] == list(outs)
+    for got, (name, value) in zip(back.tensors, outs.items(), strict=True):
+        exp = codec.fill_tensor(Tensor(), name, np.asarray(value))
+        assert (got.shape.rank, list(got.shape.dims), got.data_type, list(got.strides),
+                bytes(got.data)) == (exp.shape.rank, list(exp.shape.dims), exp.data_type,
+                                     list(exp.strides), bytes(exp.data))
+    plain = {n: np.ascontiguousarray(v, dtype=np.asarray(v).dtype.newbyteorder("="))
+             for n, v in outs.items()}
+    fast = ros_cdr.write_outputs(7, 8, frame.encode(), plain, codec._TYPE_CODES)
+    general = ros_cdr.write_tensor_list(7, 8, frame.encode(), [
+        (n.encode(), v.shape, codec.DATA_TYPE_OF[v.dtype.name],
+         tuple(codec.contiguous_strides(list(v.shape), v.dtype.itemsize)),
+         v.reshape(-1).view(np.uint8)) for n, v in plain.items()])
+    if all(v.dtype.num in codec._TYPE_CODES for v in plain.values()):
+        assert fast == general
+    else:  # e.g. a uint64 numpy made with another type number: the general path writes it
+        assert fast is None
+
+
+def test_write_outputs_leaves_what_it_cannot_write_to_the_general_path() -> None:
+    codes = codec._TYPE_CODES
+    for odd in (np.zeros((2, 3), np.float32).T, np.zeros(3, ">f4"), [1.0],
+                np.zeros(2, np.longlong) if np.dtype(np.longlong).num not in codes else [0],
+                np.array(["a"])):
+        assert ros_cdr.write_outputs(0, 0, b"", {"x": odd}, codes) is None
+    with pytest.raises(codec.CodecError, match="has no Tensor data_type"):
+        codec.tensor_list_cdr((0, 0), "", {"x": np.array(["a"])})
