@@ -45,6 +45,21 @@ def _per_call(fn, n: int) -> tuple[float, float]:
     return (time.perf_counter() - t0) / n * 1e6, (time.thread_time() - c0) / n * 1e6
 
 
+def _paired(calls, requests: int, block: int) -> dict[str, dict[str, float]]:  # noqa: ANN001
+    """``requests // block`` turns; in each, every call runs ``block`` times (the order
+    rotates by turn); per call the median over turns of its wall µs per request, and of
+    that minus the same turn's bare ORT (the first call)."""
+    turns = max(requests // block, 1)
+    per: dict[str, list[float]] = {k: [] for k, _ in calls}
+    for t in range(turns):
+        order = calls[t % len(calls):] + calls[:t % len(calls)]
+        for k, fn in order:
+            per[k].append(_per_call(fn, block)[0])
+    base = np.array(per[calls[0][0]])
+    return {k: {"wall_us": float(np.median(v)), "turns": turns,
+                "over_ort_us": float(np.median(np.array(v) - base))} for k, v in per.items()}
+
+
 def _random_kills(model: str, n: int, api: str) -> dict[str, float]:
     """Terminate ``n`` runs of ``model`` (whole, one segment, through ``api``) at a random
     point; ms its thread ran after."""
@@ -102,6 +117,11 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=200)
     ap.add_argument("--api", choices=ORT_APIS, default="auto",
                     help="how av_infer's cpu device calls ONNX Runtime (CpuDevice ort_api)")
+    ap.add_argument("--block", type=int, default=0,
+                    help="paired blocks: each round runs the four calls in turn, BLOCK "
+                         "requests each, REQUESTS/BLOCK times, and reports the median over "
+                         "those turns of each call's µs over the same turn's bare ORT block "
+                         "(a host whose speed moves within seconds: docs/request_path.md)")
     ap.add_argument("--json", help="write the figures here ('-': stdout)")
     args = ap.parse_args()
     out = human_stream(args.json)
@@ -118,12 +138,20 @@ def main() -> int:
             sess.run(None, m.inputs)
             r.infer("be", m.inputs, client="be")
             r.infer("rt", m.inputs, client="rt")
+        calls = (("ort", lambda: sess.run(None, m.inputs)),
+                 ("avi_be", lambda: r.infer("be", m.inputs, client="be")),
+                 ("avi_rt", lambda: r.infer("rt", m.inputs, client="rt")),
+                 ("avi_submit", lambda: r.submit("be", m.inputs, client="be").result()))
         for _ in range(args.rounds):
-            row = {k: _per_call(fn, args.requests) for k, fn in (
-                ("ort", lambda: sess.run(None, m.inputs)),
-                ("avi_be", lambda: r.infer("be", m.inputs, client="be")),
-                ("avi_rt", lambda: r.infer("rt", m.inputs, client="rt")),
-                ("avi_submit", lambda: r.submit("be", m.inputs, client="be").result()))}
+            if args.block:
+                rows.append(_paired(calls, args.requests, args.block))
+                print("  ".join(f"{k} +{v['over_ort_us']:.1f}" for k, v in rows[-1].items()
+                                if k != "ort")
+                      + f" us over bare ORT ({rows[-1]['ort']['wall_us']:.0f} us), median of "
+                      f"{rows[-1]['ort']['turns']} paired turns of {args.block}", file=out,
+                      flush=True)
+                continue
+            row = {k: _per_call(fn, args.requests) for k, fn in calls}
             rows.append({k: {"wall_us": w, "cpu_us": c} for k, (w, c) in row.items()})
             print("  ".join(f"{k} {w:.0f}/{c:.0f} us" for k, (w, c) in row.items())
                   + "  (wall/thread CPU per request)", file=out, flush=True)

@@ -153,3 +153,67 @@ def test_bench_image_gather(benchmark):
                               (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
     out = np.empty(3 * 107 * 107, np.float32)
     benchmark(plan.apply, raw, out)
+
+
+def _frame_bytes():
+    rclpy = pytest.importorskip("rclpy")  # noqa: F841 (serialisation needs no context)
+    import array
+
+    from rclpy.serialization import serialize_message
+    from sensor_msgs.msg import Image
+
+    img = Image(height=240, width=320, encoding="rgb8", step=960,
+                data=array.array("B", bytes(240 * 320 * 3)))
+    img.header.frame_id = "front_camera"
+    return serialize_message(img), Image
+
+
+def test_bench_ros_cdr_read_image(benchmark):
+    """ros_cdr.read_image: a serialised 320x240 rgb8 Image -> header fields and a view of
+    the pixels (the image node's read since 2026-11-28; baseline below)."""
+    from av_infer._cy import ros_cdr
+
+    raw, _ = _frame_bytes()
+    benchmark(ros_cdr.read_image, raw)
+
+
+def test_bench_rclpy_deserialize_image_baseline(benchmark):
+    """rclpy's deserialize_message of the same bytes into an ``Image`` (what a typed
+    subscription's take builds: the message objects and a copy of the pixels)."""
+    from rclpy.serialization import deserialize_message
+
+    raw, image = _frame_bytes()
+    benchmark(deserialize_message, raw, image)
+
+
+def _outputs():
+    import numpy as np
+
+    return {"logits": np.random.default_rng(0).random((1, 1000), dtype=np.float32)}
+
+
+def test_bench_tensor_list_cdr(benchmark):
+    """tensor_codec.tensor_list_cdr: one 1x1000 float32 output -> serialised TensorList
+    (the image node's output since 2026-11-28; baseline below)."""
+    from av_infer import tensor_codec as codec
+
+    benchmark(codec.tensor_list_cdr, (1, 2), "front_camera", _outputs())
+
+
+def test_bench_fill_tensor_serialize_baseline(benchmark):
+    """The same through message objects: ``fill_tensor`` into a ``TensorList`` and rclpy's
+    ``serialize_message`` (what a typed publish does)."""
+    pytest.importorskip("rclpy")
+    from av_infer_msgs.msg import Tensor, TensorList
+    from rclpy.serialization import serialize_message
+
+    from av_infer import tensor_codec as codec
+
+    outs = _outputs()
+
+    def run():
+        msg = TensorList(tensors=[codec.fill_tensor(Tensor(), n, v) for n, v in outs.items()])
+        msg.header.frame_id = "front_camera"
+        return serialize_message(msg)
+
+    benchmark(run)
