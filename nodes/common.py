@@ -383,10 +383,45 @@ class LocalRuntimeClient(RuntimeClient):
         return self.runtime.now()
 
 
+class Answered:
+    """A future already resolved with ``reply``: what :func:`submit_to_runtime` returns
+    for a request that ran to its end on the calling thread (``run_here``). Why not a
+    resolved ``concurrent.futures.Future``: making, resolving and reading one (its
+    ``Condition`` and lock) took ~40 µs per image after an idle moment on the dev VM, this
+    ~8 (a `/tmp` loop, 2 ms sleep and an 8 MB touch between calls, 2026-11-28; on the
+    perception node's path, docs/ros.md "ROS path cost"). What the nodes use of a future:
+    ``done()`` (True), ``result()``, ``exception()`` (None), ``add_done_callback(fn)``
+    (``fn(self)`` at once, as a done ``Future`` does), ``cancel()`` (False)."""
+
+    __slots__ = ("_reply",)
+
+    def __init__(self, reply: Reply):
+        self._reply = reply
+
+    def done(self) -> bool:
+        return True
+
+    def cancelled(self) -> bool:
+        return False
+
+    def cancel(self) -> bool:
+        return False
+
+    def result(self, timeout: float | None = None) -> Reply:
+        return self._reply
+
+    def exception(self, timeout: float | None = None) -> None:
+        return None
+
+    def add_done_callback(self, fn: Callable[[Any], Any]) -> None:
+        fn(self)
+
+
 def submit_to_runtime(rt: Any, ctrl: codec.RequestControl, inputs: Mapping[str, np.ndarray],
                       node_now: float, run_here: bool = False,
-                      rt_now: float | None = None) -> Future:
-    """``Runtime.submit`` for a validated request; the future resolves to a ``Reply``.
+                      rt_now: float | None = None) -> Future | Answered:
+    """``Runtime.submit`` for a validated request; the future resolves to a ``Reply`` (an
+    :class:`Answered` when it ran to its end here, ``run_here``).
 
     The request's priority, deadlines (soft and hard), variant group and ``drop_late`` go
     with this request only: the client's configuration in the runtime
@@ -402,7 +437,6 @@ def submit_to_runtime(rt: Any, ctrl: codec.RequestControl, inputs: Mapping[str, 
     is resolved before this returns, on this thread, without the lane and callback thread
     hand-offs. The caller's thread is busy for that inference.
     """
-    out: Future = Future()
     try:
         if rt_now is None:
             rt_now = rt.now()
@@ -412,24 +446,22 @@ def submit_to_runtime(rt: Any, ctrl: codec.RequestControl, inputs: Mapping[str, 
                         client=ctrl.client, drop_late=ctrl.drop_late, hard_deadline=hard,
                         variant_group=ctrl.variant_group, run_here=run_here)
     except Exception as exc:  # submit should not raise; answer anyway if it does
-        out.set_result(error_reply(ctrl.id, exc, ctrl.model))
-        return out
+        return Answered(error_reply(ctrl.id, exc, ctrl.model))
 
-    def done(f: Future) -> None:
+    def reply_of(f: Future) -> Reply:
         exc = f.exception()
         if exc is not None:
-            reply = error_reply(ctrl.id, exc, ctrl.model)
-        else:
-            res = f.result()
-            reply = Reply(id=ctrl.id, model=ctrl.model, outputs=res.outputs,
-                          timings=res.timings, deadline=getattr(res, "deadline", None),
-                          served_model=res.model, kappa=res.kappa, quality=res.quality)
-        out.set_result(reply)  # once: called here or as the done-callback, never both
+            return error_reply(ctrl.id, exc, ctrl.model)
+        res = f.result()
+        return Reply(id=ctrl.id, model=ctrl.model, outputs=res.outputs, timings=res.timings,
+                     deadline=getattr(res, "deadline", None), served_model=res.model,
+                     kappa=res.kappa, quality=res.quality)
 
     if run_here and fut.done():  # ran here (Runtime.submit(run_here=True))
-        done(fut)
-        return out
-    fut.add_done_callback(done)
+        return Answered(reply_of(fut))
+    out: Future = Future()
+    # once: the done-callback runs once, here if ``fut`` finished meanwhile
+    fut.add_done_callback(lambda f: out.set_result(reply_of(f)))
     return out
 
 
