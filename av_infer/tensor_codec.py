@@ -44,6 +44,7 @@ from av_infer._cy.gather import GatherPlan, ResizePlan  # noqa: E402, F401
 from av_infer._cy.ros_cdr import (  # noqa: E402, F401
     read_compressed_image,
     read_image,
+    write_float64_stamped,
     write_outputs,
     write_tensor_list,
 )

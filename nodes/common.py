@@ -292,26 +292,39 @@ def debug_publishers(node: Node, enabled: bool) -> tuple[Any, Any, Any] | None:
                               "cyclic_time_ms"))  # type: ignore[return-value]
 
 
-def publish_cyclic(pubs: tuple[Any, Any, Any] | None, node: Node, ms: float) -> None:
+def publish_cyclic(pubs: tuple[Any, Any, Any] | None, node: Node, ms: float | None) -> None:
     """``~/debug/cyclic_time_ms``: the time between the starts of two consecutive input
-    callbacks (Autoware's cyclic time: the node's actual period)."""
-    if pubs is None:
+    callbacks (Autoware's cyclic time: the node's actual period; None: the first input,
+    nothing published). Published as serialised bytes
+    (``tensor_codec.write_float64_stamped``), as the other two."""
+    if pubs is None or ms is None:
         return
-    pubs[2].publish(Float64Stamped(stamp=node.get_clock().now().to_msg(), data=float(ms)))
+    now = ros_now_ns(node)
+    pubs[2].publish(codec.write_float64_stamped(now // 1_000_000_000, now % 1_000_000_000,
+                                                float(ms)))
 
 
 def publish_debug(pubs: tuple[Any, Any, Any] | None, node: Node, t_recv: float,
-                  stamp: TimeMsg) -> None:
+                  stamp: Any, cycle_ms: float | None = None) -> None:
     """Processing time (receipt -> now, monotonic) and pipeline latency (header stamp ->
-    now, ROS time; skipped for a zero stamp)."""
+    now, ROS time; skipped for a zero stamp), and ``cycle_ms`` on the cyclic-time topic
+    when given (an image node publishes it with the image's answer, after the output, not
+    in the callback's head before the inference). ``stamp``: anything with ``sec`` and
+    ``nanosec`` (a ``Time`` message, an image node's ``Frame``). One ROS clock read, no
+    message objects: each ``Float64Stamped`` is written as its 20 serialised bytes
+    (``Publisher.publish(bytes)``): ~44 µs for the three topics' publishes per input with
+    message objects, back to back on the dev VM, and what is measured beside it in
+    docs/ros.md ("Diagnostics") with bytes."""
     if pubs is None:
         return
-    now = node.get_clock().now()
-    now_msg = now.to_msg()
-    pubs[0].publish(Float64Stamped(stamp=now_msg, data=(time.monotonic() - t_recv) * 1e3))
+    now = ros_now_ns(node)
+    sec, ns = now // 1_000_000_000, now % 1_000_000_000
+    pubs[0].publish(codec.write_float64_stamped(sec, ns, (time.monotonic() - t_recv) * 1e3))
     if stamp.sec or stamp.nanosec:
-        lat = (now.nanoseconds - (stamp.sec * 1_000_000_000 + stamp.nanosec)) * 1e-6
-        pubs[1].publish(Float64Stamped(stamp=now_msg, data=float(lat)))
+        lat = (now - (stamp.sec * 1_000_000_000 + stamp.nanosec)) * 1e-6
+        pubs[1].publish(codec.write_float64_stamped(sec, ns, float(lat)))
+    if cycle_ms is not None:
+        pubs[2].publish(codec.write_float64_stamped(sec, ns, float(cycle_ms)))
 
 
 # -- reaching a runtime --------------------------------------------------------------------

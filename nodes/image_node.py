@@ -107,11 +107,14 @@ class Frame:
     the outputs, errors, detections and listeners carry of it). ``header`` is the
     ``std_msgs/Header``, built on first use: the tensors' output is written without one."""
 
-    __slots__ = ("sec", "nanosec", "frame_id", "_header")
+    __slots__ = ("sec", "nanosec", "frame_id", "_header", "cycle_ms")
 
     def __init__(self, sec: int, nanosec: int, frame_id: str):
         self.sec, self.nanosec, self.frame_id = sec, nanosec, frame_id
         self._header: Header | None = None
+        #: ms since the previous image's callback began (None: the first image): published
+        #: on ``~/debug/cyclic_time_ms`` with the image's answer, not before its inference
+        self.cycle_ms: float | None = None
 
     @property
     def header(self) -> Header:
@@ -469,7 +472,7 @@ class ImageInferenceNode(LifecycleNode):
                                        "request's launches itself while the lane is idle "
                                        "and publishes the output at once (no thread "
                                        "hand-offs; the executor thread is busy meanwhile)."),
-            "debug_topics": declare(self, "debug_topics", False,
+            "debug_topics": declare(self, "debug_topics", True,
                                     "Publish ~/debug/processing_time_ms, "
                                     "~/debug/pipeline_latency_ms and "
                                     "~/debug/cyclic_time_ms.", read_only=True),
@@ -720,7 +723,8 @@ class ImageInferenceNode(LifecycleNode):
         """``fn(reply, image, t_received_monotonic)`` after each output is published."""
         self._listeners.append(fn)
 
-    def _not_ready(self, why: str) -> None:
+    def _not_ready(self, why: str, frame: Frame) -> None:
+        publish_cyclic(self._debug, self, frame.cycle_ms)
         self.counters["dropped_not_ready"] += 1
         now = time.monotonic()
         if now - self._last_not_ready_log > 5.0:
@@ -776,39 +780,45 @@ class ImageInferenceNode(LifecycleNode):
         model = p["model"]
         decoder = self._decoder  # with the model: what this image's outputs are decoded by
         client = self.client
+        last, self._last_image = self._last_image, t_recv
         try:
             frame, px = self._read(msg)
         except ValueError as exc:  # bytes that are no image: answered, like a bad image
+            frame, px = Frame(0, 0, ""), str(exc)
+        if last is not None:
+            frame.cycle_ms = (t_recv - last) * 1e3
+        if isinstance(px, str):  # why the bytes are no image
             with self._lock:
                 self.counters["received"] += 1
                 self.counters["invalid"] += 1
             self._publish(Reply(id=f"{self._rid_prefix}{next(self._rid_seq)}",
-                                code="invalid_input", message=str(exc), model=model),
-                          Frame(0, 0, ""), t_recv)
+                                code="invalid_input", message=px, model=model),
+                          frame, t_recv)
             return
         # the ROS clock once per image; in-process, read with the runtime's clock so the
         # request's deadline is placed from this one moment (LocalRuntimeClient.submit)
         now_ros = ros_now_ns(self) * 1e-9
         clocks = (now_ros, client.now()) if isinstance(client, LocalRuntimeClient) else None
-        if self._debug is not None and self._last_image is not None:
-            publish_cyclic(self._debug, self, (t_recv - self._last_image) * 1e3)
-        self._last_image = t_recv
         with self._lock:
             self.health.rate.tick(t_recv)
             self.health.stamps.tick(frame.sec + frame.nanosec * 1e-9, now_ros)
             self.counters["received"] += 1
+            dropped = None
             if not self.active or client is None:
-                self.counters["dropped_inactive"] += 1
-                return
-            if self._in_flight >= p["max_in_flight"]:
-                self.counters["dropped_busy"] += 1
-                return
+                dropped = "dropped_inactive"
+            elif self._in_flight >= p["max_in_flight"]:
+                dropped = "dropped_busy"
+            if dropped is not None:
+                self.counters[dropped] += 1
+        if dropped is not None:
+            publish_cyclic(self._debug, self, frame.cycle_ms)
+            return
         if not client.ready(model):
-            self._not_ready(f"runtime not reachable or model {model!r} not loaded yet")
+            self._not_ready(f"runtime not reachable or model {model!r} not loaded yet", frame)
             return
         if (p["precision"] != "auto" or p["pin"] != "auto") and isinstance(
                 client, RemoteRuntimeClient) and (why := remote_mismatch(client, model, p)):
-            self._not_ready(why)
+            self._not_ready(why, frame)
             return
         spec = client.input_spec(model) or {}
         rid = f"{self._rid_prefix}{next(self._rid_seq)}"
@@ -919,8 +929,7 @@ class ImageInferenceNode(LifecycleNode):
                             input_camera_info(info, framing.geom, frame.header))
             else:
                 self._err_pub.publish(response_msg(reply, frame.header))
-            if self._debug is not None:  # (the header is built only for them)
-                publish_debug(self._debug, self, t_recv, frame.header.stamp)
+            publish_debug(self._debug, self, t_recv, frame, frame.cycle_ms)
         except Exception as exc:  # shut down meanwhile, or outputs the wire cannot carry
             if self.context.ok():
                 self.get_logger().error(f"cannot publish output: {exc}")

@@ -223,9 +223,9 @@ def param_table() -> tuple[Param, ...]:
           "for every client without its own entry); requests "
           "for anything else are refused not_allowed. Empty: "
           "no allow-list.", array_of=str),
-    Param("debug_topics", False,
-          "Publish ~/debug/processing_time_ms and "
-          "~/debug/pipeline_latency_ms.", read_only=True),
+    Param("debug_topics", True,
+          "Publish ~/debug/processing_time_ms, "
+          "~/debug/pipeline_latency_ms and ~/debug/cyclic_time_ms.", read_only=True),
     Param("gc_freeze", True,
           "At activate, collect then gc.freeze() what exists: "
           "Python's full collections (which hold the GIL, so RT "

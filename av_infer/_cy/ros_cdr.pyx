@@ -236,6 +236,24 @@ def write_tensor_list(int sec, unsigned int nanosec, bytes frame_id, list tensor
     return out
 
 
+def write_float64_stamped(int sec, unsigned int nanosec, double value):
+    """A serialised ``av_infer_msgs/Float64Stamped`` (``builtin_interfaces/Time stamp``,
+    ``float64 data``; little-endian XCDR1): the debug topics' message, 20 bytes."""
+    cdef char buf[20]
+    cdef int32_t s32 = sec
+    if not _HOST_LE:
+        raise ValueError("write_float64_stamped writes little-endian CDR from a "
+                         "little-endian host")
+    buf[0] = 0
+    buf[1] = 1
+    buf[2] = 0
+    buf[3] = 0
+    memcpy(buf + 4, &s32, 4)
+    memcpy(buf + 8, &nanosec, 4)
+    memcpy(buf + 12, &value, 8)   # offset 8 after the encapsulation header: 8-aligned
+    return PyBytes_FromStringAndSize(buf, 20)
+
+
 cnp.import_array()
 
 

@@ -468,15 +468,18 @@ def test_live_parameters_validated_as_a_batch(graph):
 
 def test_debug_topics_when_enabled(graph):
     """``debug_topics``: ~/debug/processing_time_ms and ~/debug/pipeline_latency_ms per
-    output (av_infer_msgs/Float64Stamped), as Autoware's perception nodes publish them."""
+    output and ~/debug/cyclic_time_ms from the second image on (av_infer_msgs/
+    Float64Stamped, written as serialised bytes), as Autoware's perception nodes publish
+    them."""
     h, host, per, mon, tester = graph
     dbg = h.add(PerceptionNode("dbg_perception", context=h.context, runtime=host.runtime,
                                parameter_overrides=[Parameter("model", value="tiny_cnn"),
                                                     Parameter("debug_topics", value=True)],
                                cli_args=["--ros-args", "-r", "image:=/dbg_cam/image"]))
-    proc, lat = Collector(), Collector()
+    proc, lat, cyc = Collector(), Collector(), Collector()
     subs = [tester.create_subscription(Float64Stamped, f"/dbg_perception/debug/{t}", c, 10)
-            for t, c in (("processing_time_ms", proc), ("pipeline_latency_ms", lat))]
+            for t, c in (("processing_time_ms", proc), ("pipeline_latency_ms", lat),
+                         ("cyclic_time_ms", cyc))]
     pub = tester.create_publisher(Image, "/dbg_cam/image", IMAGE_QOS)
     try:
         wait_matched(pub, *subs)
@@ -484,8 +487,23 @@ def test_debug_topics_when_enabled(graph):
         p = wait_for(proc.snapshot, what="processing time")[0]
         q = wait_for(lat.snapshot, what="pipeline latency")[0]
         assert 0 < p.data < WAIT_S * 1e3 and 0 < q.data < WAIT_S * 1e3
-        assert not [e for e in per.get_topic_names_and_types()
-                    if e[0] == "/av_infer_perception/debug/processing_time_ms"]  # off
+        assert p.stamp.sec > 0 and (p.stamp.sec, p.stamp.nanosec) == (q.stamp.sec,
+                                                                       q.stamp.nanosec)
+        assert not cyc.snapshot()  # the first image has no period yet
+        pub.publish(make_image(tester, "dbg2"))
+        c = wait_for(cyc.snapshot, what="cyclic time")[0]
+        wait_for(lambda: len(proc.snapshot()) == 2, what="the second processing time")
+        assert 0 < c.data < WAIT_S * 1e3 and c.stamp.sec > 0
+        names = {e[0] for e in per.get_topic_names_and_types()}
+        assert "/av_infer_perception/debug/processing_time_ms" in names  # on by default
+        off = PerceptionNode("nodbg_perception", context=h.context, runtime=host.runtime,
+                             parameter_overrides=[Parameter("model", value="tiny_cnn"),
+                                                  Parameter("debug_topics", value=False)])
+        try:
+            assert not [n for n, _ in off.get_publisher_names_and_types_by_node(
+                "nodbg_perception", "/") if "/debug/" in n]
+        finally:
+            off.destroy_node()
     finally:
         for s in subs:
             tester.destroy_subscription(s)
