@@ -122,13 +122,16 @@ def main() -> int:
                          "requests each, REQUESTS/BLOCK times, and reports the median over "
                          "those turns of each call's µs over the same turn's bare ORT block "
                          "(a host whose speed moves within seconds: docs/request_path.md)")
+    ap.add_argument("--be-nice", type=int, default=10,
+                    help="CpuDevice be_nice (10, the default: a BE run worth killing is "
+                         "reniced, two setpriority calls; 0: never)")
     ap.add_argument("--json", help="write the figures here ('-': stdout)")
     args = ap.parse_args()
     out = human_stream(args.json)
     m = resolve_model(args.model)
     sess = _ort_session(m.source, 1)
     rows = []
-    with Runtime(CpuDevice(ort_api=args.api), max_be_streams=1) as r:
+    with Runtime(CpuDevice(ort_api=args.api, be_nice=args.be_nice), max_be_streams=1) as r:
         print(f"av_infer's cpu device calls ONNX Runtime through: {r.device.ort_api}",
               file=out)
         r.load_model("be", m.source, m.shapes)

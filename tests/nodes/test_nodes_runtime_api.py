@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import uuid
 
+import numpy as np
 import pytest
 
 pytest.importorskip("rclpy")
 
-from av_infer_nodes.common import submit_to_runtime  # noqa: E402
+from av_infer_nodes.common import Answered, Reply, submit_to_runtime  # noqa: E402
 from av_infer_nodes.runtime_node import (  # noqa: E402
     DEVICES,
     diagnostic_statuses,
@@ -206,3 +207,28 @@ def test_deadline_placed_from_a_clock_pair_read_together():
     assert fut.result(WAIT_S).code != "ok"
     assert rt.kw["deadline"] == pytest.approx(7.0 + (100.5 + 0.05 - 100.51))
     assert rt.kw["hard_deadline"] == pytest.approx(7.0 + (100.5 + 0.08 - 100.51))
+
+
+def test_run_here_answers_once_with_the_direct_outputs(rt, x):
+    """``run_here``: the request runs on this thread while its lane is idle and comes back
+    resolved (an ``Answered``, no ``Future`` made); either way its one reply carries the
+    outputs a plain submit gives, and a done-callback sees that reply exactly once."""
+    ctrl, inputs = _request(x, "here", "RT", False)
+    fut = submit_to_runtime(rt, ctrl, inputs, NODE_NOW, run_here=True)
+    reply = fut.result(WAIT_S)
+    assert reply.ok and reply.id == ctrl.id
+    direct = rt.submit("tiny_cnn", dict(x)).result(WAIT_S)
+    for name, value in direct.outputs.items():
+        np.testing.assert_array_equal(reply.outputs[name], value)
+    seen = []
+    fut.add_done_callback(lambda f: seen.append(f.result()))
+    assert seen == [reply] and fut.done() and fut.exception() is None
+
+
+def test_answered_is_a_resolved_future():
+    reply = Reply(id="a", code="invalid_input", message="m", model="x")
+    a = Answered(reply)
+    calls = []
+    a.add_done_callback(calls.append)
+    assert calls == [a] and a.done() and not a.cancelled() and not a.cancel()
+    assert a.result() is reply and a.result(0) is reply and a.exception() is None
