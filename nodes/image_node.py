@@ -274,7 +274,7 @@ class ImageInferenceNode(LifecycleNode):
         self._lock = threading.Lock()
         self.counters = {"received": 0, "submitted": 0, "completed": 0, "failed": 0,
                          "dropped_not_ready": 0, "dropped_busy": 0, "dropped_inactive": 0,
-                         "invalid": 0, "decode_failed": 0}
+                         "invalid": 0, "decode_failed": 0, "encode_failed": 0}
         self._in_flight = 0
         #: request ids: one uuid4 per node instance and a counter (unique per process run
         #: and across restarts, as nodes/common.py's RESPONSE_QOS_CLIENT needs), instead of
@@ -920,7 +920,16 @@ class ImageInferenceNode(LifecycleNode):
                  framing: _Framing | None = None) -> None:
         try:
             if reply.ok:
-                self._publish_tensors(reply, frame)
+                try:
+                    self._publish_tensors(reply, frame)
+                except codec.CodecError as exc:  # outputs the wire cannot carry: the
+                    # image's one answer is then this error, not a log line alone
+                    reply = Reply(id=reply.id, code="internal_error", model=reply.model,
+                                  message=f"outputs cannot be published: {exc}")
+                    with self._lock:
+                        self.counters["encode_failed"] += 1
+                    self._err_pub.publish(response_msg(reply, frame.header))
+                    framing = None
                 if framing is not None:
                     self._publish_detections(reply, frame, framing)
                     info = self._camera_info
@@ -930,7 +939,7 @@ class ImageInferenceNode(LifecycleNode):
             else:
                 self._err_pub.publish(response_msg(reply, frame.header))
             publish_debug(self._debug, self, t_recv, frame, frame.cycle_ms)
-        except Exception as exc:  # shut down meanwhile, or outputs the wire cannot carry
+        except Exception as exc:  # shut down meanwhile
             if self.context.ok():
                 self.get_logger().error(f"cannot publish output: {exc}")
         for fn in self._listeners:

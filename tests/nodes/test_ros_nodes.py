@@ -199,6 +199,30 @@ def test_bytes_that_are_no_image_are_answered_and_the_next_image_still_runs(grap
         tester.destroy_publisher(pub)
 
 
+def test_outputs_the_wire_cannot_carry_are_answered_on_the_error_topic(graph):
+    """An answer whose outputs no ``Tensor`` can carry (a string array, as a custom model
+    could return) is the image's one message on ``~/output/errors`` (``internal_error``),
+    counted ``encode_failed``, instead of a log line and no message."""
+    from av_infer_nodes.common import Reply
+    from av_infer_nodes.image_node import Frame
+
+    h, host, per, mon, tester = graph
+    errs = Collector()
+    sub = tester.create_subscription(InferResponse, "/av_infer_perception/output/errors", errs, 10)
+    try:
+        wait_matched(per._err_pub, sub)
+        before = per.counters["encode_failed"]
+        per._publish(Reply(id="strs", model="tiny_cnn", outputs={"names": np.array(["a"])}),
+                     Frame(3, 4, "strs_frame"), 0.0)
+        resp = wait_for(errs.snapshot, what="error output")[0]
+        assert (resp.id, resp.code, resp.status) == (
+            "strs", "internal_error", InferResponse.STATUS_INTERNAL_ERROR)
+        assert "names" in resp.message and resp.header.frame_id == "strs_frame"
+        assert per.counters["encode_failed"] == before + 1
+    finally:
+        tester.destroy_subscription(sub)
+
+
 def _request(rid: str, x: np.ndarray | None, **kw) -> InferRequest:
     ctrl = dict(id=rid, model="tiny_cnn", client="tester", priority="RT", stamp=(0, 0),
                 frame_id=rid, deadline_s=WAIT_S, drop_late=False)
