@@ -307,6 +307,18 @@ def contiguous_strides(shape: list[int], itemsize: int) -> list[int]:
     return strides
 
 
+def wire_array(name: str, value: Any) -> tuple[np.ndarray, int]:
+    """``value`` as the array a ``Tensor`` carries (little-endian, C order: a copy only
+    where it is neither) and its ``data_type``; CodecError for a dtype without one."""
+    arr = np.asarray(value)
+    code = DATA_TYPE_OF.get(arr.dtype.name)
+    if code is None:
+        raise CodecError(f"tensor {name!r}: dtype {arr.dtype} has no Tensor data_type")
+    if arr.dtype.byteorder == ">" or not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr, dtype=DATA_TYPES[code])  # the rare extra copy
+    return arr, code
+
+
 def fill_tensor(msg: Any, name: str, value: np.ndarray) -> Any:
     """Sets ``msg``'s fields (a ``Tensor``) from ``value``: one copy of the bytes. A
     message that already holds a tensor of this name, dtype and shape (a reused one) gets
@@ -317,12 +329,7 @@ def fill_tensor(msg: Any, name: str, value: np.ndarray) -> Any:
     rosidl's default the setter copies it again. Raises :class:`CodecError` for a dtype the
     wire cannot carry.
     """
-    arr = np.asarray(value)
-    code = DATA_TYPE_OF.get(arr.dtype.name)
-    if code is None:
-        raise CodecError(f"tensor {name!r}: dtype {arr.dtype} has no Tensor data_type")
-    if arr.dtype.byteorder == ">" or not arr.flags.c_contiguous:
-        arr = np.ascontiguousarray(arr, dtype=DATA_TYPES[code])  # the rare extra copy
+    arr, code = wire_array(name, value)
     old = getattr(msg, "data", None)
     if (isinstance(old, array.array) and old.typecode == "B" and len(old) == arr.nbytes
             and msg.data_type == code and msg.name == name and _same_shape(msg, arr.shape)):
@@ -353,12 +360,7 @@ def tensor_list_cdr(stamp: tuple[int, int], frame_id: str,
         return raw
     tensors = []
     for name, value in outputs.items():
-        arr = np.asarray(value)
-        code = DATA_TYPE_OF.get(arr.dtype.name)
-        if code is None:
-            raise CodecError(f"tensor {name!r}: dtype {arr.dtype} has no Tensor data_type")
-        if arr.dtype.byteorder == ">" or not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr, dtype=DATA_TYPES[code])  # the rare extra copy
+        arr, code = wire_array(name, value)
         tensors.append((name.encode(), arr.shape, code,
                         contiguous_strides(list(arr.shape), arr.dtype.itemsize),
                         arr.reshape(-1).view(np.uint8)))

@@ -159,6 +159,69 @@ cdef inline Py_ssize_t _size_str(Py_ssize_t pos, Py_ssize_t k) noexcept nogil:
     return _al(pos, 4) + 4 + k + 1
 
 
+cdef inline Py_ssize_t _size_head(Py_ssize_t frame_len) noexcept nogil:
+    """Bytes after the encapsulation header up to the first tensor: the header (stamp,
+    frame_id) and the tensor count."""
+    return _al(_size_str(8, frame_len), 4) + 4
+
+
+cdef inline Py_ssize_t _size_tensor(Py_ssize_t pos, Py_ssize_t name_len, Py_ssize_t rank,
+                                    Py_ssize_t ns, Py_ssize_t nbytes) noexcept nogil:
+    """``pos`` after one ``Tensor``: name, ``shape`` (rank, dims), ``data_type``,
+    ``strides`` (8-aligned when there are any), ``data``."""
+    pos = _size_str(pos, name_len) + 1
+    pos = _al(pos, 4) + 4 + 4 * rank
+    pos = _al(pos, 4) + 4
+    pos = _al(pos, 4) + 4
+    if ns:
+        pos = _al(pos, 8) + 8 * ns
+    return _al(pos, 4) + 4 + nbytes
+
+
+cdef object _new_list(Py_ssize_t payload, int sec, unsigned int nanosec, bytes frame_id,
+                      Py_ssize_t n, Py_ssize_t* pos):
+    """A bytes object for a ``TensorList`` of ``payload`` bytes after the encapsulation
+    header, with that header, the message header and the tensor count written; ``pos``:
+    where the first tensor goes (counted after the encapsulation header)."""
+    out = PyBytes_FromStringAndSize(NULL, payload + 4)
+    cdef char* b = PyBytes_AS_STRING(out)
+    cdef int32_t s32 = sec
+    b[0] = 0
+    b[1] = 1
+    b[2] = 0
+    b[3] = 0
+    memcpy(b + 4, &s32, 4)
+    memcpy(b + 8, &nanosec, 4)
+    pos[0] = _put32(b + 4, _put_str(b + 4, 8, frame_id, len(frame_id)), <uint32_t>n)
+    return out
+
+
+cdef Py_ssize_t _put_tensor(char* b, Py_ssize_t pos, bytes name, Py_ssize_t rank,
+                            const uint32_t* dims, int32_t code, Py_ssize_t ns,
+                            const uint64_t* strides, const void* data,
+                            Py_ssize_t nbytes) noexcept:
+    """Writes one ``Tensor`` at ``pos`` (``b``: the byte after the encapsulation header);
+    returns the position after it. ``_size_tensor`` gave the room."""
+    cdef Py_ssize_t j, k
+    pos = _put_str(b, pos, name, len(name))
+    b[pos] = <char>rank
+    pos += 1
+    pos = _put32(b, pos, <uint32_t>rank)
+    for j in range(rank):
+        pos = _put32(b, pos, dims[j])
+    pos = _put32(b, pos, <uint32_t>code)
+    pos = _put32(b, pos, <uint32_t>ns)
+    if ns:
+        k = _al(pos, 8)
+        memset(b + pos, 0, k - pos)
+        memcpy(b + k, strides, 8 * ns)
+        pos = k + 8 * ns
+    pos = _put32(b, pos, <uint32_t>nbytes)
+    if nbytes:
+        memcpy(b + pos, data, nbytes)
+    return pos + nbytes
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
 def write_tensor_list(int sec, unsigned int nanosec, bytes frame_id, list tensors):
@@ -167,72 +230,41 @@ def write_tensor_list(int sec, unsigned int nanosec, bytes frame_id, list tensor
     bytes, no NUL) and ``tensors``, each ``(name: bytes, dims: tuple of int, data_type:
     int, strides: tuple of int, data)`` where ``data`` is a C-contiguous buffer of
     ``prod(dims) * itemsize`` bytes (the caller's contract, ``tensor_codec``); its bytes
-    are copied once, into the result."""
-    cdef Py_ssize_t pos = 0, i, j, k, rank, ns
+    are copied once, into the result. ValueError (nothing written) for a rank over 255 or
+    more than 2**32 - 1 bytes; OverflowError for a dimension or stride out of range."""
+    cdef Py_ssize_t pos, i, j, rank, ns
     cdef const uint8_t[::1] view
-    cdef list views = []
+    cdef list views = [], dim_rows = [], stride_rows = []
+    cdef uint32_t dims[255]
+    cdef uint64_t strides[255]
     if not _HOST_LE:
         raise ValueError("write_tensor_list writes little-endian CDR from a little-endian host")
-    # pass 1: the size (alignment depends on every length before)
-    pos = _size_str(pos + 8, len(frame_id))
-    pos = _al(pos, 4) + 4
-    for t in tensors:
-        name, dims, code, strides, data = t
-        if len(dims) > 255:
-            raise ValueError(f"tensor {name!r}: rank {len(dims)} > 255 (TensorShape.rank is "
-                             "uint8)")
+    pos = _size_head(len(frame_id))
+    for t in tensors:  # pass 1: checked and sized (each alignment depends on what is before)
+        name, d, code, st, data = t
+        if len(d) > 255 or len(st) > 255:
+            raise ValueError(f"tensor {name!r}: rank {max(len(d), len(st))} > 255 "
+                             "(TensorShape.rank is uint8)")
         view = memoryview(data).cast("B")
-        views.append(view)
-        pos = _size_str(pos, len(<bytes>name))
-        pos += 1                                  # shape.rank
-        pos = _al(pos, 4) + 4 + 4 * len(dims)     # shape.dims
-        pos = _al(pos, 4) + 4                     # data_type
-        pos = _al(pos, 4) + 4                     # strides count
-        if len(strides):                          # 8-aligned when there are any
-            pos = _al(pos, 8) + 8 * len(strides)
         if view.shape[0] > 0xFFFFFFFF:
             raise ValueError(f"tensor {name!r}: {view.shape[0]} bytes (a CDR sequence holds "
                              "at most 2**32 - 1)")
-        pos = _al(pos, 4) + 4 + view.shape[0]     # data
-    out = PyBytes_FromStringAndSize(NULL, pos + 4)
-    cdef char* b = PyBytes_AS_STRING(out)
-    b[0] = 0
-    b[1] = 1
-    b[2] = 0
-    b[3] = 0
-    b += 4
-    cdef int32_t s32 = sec
-    cdef uint64_t s64
-    memcpy(b, &s32, 4)
-    memcpy(b + 4, &nanosec, 4)
-    pos = _put_str(b, 8, frame_id, len(frame_id))
-    pos = _put32(b, pos, <uint32_t>len(tensors))
+        views.append(view)
+        dim_rows.append([<uint32_t>v for v in d])
+        stride_rows.append([<uint64_t>v for v in st])
+        pos = _size_tensor(pos, len(<bytes>name), len(d), len(st), view.shape[0])
+    out = _new_list(pos, sec, nanosec, frame_id, len(tensors), &pos)
+    cdef char* b = PyBytes_AS_STRING(out) + 4
     for i in range(len(tensors)):
-        name, dims, code, strides, data = tensors[i]
+        name, _, code, _, _ = tensors[i]
         view = views[i]
-        pos = _put_str(b, pos, name, len(<bytes>name))
-        rank = len(dims)
-        b[pos] = <char>rank
-        pos += 1
-        pos = _put32(b, pos, <uint32_t>rank)
+        rank, ns = len(dim_rows[i]), len(stride_rows[i])
         for j in range(rank):
-            pos = _put32(b, pos, <uint32_t>dims[j])
-        pos = _put32(b, pos, <uint32_t><int32_t>code)
-        ns = len(strides)
-        pos = _put32(b, pos, <uint32_t>ns)
-        if ns:
-            k = _al(pos, 8)
-            memset(b + pos, 0, k - pos)
-            pos = k
-            for j in range(ns):
-                s64 = <uint64_t>strides[j]
-                memcpy(b + pos, &s64, 8)
-                pos += 8
-        k = view.shape[0]
-        pos = _put32(b, pos, <uint32_t>k)
-        if k:
-            memcpy(b + pos, &view[0], k)
-        pos += k
+            dims[j] = dim_rows[i][j]
+        for j in range(ns):
+            strides[j] = stride_rows[i][j]
+        pos = _put_tensor(b, pos, name, rank, dims, <int32_t>code, ns, strides,
+                          &view[0] if view.shape[0] else NULL, view.shape[0])
     return out
 
 
@@ -266,19 +298,21 @@ def write_outputs(int sec, unsigned int nanosec, bytes frame_id, dict outputs,
     arrays through numpy's C API: no Python per tensor (on the data path, after an idle
     moment, the Python version cost ~70 us a frame on the dev VM, this a few). None,
     and nothing written, unless every value is a C-contiguous, native-byte-order numpy
-    array whose type number is in ``type_codes`` (``{dtype.num: Tensor data_type}``):
-    the caller then takes the general path (``tensor_codec.tensor_list_cdr``)."""
-    cdef Py_ssize_t pos, i, j, k, rank, n = len(outputs)
+    array whose type number is in ``type_codes`` (``{dtype.num: Tensor data_type}``) and
+    whose name is a ``str``, rank, dimensions and size fit the wire: the caller then takes
+    the general path (``tensor_codec.tensor_list_cdr``)."""
+    cdef Py_ssize_t pos, i, j, rank
     cdef cnp.ndarray a
-    cdef cnp.npy_intp* dims
-    cdef uint64_t s64, acc
+    cdef cnp.npy_intp* d
+    cdef uint64_t acc
+    cdef uint32_t dims[255]
+    cdef uint64_t strides[255]
     cdef list arrays = [], names = [], codes = []
     if not _HOST_LE:
         return None
-    pos = _size_str(8, len(frame_id))
-    pos = _al(pos, 4) + 4
+    pos = _size_head(len(frame_id))
     for name, v in outputs.items():
-        if type(v) is not cnp.ndarray:
+        if type(v) is not cnp.ndarray or type(name) is not str:
             return None
         a = <cnp.ndarray>v
         code = type_codes.get(cnp.PyArray_TYPE(a))
@@ -290,57 +324,22 @@ def write_outputs(int sec, unsigned int nanosec, bytes frame_id, dict outputs,
         for j in range(rank):
             if cnp.PyArray_DIMS(a)[j] > 0xFFFFFFFF:
                 return None
-        bname = (<str>name).encode() if type(name) is str else None
-        if bname is None:
-            return None
+        bname = (<str>name).encode()
         arrays.append(a)
         names.append(bname)
         codes.append(code)
-        pos = _size_str(pos, len(<bytes>bname))
-        pos += 1
-        pos = _al(pos, 4) + 4 + 4 * rank
-        pos = _al(pos, 4) + 4
-        pos = _al(pos, 4) + 4
-        if rank:
-            pos = _al(pos, 8) + 8 * rank
-        pos = _al(pos, 4) + 4 + cnp.PyArray_NBYTES(a)
-    out = PyBytes_FromStringAndSize(NULL, pos + 4)
-    cdef char* b = PyBytes_AS_STRING(out)
-    b[0] = 0
-    b[1] = 1
-    b[2] = 0
-    b[3] = 0
-    b += 4
-    cdef int32_t s32 = sec
-    memcpy(b, &s32, 4)
-    memcpy(b + 4, &nanosec, 4)
-    pos = _put_str(b, 8, frame_id, len(frame_id))
-    pos = _put32(b, pos, <uint32_t>n)
-    for i in range(n):
+        pos = _size_tensor(pos, len(<bytes>bname), rank, rank, cnp.PyArray_NBYTES(a))
+    out = _new_list(pos, sec, nanosec, frame_id, len(arrays), &pos)
+    cdef char* b = PyBytes_AS_STRING(out) + 4
+    for i in range(len(arrays)):
         a = <cnp.ndarray>arrays[i]
-        bname = names[i]
-        pos = _put_str(b, pos, bname, len(<bytes>bname))
         rank = cnp.PyArray_NDIM(a)
-        dims = cnp.PyArray_DIMS(a)
-        b[pos] = <char>rank
-        pos += 1
-        pos = _put32(b, pos, <uint32_t>rank)
-        for j in range(rank):
-            pos = _put32(b, pos, <uint32_t>dims[j])
-        pos = _put32(b, pos, <uint32_t><int32_t>codes[i])
-        pos = _put32(b, pos, <uint32_t>rank)        # strides: C order, one per dim
-        if rank:
-            k = _al(pos, 8)
-            memset(b + pos, 0, k - pos)
-            pos = k
-            acc = <uint64_t>cnp.PyArray_ITEMSIZE(a)
-            for j in range(rank - 1, -1, -1):       # contiguous_strides: a 0 dim counts 1
-                memcpy(b + pos + 8 * j, &acc, 8)
-                acc *= <uint64_t>(dims[j] if dims[j] > 1 else 1)
-            pos += 8 * rank
-        k = cnp.PyArray_NBYTES(a)
-        pos = _put32(b, pos, <uint32_t>k)
-        if k:
-            memcpy(b + pos, cnp.PyArray_DATA(a), k)
-        pos += k
+        d = cnp.PyArray_DIMS(a)
+        acc = <uint64_t>cnp.PyArray_ITEMSIZE(a)
+        for j in range(rank - 1, -1, -1):  # contiguous_strides: a dimension of 0 counts 1
+            dims[j] = <uint32_t>d[j]
+            strides[j] = acc
+            acc *= <uint64_t>(d[j] if d[j] > 1 else 1)
+        pos = _put_tensor(b, pos, names[i], rank, dims, <int32_t>codes[i], rank, strides,
+                          cnp.PyArray_DATA(a), cnp.PyArray_NBYTES(a))
     return out

@@ -97,16 +97,22 @@ def test_every_truncation_and_a_foreign_encapsulation_are_value_errors() -> None
 dtypes = st.sampled_from(sorted(codec.DATA_TYPES))
 
 
-@st.composite
-def tensors(draw):  # noqa: ANN001, ANN201
+def _array(draw) -> tuple[int, np.ndarray]:  # noqa: ANN001
+    """A ``data_type`` code and a C-order array of it, up to rank 4, random bytes."""
     code = draw(dtypes)
     dims = tuple(draw(st.lists(st.integers(0, 4), max_size=4)))
     dt = codec.DATA_TYPES[code]
     n = int(np.prod(dims)) * dt.itemsize
-    data = np.frombuffer(draw(st.binary(min_size=n, max_size=n)), np.uint8)
-    strides = tuple(draw(st.sampled_from([(), tuple(codec.contiguous_strides(list(dims),
-                                                                            dt.itemsize))])))
-    return draw(texts), dims, code, strides, data
+    return code, np.frombuffer(draw(st.binary(min_size=n, max_size=n)), np.uint8).view(
+        dt).reshape(dims)
+
+
+@st.composite
+def tensors(draw):  # noqa: ANN001, ANN201
+    code, arr = _array(draw)
+    strides = draw(st.sampled_from([(), tuple(codec.contiguous_strides(list(arr.shape),
+                                                                       arr.itemsize))]))
+    return draw(texts), arr.shape, code, strides, arr.reshape(-1).view(np.uint8)
 
 
 @settings(max_examples=150, deadline=None)
@@ -141,12 +147,8 @@ def test_write_tensor_list_refuses_a_rank_the_wire_cannot_carry() -> None:
 
 @st.composite
 def output_arrays(draw):  # noqa: ANN001, ANN201
-    code = draw(dtypes)
-    dims = tuple(draw(st.lists(st.integers(0, 4), max_size=4)))
-    dt = codec.DATA_TYPES[code]
-    n = int(np.prod(dims)) * dt.itemsize
-    arr = np.frombuffer(draw(st.binary(min_size=n, max_size=n)), np.uint8).view(dt)
-    arr = arr.reshape(dims)
+    code, arr = _array(draw)
+    dt = arr.dtype
     form = draw(st.sampled_from(["plain", "fortran", "bigendian", "list"]))
     if form == "fortran":
         arr = np.asfortranarray(arr)
