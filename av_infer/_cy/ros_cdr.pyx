@@ -104,23 +104,26 @@ cdef _Reader _reader(const uint8_t[::1] buf, str what):
     return r
 
 
+cdef tuple _header(_Reader r):
+    """A ``std_msgs/Header``: ``(sec, nanosec, frame_id)``."""
+    sec = <int32_t>r.u32("header.stamp.sec")
+    return sec, r.u32("header.stamp.nanosec"), r.string("header.frame_id")
+
+
 def read_image(data):
     """``(sec, nanosec, frame_id, height, width, encoding, is_bigendian, step, pixels)`` of a
     serialised ``sensor_msgs/Image``; ``pixels`` is a ``memoryview`` of ``data``'s bytes
     (no copy). ValueError if ``data`` is not one."""
     cdef const uint8_t[::1] buf = data
     cdef _Reader r = _reader(buf, "sensor_msgs/Image")
-    sec = <int32_t>r.u32("header.stamp.sec")
-    nanosec = r.u32("header.stamp.nanosec")
-    frame_id = r.string("header.frame_id")
+    head = _header(r)
     height = r.u32("height")
     width = r.u32("width")
     encoding = r.string("encoding")
     big = r.u8("is_bigendian")
     step = r.u32("step")
     cdef Py_ssize_t start = r.octets("data")
-    return (sec, nanosec, frame_id, height, width, encoding, big, step,
-            memoryview(data)[start:r.pos + 4])
+    return head + (height, width, encoding, big, step, memoryview(data)[start:r.pos + 4])
 
 
 def read_compressed_image(data):
@@ -128,12 +131,10 @@ def read_compressed_image(data):
     ``sensor_msgs/CompressedImage``; ``payload`` is a ``memoryview`` of ``data``'s bytes."""
     cdef const uint8_t[::1] buf = data
     cdef _Reader r = _reader(buf, "sensor_msgs/CompressedImage")
-    sec = <int32_t>r.u32("header.stamp.sec")
-    nanosec = r.u32("header.stamp.nanosec")
-    frame_id = r.string("header.frame_id")
+    head = _header(r)
     fmt = r.string("format")
     cdef Py_ssize_t start = r.octets("data")
-    return sec, nanosec, frame_id, fmt, memoryview(data)[start:r.pos + 4]
+    return head + (fmt, memoryview(data)[start:r.pos + 4])
 
 
 cdef inline Py_ssize_t _al(Py_ssize_t pos, Py_ssize_t a) noexcept nogil:
@@ -157,6 +158,17 @@ cdef inline Py_ssize_t _put_str(char* b, Py_ssize_t pos, const char* s,
 
 cdef inline Py_ssize_t _size_str(Py_ssize_t pos, Py_ssize_t k) noexcept nogil:
     return _al(pos, 4) + 4 + k + 1
+
+
+cdef inline void _put_start(char* b, int sec, unsigned int nanosec) noexcept nogil:
+    """The encapsulation header (little-endian XCDR1) and a ``builtin_interfaces/Time``."""
+    cdef int32_t s32 = sec
+    b[0] = 0
+    b[1] = 1
+    b[2] = 0
+    b[3] = 0
+    memcpy(b + 4, &s32, 4)
+    memcpy(b + 8, &nanosec, 4)
 
 
 cdef inline Py_ssize_t _size_head(Py_ssize_t frame_len) noexcept nogil:
@@ -185,13 +197,7 @@ cdef object _new_list(Py_ssize_t payload, int sec, unsigned int nanosec, bytes f
     where the first tensor goes (counted after the encapsulation header)."""
     out = PyBytes_FromStringAndSize(NULL, payload + 4)
     cdef char* b = PyBytes_AS_STRING(out)
-    cdef int32_t s32 = sec
-    b[0] = 0
-    b[1] = 1
-    b[2] = 0
-    b[3] = 0
-    memcpy(b + 4, &s32, 4)
-    memcpy(b + 8, &nanosec, 4)
+    _put_start(b, sec, nanosec)
     pos[0] = _put32(b + 4, _put_str(b + 4, 8, frame_id, len(frame_id)), <uint32_t>n)
     return out
 
@@ -272,16 +278,10 @@ def write_float64_stamped(int sec, unsigned int nanosec, double value):
     """A serialised ``av_infer_msgs/Float64Stamped`` (``builtin_interfaces/Time stamp``,
     ``float64 data``; little-endian XCDR1): the debug topics' message, 20 bytes."""
     cdef char buf[20]
-    cdef int32_t s32 = sec
     if not _HOST_LE:
         raise ValueError("write_float64_stamped writes little-endian CDR from a "
                          "little-endian host")
-    buf[0] = 0
-    buf[1] = 1
-    buf[2] = 0
-    buf[3] = 0
-    memcpy(buf + 4, &s32, 4)
-    memcpy(buf + 8, &nanosec, 4)
+    _put_start(buf, sec, nanosec)
     memcpy(buf + 12, &value, 8)   # offset 8 after the encapsulation header: 8-aligned
     return PyBytes_FromStringAndSize(buf, 20)
 
