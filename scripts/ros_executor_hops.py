@@ -17,13 +17,16 @@ Timestamps (``perf_counter``) from wrapping rclpy's ``WaitSet.wait``,
   and Fast DDS's intra-process delivery, on the publishing thread);
 * ``DDS -> wait returns``: its return to the executor's wait returning;
 * ``wake -> take``: the executor's work between the wait and taking the image;
-* ``take image``: ``take_message`` (deserialisation into a Python ``Image``);
+* ``take image``: ``take_message`` (since 2026-11-28 the node's subscription is raw: the
+  serialised bytes, read in the callback head by ``tensor_codec.read_image``; before,
+  deserialisation into a Python ``Image``);
 * ``take -> callback``: the executor's dispatch to the image callback;
 * ``callback head``: the callback up to preprocessing (checks, bookkeeping);
 * ``preprocess``: ``image_to_tensor``;
 * ``submit + inference``: preprocessing's end to ``_publish`` (the request built, submitted
   and, with ``run_in_callback``, run on this thread);
-* ``build output``: ``_publish`` to the output's ``publish()`` call (the ``TensorList``);
+* ``build output``: ``_publish`` to the output's ``publish()`` call (the ``TensorList``,
+  written as serialised bytes since 2026-11-28);
 * ``output publish()``; ``callback tail``: after it (debug topics, listeners) to the
   callback's end;
 * ``DDS -> wait returns (out)``, ``wake -> take (out)``, ``take output``,
