@@ -103,9 +103,11 @@ class Recorder:
         self.on = True
 
     def listener(self, client: str, node: Any):
-        def record(resp: Any, image: Any, t_recv: float) -> None:
+        def record(resp: Any, frame: Any, t_recv: float) -> None:
+            if not self.on:  # off (the ROS-overhead phase): no work on the measured path
+                return
             now_ros = node.get_clock().now().nanoseconds * 1e-9
-            stamp = image.header.stamp.sec + image.header.stamp.nanosec * 1e-9
+            stamp = frame.sec + frame.nanosec * 1e-9  # the image node's Frame
             tm = resp.timings_msg()  # av_infer_msgs/InferTimings
             launch, cpu = _launch_ms(resp.timings)  # the runtime's Timings (in-process)
             row = {"t": time.monotonic() - self.t0, "ok": resp.ok, "code": resp.code,
