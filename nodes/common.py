@@ -324,7 +324,9 @@ def publish_debug(pubs: tuple[Any, Any, Any] | None, node: Node, t_recv: float,
 
 # -- reaching a runtime --------------------------------------------------------------------
 class RuntimeClient:
-    """Submits one request, returns a Future[Reply] that never raises.
+    """Submits one request, returns a Future[Reply] that never raises (in-process, a
+    request that ran to its end on the calling thread comes back as an :class:`Answered`,
+    a resolved stand-in with the same ``done``/``result``/``add_done_callback``).
 
     ``LocalRuntimeClient`` calls ``Runtime.submit`` in-process (the container);
     ``RemoteRuntimeClient`` talks to a runtime host over /av_infer/request|response.
