@@ -35,7 +35,7 @@ from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Header, String
 
-from av_infer import AvInferError
+from av_infer import AvInferError, UnknownModelError
 from av_infer import tensor_codec as codec
 
 REQUEST_TOPIC = "/av_infer/request"
@@ -294,9 +294,12 @@ def publish_cyclic(pubs: tuple[Any, Any, Any] | None, node: Node, ms: float | No
     (``tensor_codec.write_float64_stamped``), as the other two."""
     if pubs is None or ms is None:
         return
-    now = ros_now_ns(node)
-    pubs[2].publish(codec.write_float64_stamped(now // 1_000_000_000, now % 1_000_000_000,
-                                                float(ms)))
+    pubs[2].publish(codec.write_float64_stamped(*_now_stamp(node), float(ms)))
+
+
+def _now_stamp(node: Node) -> tuple[int, int]:
+    """``node``'s ROS clock now as ``(sec, nanosec)``, from one read."""
+    return divmod(ros_now_ns(node), 1_000_000_000)
 
 
 def publish_debug(pubs: tuple[Any, Any, Any] | None, node: Node, t_recv: float,
@@ -312,11 +315,10 @@ def publish_debug(pubs: tuple[Any, Any, Any] | None, node: Node, t_recv: float,
     "Diagnostics")."""
     if pubs is None:
         return
-    now = ros_now_ns(node)
-    sec, ns = now // 1_000_000_000, now % 1_000_000_000
+    sec, ns = _now_stamp(node)
     pubs[0].publish(codec.write_float64_stamped(sec, ns, (time.monotonic() - t_recv) * 1e3))
     if stamp.sec or stamp.nanosec:
-        lat = (now - (stamp.sec * 1_000_000_000 + stamp.nanosec)) * 1e-6
+        lat = ((sec - stamp.sec) * 1_000_000_000 + ns - stamp.nanosec) * 1e-6
         pubs[1].publish(codec.write_float64_stamped(sec, ns, float(lat)))
     if cycle_ms is not None:
         pubs[2].publish(codec.write_float64_stamped(sec, ns, float(cycle_ms)))
@@ -371,9 +373,11 @@ class LocalRuntimeClient(RuntimeClient):
         return model in self.runtime.models() or model in self.runtime.variant_groups()
 
     def input_spec(self, model: str) -> dict[str, tuple[list[int], str]] | None:
-        if not self.ready(model):
+        try:  # one registry look-up (a model or a variant group), not ``ready`` then this
+            spec = self.runtime.input_spec(model)
+        except UnknownModelError:
             return None
-        return {k: (list(v[0]), str(v[1])) for k, v in self.runtime.input_spec(model).items()}
+        return {k: (list(v[0]), str(v[1])) for k, v in spec.items()}
 
     def variant_groups(self) -> dict[str, dict[str, float]] | None:
         return self.runtime.variant_groups()

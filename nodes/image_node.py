@@ -734,22 +734,16 @@ class ImageInferenceNode(LifecycleNode):
     def _on_camera_info(self, msg: CameraInfo) -> None:
         self._camera_info = msg
 
-    def _read(self, msg: bytes | Image | CompressedImage) -> tuple[Frame, tuple]:
+    def _read(self, msg: bytes) -> tuple[Frame, tuple]:
         """The image's ``Frame`` and its pixels as :meth:`_pixels` takes them: ``(format,
-        data)`` compressed, ``(encoding, height, width, step, data)`` raw. ``msg``: the
-        subscription's serialised bytes (``data`` a view of them), or a message (a caller
-        of ``_on_image`` in the same process). ValueError if the bytes are not one."""
-        if isinstance(msg, bytes | bytearray | memoryview):
-            if self._sub.msg_type is CompressedImage:
-                sec, ns, fid, fmt, data = codec.read_compressed_image(msg)
-                return Frame(sec, ns, fid), (fmt, data)
-            sec, ns, fid, h, w, enc, _big, step, data = codec.read_image(msg)
-            return Frame(sec, ns, fid), (enc, h, w, step, data)
-        st = msg.header.stamp
-        frame = Frame(st.sec, st.nanosec, msg.header.frame_id)
-        if isinstance(msg, CompressedImage):
-            return frame, (msg.format, msg.data)
-        return frame, (msg.encoding, msg.height, msg.width, msg.step, msg.data)
+        data)`` compressed, ``(encoding, height, width, step, data)`` raw, from the
+        subscription's serialised bytes (``data`` a view of them). ValueError if the bytes
+        are not one."""
+        if self._sub.msg_type is CompressedImage:
+            sec, ns, fid, fmt, data = codec.read_compressed_image(msg)
+            return Frame(sec, ns, fid), (fmt, data)
+        sec, ns, fid, h, w, enc, _big, step, data = codec.read_image(msg)
+        return Frame(sec, ns, fid), (enc, h, w, step, data)
 
     @staticmethod
     def _pixels(px: tuple) -> tuple[str, int, int, int, Any]:
@@ -774,7 +768,7 @@ class ImageInferenceNode(LifecycleNode):
             raise ImageFormatError(f"image is {width}x{height}, camera_info says "
                                    f"{info.width}x{info.height}")
 
-    def _on_image(self, msg: bytes | Image | CompressedImage) -> None:
+    def _on_image(self, msg: bytes) -> None:
         t_recv = time.monotonic()
         p = self.p
         model = p["model"]

@@ -33,7 +33,6 @@ reason); an ORT error becomes ``OrtRunError`` (``Terminated`` when the run was s
 from libc.stdint cimport int64_t, uint32_t
 from posix.resource cimport PRIO_PROCESS, setpriority
 from posix.types cimport id_t
-
 from libc.stdlib cimport free, malloc
 from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
 

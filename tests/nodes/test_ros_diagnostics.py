@@ -37,6 +37,7 @@ from av_infer_nodes.testing import RosHarness, make_image, wait_for  # noqa: E40
 from builtin_interfaces.msg import Time as TimeMsg  # noqa: E402
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
+from rclpy.serialization import serialize_message  # noqa: E402
 
 from av_infer import InvalidParameterError  # noqa: E402
 
@@ -189,7 +190,8 @@ def perception():
 def _feed(per, n, **image_kw):
     before = per.counters["completed"] + per.counters["failed"]
     for i in range(n):
-        per._on_image(make_image(per, "diag", seed=i, **image_kw))
+        # the serialised bytes, as the node's (raw) subscription hands them over
+        per._on_image(serialize_message(make_image(per, "diag", seed=i, **image_kw)))
         wait_for(lambda i=i: per.counters["completed"] + per.counters["failed"]
                  >= before + i + 1, what="the answer")
 
