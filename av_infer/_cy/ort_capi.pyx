@@ -342,6 +342,7 @@ cdef class RunOptions:
     cdef int _back_nice
     cdef int _killed_nice
     cdef id_t _in_run  # the armed run's thread while it is inside ORT, else 0 (under _nm)
+    cdef bint _lowered  # lower_in_run() came before the armed run entered ORT (under _nm)
     cdef pthread_mutex_t _nm
 
     def __cinit__(self):
@@ -382,18 +383,22 @@ cdef class RunOptions:
         disarms. The run disarms it: each run is armed by the thread about to make it."""
         self._nice_tid = <id_t>tid if tid > 0 else 0
         self._run_nice, self._back_nice, self._killed_nice = run, back, killed
+        self._lowered = False
 
     def lower_in_run(self) -> bool:
-        """Drop the thread of the armed run inside ORT now to its ``killed`` nice (the
-        caller set ``terminate`` first); False where no armed run is inside ORT (it has
-        not started, and will read ``terminate`` itself, or it has returned and has its
-        priority back)."""
+        """Drop the thread of the armed run inside ORT now to its ``killed`` nice (a kill,
+        after ``terminate``; or a preempted run the lane keeps); False where no armed run
+        is inside ORT: one that has not entered yet enters at ``killed`` (the flag this
+        leaves, cleared by the next ``nice_next_run``), one that has returned has its
+        priority back."""
         cdef bint done = False
         with nogil:
             pthread_mutex_lock(&self._nm)
             if self._in_run > 0:
                 setpriority(PRIO_PROCESS, self._in_run, self._killed_nice)
                 done = True
+            else:
+                self._lowered = True
             pthread_mutex_unlock(&self._nm)
         return done
 
@@ -470,10 +475,11 @@ cdef class BoundSegment:
             if tid > 0:
                 pthread_mutex_lock(&ro._nm)
                 ro._in_run = tid
-                # refused (never: lowering one's own priority): the run keeps its priority
-                # a kill before this point set `terminate` first and found no run to lower
+                # refused (never: lowering one's own priority): the run keeps its priority;
+                # a kill or a park before this point found no run to lower
                 setpriority(PRIO_PROCESS, tid,
-                            ro._killed_nice if ro._terminate else ro._run_nice)
+                            ro._killed_nice if ro._terminate or ro._lowered
+                            else ro._run_nice)
                 pthread_mutex_unlock(&ro._nm)
             st = (<f_run_binding>avi_ort_api[I_RunWithBinding])(s, r, b)
             if tid > 0:

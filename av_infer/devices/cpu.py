@@ -15,7 +15,9 @@ Two engines, one lane loop (``engine=``):
   two of its kernels), unless its estimated remaining time is below ``kill_below_ms``
   ("auto", the default: ORT's measured cost of a killed run, within 0.2-1 ms); a
   killed launch completes as evicted and restore-from-c re-runs it from its start (segments
-  are idempotent). RT models (``whole=True``) are one segment: full ORT speed.
+  are idempotent); with ``kill=False`` it is *parked* instead (kept, at nice 19 until it
+  ends: the OS's own preemption, no work lost). RT models (``whole=True``) are one
+  segment: full ORT speed.
 * ``"numpy"``: av_infer's own kernel plans on the numpy executor (the reference; kernel
   granularity, never killed). Plans handed in ready-made run on the engine they were
   compiled for.
@@ -136,7 +138,10 @@ class CpuDevice(Device):
         ``kill_below_ms`` of it is estimated to remain; "auto": what a killed run costs its
         thread after ORT stops, measured at start (``ort_segments.measure_kill_cost``; 0.3
         ms on a slow 2-core VM), within 0.2-1 ms: a segment with less left finishes sooner
-        than a kill stops it, and keeps its work. ``blas_threads``: BLAS threads of
+        than a kill stops it, and keeps its work. ``kill=False`` *parks* it instead: the
+        run keeps its work and finishes at nice 19 (where BE runs are niced and it was
+        estimated at ``kill_below_ms`` or more), so the OS gives a waking RT thread its
+        core at once; nothing is re-run. ``blas_threads``: BLAS threads of
         the numpy engine (None: the library's default; more than one oversubscribes the
         lanes). ``be_nice``: nice increment of BE lanes (0: default priority);
         ``rt_priority``: "off", "nice" or "fifo" for RT lanes (see devices.os_priority).
@@ -463,6 +468,7 @@ class CpuDevice(Device):
                  "in_flight": ln.vhq.in_flight, "flag": ln.flag,
                  "capacity": ln.vhq.c, "executed": ln.executed, "evicted": ln.evicted,
                  "killed": ln.killed, "kill_lowered": ln.kill_lowered,
+                 "parked": ln.parked,
                  "restarts": ln.restarts,
                  "os_priority": ln.prio_desc}
                 for ln in self._lanes

@@ -76,6 +76,7 @@ cdef class _Lane:
     cdef public bint niced
     cdef public bint armed
     cdef public long long kill_lowered
+    cdef public long long parked
     cdef public object prio_desc
     cdef public bint helpable
     cdef public object hand

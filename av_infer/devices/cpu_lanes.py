@@ -177,6 +177,8 @@ class _Lane:
     released, which also gives the priority back (``RunOptions.nice_next_run``; a kill
     lowers it with ``lower_in_run``);
     ``kill_lowered``: kills that dropped a running launch's thread to ``KILLED_NICE``;
+    ``parked``: with ``kill`` off, preemptions that dropped the running launch's thread to
+    ``KILLED_NICE`` (it runs to its end there, its work kept);
     ``helpable``: callers may run the lane (``run_pending``); ``hand``: the
     launch taken from ``dq`` and not yet completed, (task, kernel, start time), what a
     thread that dies running the lane leaves to be answered (``fail_hand``)."""
@@ -211,6 +213,7 @@ class _Lane:
         self.niced = False
         self.armed = False  # the niced run renices itself (RunOptions.nice_next_run)
         self.kill_lowered = 0  # kills that dropped a running launch's thread to KILLED_NICE
+        self.parked = 0  # preemptions (kill off) that dropped a running launch to KILLED_NICE
         self.prio_desc = ""  # what was done to the worker's OS priority (telemetry)
         self.helpable = False
         self.hand = None
@@ -226,6 +229,16 @@ def _terminated(engine: LaneEngine, lane: _Lane, ro: Any) -> bool:
     ``set_preempt``, which sets ``lane.ro_killed`` with it (before it reads ``niced``),
     and the device's close, which sets ``stopping`` before it sets ``terminate``."""
     return lane.ro_killed or (engine.stopping and ro.terminate)
+
+
+def _lower(lane: _Lane, ro: Any) -> bool:
+    """Drop the running launch's thread to ``KILLED_NICE`` (caller holds ``lane.lock``,
+    ``lane.niced`` is up). A run that renices itself drops only while inside ORT, or as it
+    enters (``RunOptions.lower_in_run``; it has its own priority back when it returns);
+    otherwise the thread's own comes back under ``lane.lock`` after the run."""
+    if lane.armed:
+        return ro.lower_in_run()
+    return os_priority.set_thread_nice(lane.run_tid, os_priority.KILLED_NICE)
 
 
 def transmit(lane: _Lane, wake: bool) -> None:
@@ -357,18 +370,14 @@ class LaneEngine:
                     if self.worth_killing(lane.run_est, now - lane.run_t0):
                         ro.terminate = True  # ORT stops at its next kernel boundary
                         lane.ro_killed = True
-                        if lane.niced:
-                            # what it still runs (to ORT's next node) is lost work: the
-                            # lowest priority, so it takes no time from RT's cores. A run
-                            # that renices itself drops only while inside ORT (it has its
-                            # own back when it returns); otherwise the thread's own comes
-                            # back under this lock after the run
-                            if lane.armed:
-                                if ro.lower_in_run():
-                                    lane.kill_lowered += 1
-                            elif os_priority.set_thread_nice(lane.run_tid,
-                                                             os_priority.KILLED_NICE):
-                                lane.kill_lowered += 1
+                        # what it still runs (to ORT's next node) is lost work: the
+                        # lowest priority, so it takes no time from RT's cores
+                        if lane.niced and _lower(lane, ro):
+                            lane.kill_lowered += 1
+                elif ro is not None and lane.niced and _lower(lane, ro):
+                    # kill off: the run keeps its work and finishes at the lowest priority
+                    # (the OS's preemption: a waking RT thread takes its core at once)
+                    lane.parked += 1
 
     def worth_killing(self, est: float, elapsed: float = 0.0) -> bool:
         """A run estimated at ``est`` seconds, ``elapsed`` into it, has enough left to be
@@ -510,8 +519,9 @@ class LaneEngine:
                         renice = os_priority.nice_setter(tid)
                     # not under `lock`: a thread that lowers its own priority may be switched
                     # out at once, and set_preempt (RT's arrival) must not wait for it. A
-                    # kill sets `terminate`, then renices the run to 19 if `niced` is up; one
-                    # landing before our renice is caught by the check after it
+                    # kill (or, kill off, a park) renices the run to 19 if `niced` is up; one
+                    # landing before our renice is caught by the flag check after it (the
+                    # flag goes up before set_preempt reads `niced`)
                     lane.niced = True
                     if ro is not None and rec.model.nice_in_run:
                         # the run renices itself once the GIL is released and gives the
@@ -520,9 +530,11 @@ class LaneEngine:
                         # `lock`) while they take its core (docs/cpu_engine.md)
                         ro.nice_next_run(tid, run_nice, own, os_priority.KILLED_NICE)
                         lane.armed = True
+                        if lane.flag:  # arming cleared a lowering that came before it
+                            ro.lower_in_run()
                     else:
                         renice(run_nice)  # own priority back under `lock` below
-                        if ro is not None and _terminated(self, lane, ro):
+                        if lane.flag or (ro is not None and _terminated(self, lane, ro)):
                             renice(os_priority.KILLED_NICE)
                 try:
                     if faults is not None:

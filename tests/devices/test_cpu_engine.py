@@ -220,6 +220,49 @@ def test_a_killed_run_drops_to_the_lowest_priority_until_it_stops(monkeypatch, a
         dev.close()
 
 
+@pytest.mark.skipif(not os_priority.can_restore(),
+                    reason="this process may not raise a thread's priority back: BE lane "
+                           "workers stay niced as a whole, and preempted runs are not reniced")
+@pytest.mark.parametrize("api", [
+    pytest.param("c", marks=pytest.mark.skipif(
+        _C_API_WHY is not None, reason=f"ORT's C API cannot load here: {_C_API_WHY}")),
+    "python"])
+def test_with_kill_off_a_preempted_run_finishes_at_the_lowest_priority(monkeypatch, api):
+    """``kill=False``: the flag that preempts a running segment leaves it running (its work
+    kept: it completes as executed, nothing is restored) and drops its thread to nice 19
+    until it ends, so a waking RT thread takes the core at once; then the thread has its
+    own priority back. On the Python binding the lane renices the thread (recorded here);
+    on the C API the run options do (``lower_in_run``: counted only when the run was
+    already inside ORT)."""
+    reniced: list[tuple[int, int]] = []
+    real = os_priority.set_thread_nice
+
+    def record(tid: int, nice: int) -> bool:
+        reniced.append((tid, nice))
+        return real(tid, nice)
+
+    monkeypatch.setattr(os_priority, "set_thread_nice", record)
+    dev = CpuDevice(c=1, be_nice=10, kill=False, kill_below_ms=0.0, ort_api=api)
+    try:
+        s, comps, done = _start_chain(dev)
+        _kill_while_running(dev, s, comps, done)
+        assert comps[0].executed is True  # kept: not evicted, not re-run
+        tel = dev.telemetry()["streams"][s]
+        assert tel["killed"] == 0 and tel["kill_lowered"] == 0
+        worker = dev._lanes[s].thread
+        if api == "python":
+            assert reniced == [(worker.native_id, os_priority.KILLED_NICE)]
+            assert tel["parked"] == 1
+        else:
+            assert reniced == [] and tel["parked"] in (0, 1)
+        assert os.getpriority(os.PRIO_PROCESS, worker.native_id) == os_priority.current_nice()
+        out = dev.read_outputs(1)
+        want = _ort_model(_chain_model(), {"x": np.ones((64, 256), np.float32)})
+        np.testing.assert_array_equal(out["y"], want["y"])
+    finally:
+        dev.close()
+
+
 def _ort_model(m: onnx.ModelProto, x: dict) -> dict:
     s = ort_session(m.SerializeToString(), threads=1)
     return dict(zip([o.name for o in s.get_outputs()], s.run(None, x)))

@@ -219,6 +219,67 @@ def test_a_kill_lowers_an_armed_run_only_while_it_is_inside_ort(long_segment):
     assert ro.lower_in_run() is False  # no run inside ORT: nothing to lower
 
 
+def _watch_runs(seg, ro, arm, want: int) -> tuple[set[int], list[int]]:
+    """Run ``seg`` on a thread, ``arm(ro, tid)`` before each run, until a watcher sees the
+    thread at nice ``want`` (or 2000 runs); returns (nice values seen while it ran, the
+    thread's nice after each run)."""
+    seen: set[int] = set()
+    after: list[int] = []
+    stop = threading.Event()
+
+    def run():
+        tid = threading.get_native_id()
+        for _ in range(2000):
+            if stop.is_set():
+                break
+            arm(ro, tid)
+            seg(ro)
+            after.append(os_priority.current_nice())
+        stop.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    while not stop.is_set():
+        try:
+            n = os.getpriority(os.PRIO_PROCESS, t.native_id)
+        except OSError:  # the thread has ended
+            break
+        seen.add(n)
+        if n == want:
+            stop.set()
+        time.sleep(0.0002)  # the GIL to the runner between its runs
+    t.join(120)
+    assert not t.is_alive()
+    return seen, after
+
+
+@pytest.mark.skipif(not os_priority.can_restore(),
+                    reason="this process may not raise a thread's priority back")
+def test_a_lowering_before_the_armed_run_enters_makes_it_run_at_the_killed_nice(
+        long_segment):
+    """A preempted run the lane keeps (kill off) may be lowered before it has entered ORT:
+    ``lower_in_run`` then finds no run to lower (False) and the run enters at ``killed``
+    instead of its armed nice; the next arming clears that (it runs at its armed nice)."""
+    seg, _arrays = long_segment
+    own = os_priority.current_nice()
+    low, killed = min(18, own + 5), 19
+    returned: list[bool] = []
+
+    def arm_and_lower(ro, tid):
+        ro.nice_next_run(tid, low, own, killed)
+        returned.append(ro.lower_in_run())
+
+    ro = ort_capi.RunOptions()
+    seen, after = _watch_runs(seg, ro, arm_and_lower, killed)
+    assert killed in seen and low not in seen
+    assert returned and not any(returned)
+    assert after and set(after) == {own}
+    seen, after = _watch_runs(seg, ro, lambda r, tid: r.nice_next_run(tid, low, own, killed),
+                              low)
+    assert low in seen and killed not in seen
+    assert set(after) == {own}
+
+
 def test_rebinding_reads_the_new_array():
     seg = ort_capi.BoundSegment(ort_capi.Session(_relu_model()), ("x",), ("y",))
     a = np.array([-1, 2, -3, 4], np.float32)
