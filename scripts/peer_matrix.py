@@ -7,6 +7,8 @@ closed-loop BE clients, writes ``out/peer/<pair>_be<N>.json`` and prints one mar
 
     .venv/bin/python scripts/peer_matrix.py                  # ~7 min on the 2-core VM
     .venv/bin/python scripts/peer_matrix.py --policy reef_dkp --out out/peer_dkp
+    .venv/bin/python scripts/peer_matrix.py --policy reef_dkp --device-option kill=false \
+        --device-option segment_ms=12 --out out/peer_park    # docs/cpu_engine.md "Kill or park"
 
 Each run interleaves the systems in ``--rounds`` turns (``bench --peer``'s ``--rounds``); the
 spread of the per-round BE ratios is in brackets beside the BE ratio.
@@ -18,6 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
+from av_infer.bench.cli import _option_value
 from av_infer.bench.peer import PeerConfig, fmt_num, run_peer
 
 PAIRS = [  # (label, RT model, BE model, RT Hz)
@@ -45,7 +48,7 @@ def table(docs: list[dict]) -> str:
         spread = "" if not rr else f" ({rr[0]:.2f}-{rr[1]:.2f})"
         rows.append(
             f"| {d['rt_model']} @ {c['rt_rate']:g} | {d['be_model']} × {c['be_clients']} | "
-            f"{c['policy']} | {fmt_num(a['rt_p50_ms'])} / {fmt_num(a['rt_p99_ms'])} | "
+            f"{c['policy']}{_options(c)} | {fmt_num(a['rt_p50_ms'])} / {fmt_num(a['rt_p99_ms'])} | "
             f"{fmt_num(o['rt_p50_ms'])} / {fmt_num(o['rt_p99_ms'])} | "
             f"{fmt_num(s['rt_p50_ms'])} / {fmt_num(s['rt_p99_ms'])} | {a['be_rps']:.1f} | "
             f"{o['be_rps']:.1f} | {fmt_num(d['ratios']['rt_p99'])} | "
@@ -54,6 +57,12 @@ def table(docs: list[dict]) -> str:
             f"{fmt_num(a.get('rt_late_p99_ms'))} ({fmt_num(o.get('rt_late_p99_ms'))}) | "
             f"{fmt_num((a.get('kill_ms') or {}).get('p99'))} |")
     return "\n".join(rows)
+
+
+def _options(cfg: dict) -> str:
+    """The row's non-default cpu device options, as the policy column shows them."""
+    opts = cfg.get("device_options") or {}
+    return "".join(f" {k}={v}" for k, v in sorted(opts.items()))
 
 
 def main() -> None:
@@ -65,7 +74,15 @@ def main() -> None:
     ap.add_argument("--out", default="out/peer")
     ap.add_argument("--table-only", action="store_true")
     ap.add_argument("--progress", action="store_true", help="progress bars (stderr)")
+    ap.add_argument("--device-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="cpu device option for av_infer, as bench's (e.g. kill=false)")
     args = ap.parse_args()
+    opts = {}
+    for kv in args.device_option:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            raise SystemExit(f"--device-option: expected KEY=VALUE, got {kv!r}")
+        opts[k.strip()] = _option_value(v)
     out = Path(args.out)
     docs = []
     for n in [int(v) for v in args.clients.split(",")]:
@@ -77,10 +94,12 @@ def main() -> None:
                 continue
             doc = run_peer(PeerConfig(rt_model=rt, be_model=be, rt_rate=hz, be_clients=n,
                                       policy=args.policy, duration=args.duration,
-                                      progress=args.progress, rounds=args.rounds))
+                                      device_options=opts, progress=args.progress,
+                                      rounds=args.rounds))
             doc["command"] = (f"av-infer bench --peer ort --rt-model {rt} --be-model {be} "
                               f"--rt-rate {hz:g} --be-clients {n} --policy {args.policy} "
-                              f"--duration {args.duration:g} --rounds {args.rounds}")
+                              f"--duration {args.duration:g} --rounds {args.rounds}"
+                              + "".join(f" --device-option {kv}" for kv in args.device_option))
             out.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(doc, indent=2) + "\n")
             docs.append(doc)
