@@ -30,11 +30,14 @@ Timestamps (``perf_counter``) from wrapping rclpy's ``WaitSet.wait``,
 * ``output publish()``; ``callback tail``: after it (debug topics, listeners) to the
   callback's end;
 * ``DDS -> wait returns (out)``, ``wake -> take (out)``, ``take output``,
-  ``take -> subscriber``: the output's way to the subscriber's callback on the same executor.
+  ``take -> subscriber``: the output's way to the subscriber's callback on the same executor
+  (``--consumer-read``: ``raw``, the default since 2026-11-28 as in the demo, takes the
+  serialised bytes and reads them with ``tensor_codec.read_tensor_list_cdr`` in the
+  callback; ``typed``, rclpy's deserialisation into a ``TensorList`` in the take).
 
-``ROS path`` is the camera's publish call to the subscriber's callback (the demo's
-figure), ``direct`` the interleaved ``infer()`` (``submit().result()`` before
-2026-11-27 08:00 UTC), ``added`` their difference
+``ROS path`` is the camera's publish call to the subscriber's callback having the output's
+arrays (``raw``) or message (``typed``) (the demo's figure), ``direct`` the interleaved
+``infer()`` (``submit().result()`` before 2026-11-27 08:00 UTC), ``added`` their difference
 (p50 and p99, as the demo prints them). A step the executor does not go through (rclpy's
 C++ ``EventsExecutor`` calls no Python wait or take) is ``-``.
 
@@ -204,6 +207,10 @@ def main() -> None:
                     help="the camera/output-subscriber node on the graph's executor (shared, "
                     "the demo's layout) or on a single-threaded executor of its own (own: as "
                     "a consumer in another process waits on its own entities only)")
+    ap.add_argument("--consumer-read", default="raw", choices=("raw", "typed"),
+                    help="how the output subscriber gets the outputs: the serialised bytes "
+                    "read by tensor_codec.read_tensor_list_cdr (raw, the demo's) or rclpy's "
+                    "TensorList (typed)")
     ap.add_argument("--no-run-in-callback", dest="run_in_callback", action="store_false",
                     help="the front node hands its request to the runtime's threads and its "
                     "answer back to the executor (Handoff) instead of running it in the image "
@@ -226,6 +233,7 @@ def main() -> None:
     from sensor_msgs.msg import Image
 
     from av_infer import Runtime, zoo_path
+    from av_infer import tensor_codec as codec
 
     model = "inception_v3"
     executor = args.executor or os.environ.get("AV_INFER_EXECUTOR") or DEFAULT_EXECUTOR
@@ -261,11 +269,15 @@ def main() -> None:
     pub = cams.create_publisher(Image, IMAGE_TOPIC, IMAGE_QOS)
     got, arrived = threading.Event(), [0.0]
 
-    def on_output(_msg: TensorList) -> None:
+    raw = args.consumer_read == "raw"
+
+    def on_output(msg: object) -> None:
+        if raw:
+            codec.read_tensor_list_cdr(msg)
         arrived[0] = time.perf_counter()
         got.set()
 
-    cams.create_subscription(TensorList, OUTPUT_TOPIC, on_output, _OUT_QOS[0])
+    cams.create_subscription(TensorList, OUTPUT_TOPIC, on_output, _OUT_QOS[0], raw=raw)
     h.start()
     if args.consumer == "own":
         threading.Thread(target=own.spin, name="consumer", daemon=True).start()

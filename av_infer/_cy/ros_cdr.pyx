@@ -1,7 +1,8 @@
 # cython: language_level=3
 """CDR, the DDS wire form, of the three messages the perception data path moves per frame:
 ``sensor_msgs/Image`` and ``sensor_msgs/CompressedImage`` read, ``av_infer_msgs/TensorList``
-written. ROS-free (bytes in, bytes out), so plain pytest covers it.
+written (and read, for a consumer of the outputs). ROS-free (bytes in, bytes out), so plain
+pytest covers it.
 
 Why: rclpy turns a received message into Python objects field by field (an ``Image``: a
 ``Header``, a ``Time``, two ``str`` and a 230 KB ``array.array`` copied out of the C
@@ -62,6 +63,18 @@ cdef class _Reader:
         self.pos += 4
         if self.swap:
             v = ((v >> 24) | ((v >> 8) & 0xFF00) | ((v << 8) & 0xFF0000) | (v << 24))
+        return v
+
+    cdef uint64_t u64(self, str field) except? 0xFFFFFFFFFFFFFFFF:
+        cdef uint64_t v
+        self.pos = (self.pos + 7) & ~7
+        self.need(8, field)
+        memcpy(&v, self.p + self.pos, 8)
+        self.pos += 8
+        if self.swap:
+            v = (((v & 0xFF) << 56) | ((v & 0xFF00) << 40) | ((v & 0xFF0000) << 24)
+                 | ((v & 0xFF000000) << 8) | ((v >> 8) & 0xFF000000)
+                 | ((v >> 24) & 0xFF0000) | ((v >> 40) & 0xFF00) | (v >> 56))
         return v
 
     cdef uint8_t u8(self, str field) except? 0xFF:
@@ -135,6 +148,39 @@ def read_compressed_image(data):
     fmt = r.string("format")
     cdef Py_ssize_t start = r.octets("data")
     return head + (fmt, memoryview(data)[start:r.pos + 4])
+
+
+def read_tensor_list(data):
+    """``(sec, nanosec, frame_id, tensors)`` of a serialised ``av_infer_msgs/TensorList``
+    (Isaac ROS's layout); each tensor ``(name, rank, dims, data_type, strides, data)`` as
+    the message has them (``dims``/``strides`` tuples, ``data`` a ``memoryview`` of
+    ``data``'s bytes: no copy), for ``tensor_codec.read_tensor_list_cdr`` to check and view
+    as arrays. ValueError if ``data`` is not one (every count is checked against the bytes
+    left before a list is built)."""
+    cdef const uint8_t[::1] buf = data
+    cdef _Reader r = _reader(buf, "av_infer_msgs/TensorList")
+    cdef uint32_t n, k, j
+    cdef Py_ssize_t start
+    head = _header(r)
+    n = r.u32("tensors")
+    r.need(<Py_ssize_t>n * 17, "tensors")  # each at least 17 bytes: no huge loop on junk
+    view = memoryview(data)
+    tensors = []
+    for _ in range(n):
+        name = r.string("tensors[].name")
+        rank = r.u8("tensors[].shape.rank")
+        k = r.u32("tensors[].shape.dims")
+        r.need(<Py_ssize_t>k * 4, "tensors[].shape.dims")
+        dims = tuple([r.u32("tensors[].shape.dims") for j in range(k)])
+        code = <int32_t>r.u32("tensors[].data_type")
+        k = r.u32("tensors[].strides")
+        if k:
+            r.pos = (r.pos + 7) & ~7
+            r.need(<Py_ssize_t>k * 8, "tensors[].strides")
+        strides = tuple([r.u64("tensors[].strides") for j in range(k)])
+        start = r.octets("tensors[].data")
+        tensors.append((name, rank, dims, code, strides, view[start:r.pos + 4]))
+    return head + (tensors,)
 
 
 cdef inline Py_ssize_t _al(Py_ssize_t pos, Py_ssize_t a) noexcept nogil:

@@ -224,3 +224,26 @@ def test_bench_fill_tensor_serialize_baseline(benchmark):
         return serialize_message(msg)
 
     benchmark(run)
+
+
+def test_bench_read_tensor_list_cdr(benchmark):
+    """tensor_codec.read_tensor_list_cdr: a serialised TensorList of one 1x1000 float32
+    output -> stamp, frame and checked read-only views (a consumer of the image node's
+    ``~/output/tensors`` on a ``raw=True`` subscription; baseline below)."""
+    from av_infer import tensor_codec as codec
+
+    raw = codec.tensor_list_cdr((1, 2), "front_camera", _outputs())
+    benchmark(codec.read_tensor_list_cdr, raw)
+
+
+@needs_rclpy
+def test_bench_rclpy_deserialize_tensor_list_baseline(benchmark):
+    """The same bytes through rclpy: ``deserialize_message`` into a ``TensorList`` (what a
+    typed subscription's take builds) and ``tensors_dict``'s views."""
+    from av_infer_msgs.msg import TensorList
+    from rclpy.serialization import deserialize_message
+
+    from av_infer import tensor_codec as codec
+
+    raw = codec.tensor_list_cdr((1, 2), "front_camera", _outputs())
+    benchmark(lambda: codec.tensors_dict(deserialize_message(raw, TensorList).tensors))

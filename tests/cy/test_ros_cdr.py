@@ -19,12 +19,19 @@ pytest.importorskip("rclpy")
 from av_infer_msgs.msg import Tensor, TensorList, TensorShape  # noqa: E402
 from rclpy.serialization import deserialize_message, serialize_message  # noqa: E402
 from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
+from std_msgs.msg import Header  # noqa: E402
 
 from av_infer import tensor_codec as codec  # noqa: E402
 from av_infer._cy import ros_cdr  # noqa: E402
 
 texts = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
                 max_size=12)
+
+
+def _header(sec: int, nanosec: int, frame: str) -> Header:
+    h = Header(frame_id=frame)
+    h.stamp.sec, h.stamp.nanosec = sec, nanosec
+    return h
 
 
 def _image(sec: int, nanosec: int, frame: str, h: int, w: int, enc: str, big: int,
@@ -138,6 +145,84 @@ def test_write_tensor_list_is_what_rclpy_reads(sec, nanosec, frame, ts) -> None:
     # (not the byte count: rclpy sizes its buffer by an estimate that pads every empty
     # uint64[] to 8 and leaves those bytes after the last field)
     assert len(raw) <= len(serialize_message(want))
+
+
+@st.composite
+def tensor_msgs(draw):  # noqa: ANN001, ANN201
+    """A ``Tensor`` message as a publisher may send it: any name (empty or repeated ones
+    too), a known or unknown ``data_type``, empty or C strides, a rank field that may lie."""
+    code, arr = _array(draw)
+    code = draw(st.sampled_from([code, code, code, 0, 77]))
+    strides = draw(st.sampled_from([(), tuple(codec.contiguous_strides(
+        list(arr.shape), arr.itemsize)), (3,) * arr.ndim]))
+    rank = draw(st.sampled_from([arr.ndim, arr.ndim, (arr.ndim + 1) % 256]))
+    return Tensor(name=draw(st.sampled_from(["x", "", draw(texts)])),
+                  shape=TensorShape(rank=rank, dims=list(arr.shape)), data_type=code,
+                  strides=list(strides), data=array.array("B", arr.tobytes()))
+
+
+@settings(max_examples=200, deadline=None)
+@given(sec=st.integers(-2**31, 2**31 - 1), nanosec=st.integers(0, 2**32 - 1), frame=texts,
+       ts=st.lists(tensor_msgs(), max_size=4))
+def test_read_tensor_list_cdr_is_tensors_dict_of_what_rclpy_deserialises(
+        sec, nanosec, frame, ts) -> None:
+    """Read from the bytes rclpy serialises: the same stamp, frame and arrays as
+    ``tensors_dict`` gives for the message rclpy deserialises, or the same refusal."""
+    raw = serialize_message(TensorList(header=_header(sec, nanosec, frame), tensors=ts))
+    back = deserialize_message(raw, TensorList)
+    try:
+        want = codec.tensors_dict(back.tensors)
+    except codec.CodecError as exc:
+        with pytest.raises(codec.CodecError) as got:
+            codec.read_tensor_list_cdr(raw)
+        assert str(got.value) == str(exc)
+        return
+    stamp, fid, arrays = codec.read_tensor_list_cdr(raw)
+    assert (stamp, fid) == ((sec, nanosec), frame)
+    assert list(arrays) == list(want)
+    for name, arr in arrays.items():
+        assert arr.dtype == want[name].dtype and arr.shape == want[name].shape
+        assert arr.tobytes() == want[name].tobytes() and not arr.flags.writeable
+
+
+def test_read_tensor_list_cdr_reads_what_the_image_node_writes() -> None:
+    outs = {"logits": np.arange(12, dtype=np.float32).reshape(3, 4),
+            "boxes": np.arange(8, dtype=np.int64).reshape(2, 4), "flag": np.array([True])}
+    raw = codec.tensor_list_cdr((5, 6), "cam", outs)
+    stamp, fid, arrays = codec.read_tensor_list_cdr(raw)
+    assert (stamp, fid) == ((5, 6), "cam") and list(arrays) == list(outs)
+    for name, arr in arrays.items():
+        np.testing.assert_array_equal(arr, outs[name])
+        assert arr.dtype == outs[name].dtype
+    # views of the bytes, no copy
+    assert arrays["logits"].base is not None and not arrays["logits"].flags.owndata
+
+
+def test_read_tensor_list_big_endian_metadata_by_hand() -> None:
+    """A big-endian message: counts, dims, data_type and strides swapped; the data bytes
+    (a ``uint8[]``) as they are."""
+    body = (struct.pack(">iI", 3, 4) + struct.pack(">I", 2) + b"f\x00\x00\x00"  # frame "f"
+            + struct.pack(">I", 1)  # one tensor
+            + struct.pack(">I", 2) + b"y\x00" + b"\x02" + b"\x00"  # name, rank 2, pad
+            + struct.pack(">III", 2, 1, 2)  # dims [1, 2]
+            + struct.pack(">i", 9)  # float32
+            + struct.pack(">I", 2) + struct.pack(">QQ", 8, 4)  # strides (at 48: aligned)
+            + struct.pack(">I", 8) + np.array([1.5, -2.0], "<f4").tobytes())
+    stamp, fid, arrays = codec.read_tensor_list_cdr(ros_cdr.CDR_BE + b"\x00\x00" + body)
+    assert (stamp, fid) == ((3, 4), "f")
+    np.testing.assert_array_equal(arrays["y"], np.array([[1.5, -2.0]], np.float32))
+
+
+def test_every_truncation_of_a_tensor_list_is_a_value_error() -> None:
+    raw = codec.tensor_list_cdr((1, 2), "cam", {"a": np.ones((2, 3), np.float32),
+                                                "b": np.zeros(4, np.uint8)})
+    for cut in range(len(raw)):
+        with pytest.raises(ValueError):
+            codec.read_tensor_list_cdr(raw[:cut])
+    huge = bytearray(raw)
+    huge[20:24] = struct.pack("<I", 2**32 - 1)  # the tensor count, then junk
+    with pytest.raises(ValueError, match="tensors runs past"):
+        codec.read_tensor_list_cdr(bytes(huge))
 
 
 def test_write_tensor_list_refuses_a_rank_the_wire_cannot_carry() -> None:
