@@ -29,7 +29,7 @@ import array
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from av_infer._cy.gather import GatherPlan, ResizePlan  # noqa: E402, F401
 from av_infer._cy.ros_cdr import (  # noqa: E402, F401
     read_compressed_image,
     read_image,
+    read_infer_request,
     read_tensor_list,
     write_float64_stamped,
     write_outputs,
@@ -393,9 +394,21 @@ def read_tensor_list_cdr(data: bytes) -> tuple[tuple[int, int], str, dict[str, n
     docs/perf_cython.md). ValueError (a :class:`CodecError` for a tensor that fails the
     checks) when ``data`` is not a valid one."""
     sec, nanosec, frame_id, raw = read_tensor_list(data)
-    tensors = [WireTensor(name, Shape(rank, dims), code, strides, payload)
-               for name, rank, dims, code, strides, payload in raw]
-    return (sec, nanosec), frame_id, tensors_dict(tensors)
+    return (sec, nanosec), frame_id, tensors_dict(wire_tensors(raw))
+
+
+def wire_tensors(raw: Iterable[tuple]) -> list[WireTensor]:
+    """``ros_cdr``'s tensor tuples (``read_tensor_list``, ``read_infer_request``) as
+    :class:`WireTensor` records, for :func:`check_tensors`."""
+    return [WireTensor(name, Shape(rank, dims), code, strides, payload)
+            for name, rank, dims, code, strides, payload in raw]
+
+
+class Duration(NamedTuple):
+    """A ``builtin_interfaces/Duration`` read from the wire (``read_infer_request``)."""
+
+    sec: int
+    nanosec: int
 
 
 def spec_tensor(msg: Any, name: str, shape: Iterable[int], dtype: Any) -> Any:

@@ -803,3 +803,61 @@ def _exit_after_cleanup() -> None:
         except (OSError, ValueError):
             pass
     os._exit(0)
+
+
+class Frame:
+    """A received message's header as a node keeps it past its callback (an image's: what
+    the outputs, errors, detections and listeners carry of it; a request's, in
+    :class:`WireRequest`). ``header`` is the ``std_msgs/Header``, built on first use: what
+    is written as bytes needs none."""
+
+    __slots__ = ("sec", "nanosec", "frame_id", "_header", "cycle_ms")
+
+    def __init__(self, sec: int, nanosec: int, frame_id: str):
+        self.sec, self.nanosec, self.frame_id = sec, nanosec, frame_id
+        self._header: Header | None = None
+        #: ms since the previous image's callback began (None: the first image): published
+        #: on ``~/debug/cyclic_time_ms`` with the image's answer, not before its inference
+        self.cycle_ms: float | None = None
+
+    @property
+    def header(self) -> Header:
+        if self._header is None:
+            h = Header(frame_id=self.frame_id)
+            h.stamp.sec, h.stamp.nanosec = self.sec, self.nanosec
+            self._header = h
+        return self._header
+
+
+class WireRequest:
+    """An ``InferRequest`` read from its serialised bytes (the host's raw subscription:
+    ``tensor_codec.read_infer_request``), with the fields the host reads under the
+    message's names: ``header`` (built on first use), ``id``, ``model``, ``client``,
+    ``priority``, ``deadline``/``hard_deadline`` (``.sec``, ``.nanosec``), ``drop_late``,
+    ``variant_group`` and ``tensors`` (``tensor_codec.WireTensor``: their ``data`` views of
+    the bytes, no copy). ValueError (naming the field) if the bytes are not one."""
+
+    __slots__ = ("frame", "id", "model", "client", "priority", "deadline", "drop_late",
+                 "hard_deadline", "variant_group", "tensors")
+
+    def __init__(self, data: bytes) -> None:
+        (sec, nanosec, frame_id, self.id, self.model, self.client, self.priority,
+         deadline, self.drop_late, hard, self.variant_group,
+         tensors) = codec.read_infer_request(data)
+        self.frame = Frame(sec, nanosec, frame_id)
+        self.deadline, self.hard_deadline = codec.Duration(*deadline), codec.Duration(*hard)
+        self.tensors = codec.wire_tensors(tensors)
+
+    @classmethod
+    def nothing(cls) -> WireRequest:
+        """What the host answers bytes that are no request as: no id, no client (the
+        shared response topic), an empty header."""
+        r = cls.__new__(cls)
+        r.frame, r.id, r.model, r.client, r.variant_group = Frame(0, 0, ""), "", "", "", ""
+        r.priority, r.drop_late, r.tensors = 0, False, []
+        r.deadline = r.hard_deadline = codec.Duration(0, 0)
+        return r
+
+    @property
+    def header(self) -> Header:
+        return self.frame.header

@@ -52,6 +52,7 @@ from av_infer_msgs.msg import InferResponse, TensorList
 from av_infer_nodes.common import (
     PUB_EVENTS,
     SUB_EVENTS,
+    Frame,
     LocalRuntimeClient,
     RemoteRuntimeClient,
     Reply,
@@ -88,7 +89,6 @@ from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackRet
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, CompressedImage, Image
-from std_msgs.msg import Header
 from vision_msgs.msg import Detection2DArray
 
 from av_infer import PRECISIONS, AvInferError, InvalidParameterError
@@ -100,29 +100,6 @@ IMAGE_QOS = QoSProfile(depth=1, history=qos_profile_sensor_data.history,
                        reliability=qos_profile_sensor_data.reliability,
                        durability=qos_profile_sensor_data.durability)
 
-
-
-class Frame:
-    """A received image as the node keeps it past its callback: the header's fields (what
-    the outputs, errors, detections and listeners carry of it). ``header`` is the
-    ``std_msgs/Header``, built on first use: the tensors' output is written without one."""
-
-    __slots__ = ("sec", "nanosec", "frame_id", "_header", "cycle_ms")
-
-    def __init__(self, sec: int, nanosec: int, frame_id: str):
-        self.sec, self.nanosec, self.frame_id = sec, nanosec, frame_id
-        self._header: Header | None = None
-        #: ms since the previous image's callback began (None: the first image): published
-        #: on ``~/debug/cyclic_time_ms`` with the image's answer, not before its inference
-        self.cycle_ms: float | None = None
-
-    @property
-    def header(self) -> Header:
-        if self._header is None:
-            h = Header(frame_id=self.frame_id)
-            h.stamp.sec, h.stamp.nanosec = self.sec, self.nanosec
-            self._header = h
-        return self._header
 
 
 #: ``fn(reply, frame, t_received_monotonic)``; ``frame.header`` is the image's header

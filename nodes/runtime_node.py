@@ -183,9 +183,10 @@ class RuntimeNode(RequestEndpoint, ModelServices, LifecycleNode):
         if p["response_routing"] not in ROUTINGS:
             self._param_errors.append(f"response_routing must be one of {', '.join(ROUTINGS)}"
                                       f", got {p['response_routing']!r}")
+        # raw: the request is read from its bytes (runtime_requests.WireRequest)
         self._req_sub = self.create_subscription(InferRequest, REQUEST_TOPIC,
                                                  self._on_request, REQUEST_QOS,
-                                                 event_callbacks=SUB_EVENTS)
+                                                 event_callbacks=SUB_EVENTS, raw=True)
         self._models_pub = self.create_publisher(String, MODELS_TOPIC, LATCHED_QOS,
                                                  event_callbacks=PUB_EVENTS)
         self._published_models: tuple[Any, ...] | None = None

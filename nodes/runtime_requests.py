@@ -1,7 +1,9 @@
 """The runtime host's request endpoint: /av_infer/request in, each answer on its
 client's /av_infer/response/<client> (``response_routing`` per_client) or the shared
 /av_infer/response; every request answered exactly once (even malformed, even while
-inactive). The split control/data path: control fields are read and validated first
+inactive; bytes that are no request too). The request is read from its serialised bytes
+(``WireRequest``: a raw subscription, no message objects, payloads views of the bytes).
+The split control/data path: control fields are read and validated first
 (``tensor_codec.read_control``), the client's allow-list (``client_models``) is applied,
 tensor metadata is checked against the limits and the model's input spec before anything
 is allocated, then each payload is copied once into the task's input buffers. Answers are
@@ -17,11 +19,12 @@ from typing import Any
 
 import numpy as np
 import rclpy
-from av_infer_msgs.msg import InferRequest, InferResponse
+from av_infer_msgs.msg import InferResponse
 from av_infer_nodes.common import (
     PUB_EVENTS,
     RESPONSE_QOS_CLIENT,
     Reply,
+    WireRequest,
     error_reply,
     publish_cyclic,
     publish_debug,
@@ -63,13 +66,23 @@ class RequestEndpoint:
     ``runtime``, ``active``, ``limits``, ``allow``, ``_lock``, ``_in_flight``, ``_idle``,
     ``_handoff``, ``_debug`` and the response publishers)."""
 
-    def _on_request(self, msg: InferRequest) -> None:
-        """Validates control, then metadata, then copies each payload once into the task's
-        input buffers and submits; answers every request exactly once (even malformed)."""
+    def _on_request(self, raw: bytes) -> None:
+        """Reads the request from its serialised bytes (``WireRequest``: no message
+        objects, the payloads views of the bytes), validates control, then metadata, then
+        copies each payload once into the task's input buffers and submits; answers every
+        request exactly once (even malformed; bytes that are no request too, without an id
+        on the shared topic)."""
         t_recv = time.monotonic()
         if self._debug is not None and self._last_request is not None:
             publish_cyclic(self._debug, self, (t_recv - self._last_request) * 1e3)
         self._last_request = t_recv
+        try:
+            msg = WireRequest(raw)
+        except ValueError as exc:
+            self._respond(Reply(id="", code=codec.MALFORMED, model="",
+                                message=f"not an InferRequest: {exc}"),
+                          WireRequest.nothing(), t_recv)
+            return
         rid = codec.read_id(msg, self.limits)
         rt = self.runtime
         if not self.active or rt is None:
@@ -109,18 +122,18 @@ class RequestEndpoint:
         fut = submit_to_runtime(rt, ctrl, inputs, self.get_clock().now().nanoseconds * 1e-9)
         fut.add_done_callback(lambda f: self._post_response(f.result(), msg, t_recv))
 
-    def _post_response(self, reply: Reply, request: InferRequest, t_recv: float) -> None:
+    def _post_response(self, reply: Reply, request: WireRequest, t_recv: float) -> None:
         """On the runtime's thread: hand the answer to the executor (``Handoff``)."""
         if not self._handoff.post(lambda: self._finish(reply, request, t_recv)):
             self._finish(reply, request, t_recv)  # closing: answer here rather than never
 
-    def _finish(self, reply: Reply, request: InferRequest, t_recv: float) -> None:
+    def _finish(self, reply: Reply, request: WireRequest, t_recv: float) -> None:
         self._respond(reply, request, t_recv)
         with self._lock:
             self._in_flight -= 1
             self._idle.notify_all()
 
-    def _respond(self, reply: Reply, request: InferRequest, t_recv: float) -> None:
+    def _respond(self, reply: Reply, request: WireRequest, t_recv: float) -> None:
         rt = self.runtime
         now = rt.now() if rt is not None else None
         received = None if now is None else now - (time.monotonic() - t_recv)
@@ -137,7 +150,7 @@ class RequestEndpoint:
                 self.get_logger().error(f"cannot publish response {reply.id}: {exc}")
 
 
-    def _response_publisher(self, request: InferRequest) -> Any:
+    def _response_publisher(self, request: WireRequest) -> Any:
         """The publisher for ``request``'s answer: its client's own topic (made on the
         client's first request; ``RESPONSE_QOS_CLIENT`` keeps what it publishes until the
         client's reader matches), or the shared topic (``shared`` routing, or no client id)."""

@@ -1,7 +1,8 @@
 # cython: language_level=3
-"""CDR, the DDS wire form, of the three messages the perception data path moves per frame:
+"""CDR, the DDS wire form, of the messages the data paths move per frame or request:
 ``sensor_msgs/Image`` and ``sensor_msgs/CompressedImage`` read, ``av_infer_msgs/TensorList``
-written (and read, for a consumer of the outputs). ROS-free (bytes in, bytes out), so plain
+written (and read, for a consumer of the outputs), and the host's ``InferRequest`` read.
+ROS-free (bytes in, bytes out), so plain
 pytest covers it.
 
 Why: rclpy turns a received message into Python objects field by field (an ``Image``: a
@@ -33,7 +34,7 @@ import sys
 cimport cython
 cimport numpy as cnp
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
 #: the encapsulation kinds read and written (XCDR1): CDR_BE, CDR_LE
@@ -150,21 +151,13 @@ def read_compressed_image(data):
     return head + (fmt, memoryview(data)[start:r.pos + 4])
 
 
-def read_tensor_list(data):
-    """``(sec, nanosec, frame_id, tensors)`` of a serialised ``av_infer_msgs/TensorList``
-    (Isaac ROS's layout); each tensor ``(name, rank, dims, data_type, strides, data)`` as
-    the message has them (``dims``/``strides`` tuples, ``data`` a ``memoryview`` of
-    ``data``'s bytes: no copy), for ``tensor_codec.read_tensor_list_cdr`` to check and view
-    as arrays. ValueError if ``data`` is not one (every count is checked against the bytes
-    left before a list is built)."""
-    cdef const uint8_t[::1] buf = data
-    cdef _Reader r = _reader(buf, "av_infer_msgs/TensorList")
+cdef list _tensors(_Reader r, object view):
+    """A ``Tensor[]``: each ``(name, rank, dims, data_type, strides, data)`` as the message
+    has them (``dims``/``strides`` tuples, ``data`` a slice of ``view``: no copy)."""
     cdef uint32_t n, k, j
     cdef Py_ssize_t start
-    head = _header(r)
     n = r.u32("tensors")
     r.need(<Py_ssize_t>n * 17, "tensors")  # each at least 17 bytes: no huge loop on junk
-    view = memoryview(data)
     tensors = []
     for _ in range(n):
         name = r.string("tensors[].name")
@@ -180,7 +173,41 @@ def read_tensor_list(data):
         strides = tuple([r.u64("tensors[].strides") for j in range(k)])
         start = r.octets("tensors[].data")
         tensors.append((name, rank, dims, code, strides, view[start:r.pos + 4]))
-    return head + (tensors,)
+    return tensors
+
+
+def read_tensor_list(data):
+    """``(sec, nanosec, frame_id, tensors)`` of a serialised ``av_infer_msgs/TensorList``
+    (Isaac ROS's layout); each tensor ``(name, rank, dims, data_type, strides, data)`` as
+    the message has them (``dims``/``strides`` tuples, ``data`` a ``memoryview`` of
+    ``data``'s bytes: no copy), for ``tensor_codec.read_tensor_list_cdr`` to check and view
+    as arrays. ValueError if ``data`` is not one (every count is checked against the bytes
+    left before a list is built)."""
+    cdef const uint8_t[::1] buf = data
+    cdef _Reader r = _reader(buf, "av_infer_msgs/TensorList")
+    head = _header(r)
+    return head + (_tensors(r, memoryview(data)),)
+
+
+def read_infer_request(data):
+    """``(sec, nanosec, frame_id, id, model, client, priority, deadline, drop_late,
+    hard_deadline, variant_group, tensors)`` of a serialised ``av_infer_msgs/InferRequest``
+    (durations as ``(sec, nanosec)``, ``drop_late`` a bool, tensors as
+    :func:`read_tensor_list` gives them: views of ``data``). ValueError if ``data`` is not
+    one."""
+    cdef const uint8_t[::1] buf = data
+    cdef _Reader r = _reader(buf, "av_infer_msgs/InferRequest")
+    head = _header(r)
+    rid = r.string("id")
+    model = r.string("model")
+    client = r.string("client")
+    priority = <int8_t>r.u8("priority")
+    deadline = (<int32_t>r.u32("deadline.sec"), r.u32("deadline.nanosec"))
+    drop_late = r.u8("drop_late") != 0
+    hard = (<int32_t>r.u32("hard_deadline.sec"), r.u32("hard_deadline.nanosec"))
+    group = r.string("variant_group")
+    return head + (rid, model, client, priority, deadline, drop_late, hard, group,
+                   _tensors(r, memoryview(data)))
 
 
 cdef inline Py_ssize_t _al(Py_ssize_t pos, Py_ssize_t a) noexcept nogil:

@@ -247,3 +247,52 @@ def test_bench_rclpy_deserialize_tensor_list_baseline(benchmark):
 
     raw = codec.tensor_list_cdr((1, 2), "front_camera", _outputs())
     benchmark(lambda: codec.tensors_dict(deserialize_message(raw, TensorList).tensors))
+
+
+def _request_bytes():
+    import numpy as np
+    from av_infer_msgs.msg import InferRequest, Tensor
+    from rclpy.serialization import serialize_message
+
+    from av_infer import tensor_codec as codec
+
+    x = np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32)
+    msg = InferRequest(id="r1", model="resnet", client="cam")
+    msg.tensors = [codec.fill_tensor(Tensor(), "x", x)]
+    return serialize_message(msg), InferRequest
+
+
+@needs_rclpy
+def test_bench_wire_request(benchmark):
+    """The host's read of a request (one 1x3x224x224 float32 input) since 2026-11-28: its
+    serialised bytes into ``WireRequest`` (payload a view), control and tensor checks."""
+    from av_infer_nodes.common import WireRequest
+
+    from av_infer import tensor_codec as codec
+
+    raw, _ = _request_bytes()
+
+    def run():
+        msg = WireRequest(raw)
+        codec.read_control(msg)
+        return codec.check_tensors(msg.tensors)
+
+    benchmark(run)
+
+
+@needs_rclpy
+def test_bench_rclpy_deserialize_request_baseline(benchmark):
+    """The same through rclpy's ``deserialize_message`` (what the typed take built: message
+    objects and a copy of the payload) and the same checks."""
+    from rclpy.serialization import deserialize_message
+
+    from av_infer import tensor_codec as codec
+
+    raw, request = _request_bytes()
+
+    def run():
+        msg = deserialize_message(raw, request)
+        codec.read_control(msg)
+        return codec.check_tensors(msg.tensors)
+
+    benchmark(run)

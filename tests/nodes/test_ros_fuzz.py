@@ -19,8 +19,8 @@ the documented check order, not from the codec.
 Checked: each request with a usable id gets exactly one response with its id and expected
 code; requests without a usable id are answered with id "" (as many as were sent); error
 responses carry no tensors; a valid request still succeeds at the end and the process is
-alive. CDR garbage below the message level never reaches the node and does not hurt it
-(``test_undeserializable_messages_do_not_hurt_the_host``).
+alive. Bytes that are no request (CDR garbage, cut messages) are answered once each without
+an id and do not hurt it (``test_bytes_that_are_no_request_are_answered_and_do_not_hurt_the_host``).
 
 Size: ``AV_INFER_FUZZ_N`` requests (default 300; ``make soak`` runs 10,000), sent in
 batches of ``BATCH`` and answered before the next batch (the topics are reliable with a
@@ -354,6 +354,7 @@ def test_fuzzed_requests_each_answered_once(host):
     answers = host.answers
     rng = np.random.default_rng(int(FUZZ_SEED or 0))
     no_id = [0]
+    empty_before = answers.count("")  # another test's (bytes that are no request)
 
     def run(batch: list[Case]) -> None:
         before_empty = answers.count("")
@@ -376,7 +377,7 @@ def test_fuzzed_requests_each_answered_once(host):
 
     given(st.lists(fuzz_case(), min_size=BATCH, max_size=BATCH))(
         _settings(examples)(run))()
-    empty = answers.get("")
+    empty = answers.get("")[empty_before:]
     assert len(empty) == no_id[0], (len(empty), no_id[0])  # each answered once
     assert all(r.code == codec.MALFORMED for r in empty)
     rid = host.valid_request()
@@ -386,18 +387,40 @@ def test_fuzzed_requests_each_answered_once(host):
           f"codes {dict(host.codes)}, {no_id[0]} without a usable id")
 
 
-def test_undeserializable_messages_do_not_hurt_the_host(host):
-    """Bytes that are no InferRequest are dropped by the middleware (nothing to answer);
-    the host keeps serving."""
+def test_bytes_that_are_no_request_are_answered_and_do_not_hurt_the_host(host):
+    """The host reads requests from their bytes (a raw subscription): bytes that are no
+    InferRequest are answered once each, ``malformed_request`` without an id on the shared
+    topic, saying which field ran past the end; a cut that removed only trailing bytes
+    still is the request (answered under its id); the host keeps serving."""
     c = Case(id="cdr", tensors=[TensorCase(INPUT, codec.DATA_TYPE_OF[DTYPE], list(SHAPE))])
     raw = serialize_message(build(c, np.random.default_rng(3)))
     rng = np.random.default_rng(7)
-    for bad in (raw[:4], raw[:10], raw[: len(raw) // 2], raw[:-1], b"\x00\x01\x00\x00",
-                b"\x00\x01\x00\x00" + b"\xff\xff\xff\x7f" + b"junk", rng.bytes(64),
-                b"\x00\x01\x00\x00" + rng.bytes(4096)):
-        host.pub.publish(bad)
+    bad = [raw[:4], raw[:10], raw[: len(raw) // 2], raw[:-1], b"\x00\x01\x00\x00",
+           b"\x00\x01\x00\x00" + b"\xff\xff\xff\x7f" + b"junk", rng.bytes(64),
+           b"\x00\x01\x00\x00" + rng.bytes(4096)]
+
+    def is_request(b: bytes) -> bool:
+        try:
+            codec.read_infer_request(b)
+        except ValueError:
+            return False
+        return True
+
+    no_request = sum(not is_request(b) for b in bad)
+    assert no_request >= 6
+    empty_before, cdr_before = host.answers.count(""), host.answers.count("cdr")
+    for b in bad:
+        host.pub.publish(b)
+    host.wait(lambda: host.answers.count("") >= empty_before + no_request
+              and host.answers.count("cdr") >= cdr_before + len(bad) - no_request,
+              "the answers to bytes that are no request")
     rid = host.valid_request()
     host.wait(lambda: host.answers.count(rid), "a valid request after CDR garbage")
     got = host.answers.get(rid)
     assert len(got) == 1 and got[0].code == "ok", [(r.code, r.message) for r in got]
+    empty = host.answers.get("")[empty_before:]
+    assert len(empty) == no_request
+    assert all(r.code == codec.MALFORMED and "not an InferRequest" in r.message
+               and "InferRequest" in r.message for r in empty)
+    assert host.answers.count("cdr") == cdr_before + len(bad) - no_request
     assert host.alive()
