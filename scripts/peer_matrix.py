@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from av_infer.bench.cli import _option_value
+from av_infer.bench.cli import parse_device_options
 from av_infer.bench.peer import PeerConfig, fmt_num, run_peer
 
 PAIRS = [  # (label, RT model, BE model, RT Hz)
@@ -77,12 +77,7 @@ def main() -> None:
     ap.add_argument("--device-option", action="append", default=[], metavar="KEY=VALUE",
                     help="cpu device option for av_infer, as bench's (e.g. kill=false)")
     args = ap.parse_args()
-    opts = {}
-    for kv in args.device_option:
-        k, sep, v = kv.partition("=")
-        if not sep:
-            raise SystemExit(f"--device-option: expected KEY=VALUE, got {kv!r}")
-        opts[k.strip()] = _option_value(v)
+    opts = parse_device_options(args.device_option)
     out = Path(args.out)
     docs = []
     for n in [int(v) for v in args.clients.split(",")]:

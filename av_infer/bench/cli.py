@@ -233,6 +233,18 @@ def write_plots(doc: dict[str, Any], runs: list[PolicyRun], cdf_path: Path) -> l
     return out
 
 
+def parse_device_options(items: list[str]) -> dict[str, Any]:
+    """``--device-option KEY=VALUE`` arguments as device options (values: true/false, int,
+    float, else the string); SystemExit naming a malformed one."""
+    opts = {}
+    for kv in items:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            raise SystemExit(f"--device-option: expected KEY=VALUE, got {kv!r}")
+        opts[k.strip()] = _option_value(v)
+    return opts
+
+
 def _option_value(v: str) -> Any:
     low = v.strip().lower()
     if low in ("true", "false"):
@@ -271,12 +283,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
     policy = "reef" if args.policy == "all" else args.policy
     if policy not in available_policies("cpu"):
         raise SystemExit(f"bench --peer: policy {policy!r} is not available on cpu")
-    opts = {}
-    for kv in args.device_option:
-        k, sep, v = kv.partition("=")
-        if not sep:
-            raise SystemExit(f"--device-option: expected KEY=VALUE, got {kv!r}")
-        opts[k.strip()] = _option_value(v)
+    opts = parse_device_options(args.device_option)
     be_clients = 2 if args.be_clients is None else args.be_clients
     if be_clients < 1 or args.rt_rate <= 0 or args.threads < 1 or args.rounds < 1:
         raise SystemExit("bench --peer: --be-clients >= 1, --rt-rate > 0, --threads >= 1, "

@@ -179,27 +179,40 @@ def test_raising_the_flag_kills_the_running_segment_and_reports_when_it_stopped(
 _C_API_WHY = resolve_api("auto")[1]
 
 
-@pytest.mark.skipif(not os_priority.can_restore(),
-                    reason="this process may not raise a thread's priority back: BE lane "
-                           "workers stay niced as a whole, and killed runs are not reniced")
-@pytest.mark.parametrize("api", [
+#: Where only BE runs are niced (the process may raise a thread's priority back), on
+#: both ORT APIs (the C one where it loads).
+needs_renice_back = pytest.mark.skipif(
+    not os_priority.can_restore(),
+    reason="this process may not raise a thread's priority back: BE lane workers stay "
+           "niced as a whole, and preempted runs are not reniced")
+both_apis = pytest.mark.parametrize("api", [
     pytest.param("c", marks=pytest.mark.skipif(
         _C_API_WHY is not None, reason=f"ORT's C API cannot load here: {_C_API_WHY}")),
     "python"])
-def test_a_killed_run_drops_to_the_lowest_priority_until_it_stops(monkeypatch, api):
+
+
+@pytest.fixture
+def reniced(monkeypatch) -> list[tuple[int, int]]:
+    """Every ``os_priority.set_thread_nice`` call (thread id, nice), still made."""
+    calls: list[tuple[int, int]] = []
+    real = os_priority.set_thread_nice
+
+    def record(tid: int, nice: int) -> bool:
+        calls.append((tid, nice))
+        return real(tid, nice)
+
+    monkeypatch.setattr(os_priority, "set_thread_nice", record)
+    return calls
+
+
+@needs_renice_back
+@both_apis
+def test_a_killed_run_drops_to_the_lowest_priority_until_it_stops(reniced, api):
     """Where only BE runs are niced, the flag that kills a running segment also drops its
     thread to nice 19 for what ORT still runs (lost work); once the run has returned, the
     thread has its own priority back. On the C API the run's own renices and the kill's
     are ordered inside the run options (``RunOptions.lower_in_run``); on the Python
     binding the lane renices the thread (recorded here)."""
-    reniced: list[tuple[int, int]] = []
-    real = os_priority.set_thread_nice
-
-    def record(tid: int, nice: int) -> bool:
-        reniced.append((tid, nice))
-        return real(tid, nice)
-
-    monkeypatch.setattr(os_priority, "set_thread_nice", record)
     dev = CpuDevice(c=1, be_nice=10, kill_below_ms=0.0, ort_api=api)
     try:
         s, comps, done = _start_chain(dev)
@@ -220,28 +233,15 @@ def test_a_killed_run_drops_to_the_lowest_priority_until_it_stops(monkeypatch, a
         dev.close()
 
 
-@pytest.mark.skipif(not os_priority.can_restore(),
-                    reason="this process may not raise a thread's priority back: BE lane "
-                           "workers stay niced as a whole, and preempted runs are not reniced")
-@pytest.mark.parametrize("api", [
-    pytest.param("c", marks=pytest.mark.skipif(
-        _C_API_WHY is not None, reason=f"ORT's C API cannot load here: {_C_API_WHY}")),
-    "python"])
-def test_with_kill_off_a_preempted_run_finishes_at_the_lowest_priority(monkeypatch, api):
+@needs_renice_back
+@both_apis
+def test_with_kill_off_a_preempted_run_finishes_at_the_lowest_priority(reniced, api):
     """``kill=False``: the flag that preempts a running segment leaves it running (its work
     kept: it completes as executed, nothing is restored) and drops its thread to nice 19
     until it ends, so a waking RT thread takes the core at once; then the thread has its
     own priority back. On the Python binding the lane renices the thread (recorded here);
     on the C API the run options do (``lower_in_run``: counted only when the run was
     already inside ORT)."""
-    reniced: list[tuple[int, int]] = []
-    real = os_priority.set_thread_nice
-
-    def record(tid: int, nice: int) -> bool:
-        reniced.append((tid, nice))
-        return real(tid, nice)
-
-    monkeypatch.setattr(os_priority, "set_thread_nice", record)
     dev = CpuDevice(c=1, be_nice=10, kill=False, kill_below_ms=0.0, ort_api=api)
     try:
         s, comps, done = _start_chain(dev)

@@ -130,27 +130,21 @@ def test_terminate_from_another_thread_stops_a_long_run(long_segment):
     assert not t.is_alive() and len(result) == 1 and is_kill(result[0])
 
 
-@pytest.mark.skipif(not os_priority.can_restore(),
-                    reason="this process may not raise a thread's priority back")
-def test_an_armed_run_renices_its_thread_only_while_ort_runs(long_segment):
-    """``RunOptions.nice_next_run``: the thread runs the model at the armed nice (seen from
-    another thread while ORT runs) and has its own back when the call returns; the arming
-    holds for one run."""
-    seg, _arrays = long_segment
-    own = os_priority.current_nice()
-    low = min(19, own + 5)
+def _watch_runs(seg, ro, arm, want: int) -> tuple[set[int], list[int], list[bool]]:
+    """Run ``seg`` on a thread, ``arm(ro, tid)`` before each run, until a watcher sees the
+    thread at nice ``want`` (or 2000 runs); returns (nice values seen while it ran, the
+    thread's nice after each run, whether ``ro`` was still armed after each run)."""
     seen: set[int] = set()
     after: list[int] = []
-    stop = threading.Event()
-    ro = ort_capi.RunOptions()
     armed_after: list[bool] = []
+    stop = threading.Event()
 
     def run():
         tid = threading.get_native_id()
-        for _ in range(2000):  # until the watcher has seen a run at `low`
+        for _ in range(2000):
             if stop.is_set():
                 break
-            ro.nice_next_run(tid, low, own, 19)
+            arm(ro, tid)
             seg(ro)
             after.append(os_priority.current_nice())
             armed_after.append(ro.armed_nice is not None)
@@ -164,11 +158,25 @@ def test_an_armed_run_renices_its_thread_only_while_ort_runs(long_segment):
         except OSError:  # the thread has ended
             break
         seen.add(n)
-        if n == low:
+        if n == want:
             stop.set()
         time.sleep(0.0002)  # the GIL to the runner between its runs
     t.join(120)
     assert not t.is_alive()
+    return seen, after, armed_after
+
+
+@pytest.mark.skipif(not os_priority.can_restore(),
+                    reason="this process may not raise a thread's priority back")
+def test_an_armed_run_renices_its_thread_only_while_ort_runs(long_segment):
+    """``RunOptions.nice_next_run``: the thread runs the model at the armed nice (seen from
+    another thread while ORT runs) and has its own back when the call returns; the arming
+    holds for one run."""
+    seg, _arrays = long_segment
+    own = os_priority.current_nice()
+    low = min(19, own + 5)
+    seen, after, armed_after = _watch_runs(
+        seg, ort_capi.RunOptions(), lambda ro, tid: ro.nice_next_run(tid, low, own, 19), low)
     assert low in seen
     assert after and set(after) == {own}
     assert not any(armed_after)
@@ -219,40 +227,6 @@ def test_a_kill_lowers_an_armed_run_only_while_it_is_inside_ort(long_segment):
     assert ro.lower_in_run() is False  # no run inside ORT: nothing to lower
 
 
-def _watch_runs(seg, ro, arm, want: int) -> tuple[set[int], list[int]]:
-    """Run ``seg`` on a thread, ``arm(ro, tid)`` before each run, until a watcher sees the
-    thread at nice ``want`` (or 2000 runs); returns (nice values seen while it ran, the
-    thread's nice after each run)."""
-    seen: set[int] = set()
-    after: list[int] = []
-    stop = threading.Event()
-
-    def run():
-        tid = threading.get_native_id()
-        for _ in range(2000):
-            if stop.is_set():
-                break
-            arm(ro, tid)
-            seg(ro)
-            after.append(os_priority.current_nice())
-        stop.set()
-
-    t = threading.Thread(target=run)
-    t.start()
-    while not stop.is_set():
-        try:
-            n = os.getpriority(os.PRIO_PROCESS, t.native_id)
-        except OSError:  # the thread has ended
-            break
-        seen.add(n)
-        if n == want:
-            stop.set()
-        time.sleep(0.0002)  # the GIL to the runner between its runs
-    t.join(120)
-    assert not t.is_alive()
-    return seen, after
-
-
 @pytest.mark.skipif(not os_priority.can_restore(),
                     reason="this process may not raise a thread's priority back")
 def test_a_lowering_before_the_armed_run_enters_makes_it_run_at_the_killed_nice(
@@ -270,12 +244,12 @@ def test_a_lowering_before_the_armed_run_enters_makes_it_run_at_the_killed_nice(
         returned.append(ro.lower_in_run())
 
     ro = ort_capi.RunOptions()
-    seen, after = _watch_runs(seg, ro, arm_and_lower, killed)
+    seen, after, _ = _watch_runs(seg, ro, arm_and_lower, killed)
     assert killed in seen and low not in seen
     assert returned and not any(returned)
     assert after and set(after) == {own}
-    seen, after = _watch_runs(seg, ro, lambda r, tid: r.nice_next_run(tid, low, own, killed),
-                              low)
+    seen, after, _ = _watch_runs(
+        seg, ro, lambda r, tid: r.nice_next_run(tid, low, own, killed), low)
     assert low in seen and killed not in seen
     assert set(after) == {own}
 
