@@ -44,6 +44,10 @@ CDR_LE = b"\x00\x01"
 cdef bint _HOST_LE = sys.byteorder == "little"
 
 
+cdef inline uint32_t _bswap32(uint32_t v) noexcept nogil:
+    return (v >> 24) | ((v >> 8) & 0xFF00) | ((v << 8) & 0xFF0000) | (v << 24)
+
+
 cdef class _Reader:
     cdef const uint8_t* p
     cdef Py_ssize_t n, pos   # pos counts from the byte after the encapsulation header
@@ -56,26 +60,24 @@ cdef class _Reader:
                              f"({self.n + 4} bytes)")
         return 0
 
+    cdef const uint8_t* take(self, Py_ssize_t k, str field) except NULL:
+        """The next ``k``-byte primitive (aligned to ``k``): where it starts; ``pos`` moves
+        past it."""
+        self.pos = (self.pos + k - 1) & ~(k - 1)
+        self.need(k, field)
+        self.pos += k
+        return self.p + self.pos - k
+
     cdef uint32_t u32(self, str field) except? 0xFFFFFFFF:
         cdef uint32_t v
-        self.pos = (self.pos + 3) & ~3
-        self.need(4, field)
-        memcpy(&v, self.p + self.pos, 4)
-        self.pos += 4
-        if self.swap:
-            v = ((v >> 24) | ((v >> 8) & 0xFF00) | ((v << 8) & 0xFF0000) | (v << 24))
-        return v
+        memcpy(&v, self.take(4, field), 4)
+        return _bswap32(v) if self.swap else v
 
     cdef uint64_t u64(self, str field) except? 0xFFFFFFFFFFFFFFFF:
         cdef uint64_t v
-        self.pos = (self.pos + 7) & ~7
-        self.need(8, field)
-        memcpy(&v, self.p + self.pos, 8)
-        self.pos += 8
+        memcpy(&v, self.take(8, field), 8)
         if self.swap:
-            v = (((v & 0xFF) << 56) | ((v & 0xFF00) << 40) | ((v & 0xFF0000) << 24)
-                 | ((v & 0xFF000000) << 8) | ((v >> 8) & 0xFF000000)
-                 | ((v >> 24) & 0xFF0000) | ((v >> 40) & 0xFF00) | (v >> 56))
+            v = (<uint64_t>_bswap32(<uint32_t>v) << 32) | _bswap32(<uint32_t>(v >> 32))
         return v
 
     cdef uint8_t u8(self, str field) except? 0xFF:
