@@ -32,6 +32,7 @@ import numpy as np
 
 from av_infer.bench.metrics import pct
 from av_infer.errors import InvalidParameterError
+from av_infer.tensor_codec import read_tensor_list_cdr
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -531,8 +532,6 @@ class _Arrival:
         self._event = threading.Event()
 
     def on_message(self, msg: bytes) -> None:
-        from av_infer.tensor_codec import read_tensor_list_cdr
-
         _stamp, _frame, self.outputs = read_tensor_list_cdr(msg)
         self.t = time.perf_counter()
         self._event.set()

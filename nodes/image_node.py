@@ -101,7 +101,6 @@ IMAGE_QOS = QoSProfile(depth=1, history=qos_profile_sensor_data.history,
                        durability=qos_profile_sensor_data.durability)
 
 
-
 #: ``fn(reply, frame, t_received_monotonic)``; ``frame.header`` is the image's header
 ResultListener = Callable[[Reply, Frame, float], None]
 
@@ -697,7 +696,8 @@ class ImageInferenceNode(LifecycleNode):
 
     # -- data path -----------------------------------------------------------------------
     def add_result_listener(self, fn: ResultListener) -> None:
-        """``fn(reply, image, t_received_monotonic)`` after each output is published."""
+        """``fn(reply, frame, t_received_monotonic)`` after each output is published (a
+        :class:`Frame`: the image's stamp and frame id, ``.header`` built on use)."""
         self._listeners.append(fn)
 
     def _not_ready(self, why: str, frame: Frame) -> None:
