@@ -29,7 +29,11 @@ from rcl_interfaces.msg import (
     ParameterDescriptor,
     ParameterType,
 )
-from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
+from rclpy.event_handler import (
+    PublisherEventCallbacks,
+    SubscriptionEventCallbacks,
+    UnsupportedEventTypeError,
+)
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -275,26 +279,82 @@ def error_code(exc: BaseException) -> str:
     return codec.error_code(exc)
 
 
-def debug_publishers(node: Node, enabled: bool) -> tuple[Any, Any, Any] | None:
+#: the debug topics, in ``DebugTopics.pubs`` order
+DEBUG_TOPICS = ("processing_time_ms", "pipeline_latency_ms", "cyclic_time_ms")
+
+
+class DebugTopics:
     """``~/debug/processing_time_ms``, ``~/debug/pipeline_latency_ms`` and
     ``~/debug/cyclic_time_ms`` (Autoware's perception-node debug topics, as
-    ``av_infer_msgs/Float64Stamped``), or None when off."""
-    if not enabled:
-        return None
-    return tuple(node.create_publisher(Float64Stamped, f"~/debug/{name}", 10,
-                                       event_callbacks=PUB_EVENTS)
-                 for name in ("processing_time_ms", "pipeline_latency_ms",
-                              "cyclic_time_ms"))  # type: ignore[return-value]
+    ``av_infer_msgs/Float64Stamped``), each published only while it has a subscriber.
+
+    Why: from Python the three publishes cost ~55 µs per input after an idle moment on the
+    dev VM even with nobody listening (Fast DDS writes into the topic's history either way;
+    rclpy's call is the cost), inside the ROS path that is held to ≤ 1 ms (docs/ros.md,
+    "Diagnostics"); checking ``get_subscription_count()`` per input costs ~28 µs for three.
+    So each publisher counts its subscribers from its ``matched`` events (delivered by the
+    executor, like every other event: no call per input), starting from the count at its
+    creation. Guaranteed: a topic with a subscriber gets a value for every input from the
+    moment the executor has handled the subscriber's match (a subscriber that connects
+    meanwhile misses at most the inputs of that moment, as one that connects a moment
+    later would); on a middleware without matched events (``UnsupportedEventTypeError``)
+    every value is published, as before."""
+
+    __slots__ = ("pubs", "counts")
+
+    def __init__(self, node: Node) -> None:
+        #: subscribers per topic, from the matched events; None: not known, publish always
+        self.counts: list[int] | None = [0, 0, 0]
+        try:
+            self.pubs = self._create(node, True)
+        except UnsupportedEventTypeError:
+            self.counts = None
+            self.pubs = self._create(node, False)
+            node.get_logger().info("debug topics: the middleware reports no matched "
+                                   "events; every value is published")
+            return
+        for i, pub in enumerate(self.pubs):  # the matches made before the handlers were
+            self.counts[i] = max(self.counts[i], pub.get_subscription_count())
+
+    def _create(self, node: Node, matched: bool) -> tuple[Any, Any, Any]:
+        def events(i: int) -> PublisherEventCallbacks:
+            if not matched:
+                return PUB_EVENTS
+            return PublisherEventCallbacks(matched=lambda info: self._matched(i, info),
+                                           use_default_callbacks=False)
+
+        return tuple(node.create_publisher(Float64Stamped, f"~/debug/{name}", 10,
+                                           event_callbacks=events(i))
+                     for i, name in enumerate(DEBUG_TOPICS))  # type: ignore[return-value]
+
+    def _matched(self, i: int, info: Any) -> None:
+        self.counts[i] = max(0, int(info.current_count))  # type: ignore[index]
+
+    def wanted(self, i: int) -> bool:
+        """Topic ``i`` (``DEBUG_TOPICS`` order) has a subscriber (or that is not known)."""
+        counts = self.counts
+        return counts is None or counts[i] > 0
+
+    @property
+    def listened(self) -> bool:
+        """Any of the three has a subscriber (or that is not known)."""
+        counts = self.counts
+        return counts is None or counts[0] > 0 or counts[1] > 0 or counts[2] > 0
 
 
-def publish_cyclic(pubs: tuple[Any, Any, Any] | None, node: Node, ms: float | None) -> None:
+def debug_publishers(node: Node, enabled: bool) -> DebugTopics | None:
+    """The node's :class:`DebugTopics`, or None when ``debug_topics`` is off."""
+    return DebugTopics(node) if enabled else None
+
+
+def publish_cyclic(dbg: DebugTopics | None, node: Node, ms: float | None) -> None:
     """``~/debug/cyclic_time_ms``: the time between the starts of two consecutive input
     callbacks (Autoware's cyclic time: the node's actual period; None: the first input,
     nothing published). Published as serialised bytes
-    (``tensor_codec.write_float64_stamped``), as the other two."""
-    if pubs is None or ms is None:
+    (``tensor_codec.write_float64_stamped``), as the other two, while it has a subscriber."""
+    if dbg is None or ms is None or not dbg.wanted(2):
         return
-    pubs[2].publish(codec.write_float64_stamped(*_now_stamp(node), float(ms)))
+    dbg.pubs[2].publish(codec.write_float64_stamped(*_now_stamp(node), float(ms)))
 
 
 def _now_stamp(node: Node) -> tuple[int, int]:
@@ -302,25 +362,29 @@ def _now_stamp(node: Node) -> tuple[int, int]:
     return divmod(ros_now_ns(node), 1_000_000_000)
 
 
-def publish_debug(pubs: tuple[Any, Any, Any] | None, node: Node, t_recv: float,
+def publish_debug(dbg: DebugTopics | None, node: Node, t_recv: float,
                   stamp: Any, cycle_ms: float | None = None) -> None:
     """Processing time (receipt -> now, monotonic) and pipeline latency (header stamp ->
     now, ROS time; skipped for a zero stamp), and ``cycle_ms`` on the cyclic-time topic
     when given (an image node publishes it with the image's answer, after the output, not
-    in the callback's head before the inference). ``stamp``: anything with ``sec`` and
-    ``nanosec`` (a ``Time`` message, an image node's ``Frame``). One ROS clock read, no
-    message objects: each ``Float64Stamped`` is written as its 20 serialised bytes
-    (``Publisher.publish(bytes)``): the three publishes per input took 43.9 µs with
-    message objects and 19.3 as bytes, back to back on the dev VM (docs/ros.md,
-    "Diagnostics")."""
-    if pubs is None:
+    in the callback's head before the inference), each to a topic with a subscriber
+    (:class:`DebugTopics`; nothing is read or written while none has one). ``stamp``:
+    anything with ``sec`` and ``nanosec`` (a ``Time`` message, an image node's ``Frame``).
+    One ROS clock read, no message objects: each ``Float64Stamped`` is written as its 20
+    serialised bytes (``Publisher.publish(bytes)``): the three publishes per input took
+    43.9 µs with message objects and 19.3 as bytes, back to back on the dev VM
+    (docs/ros.md, "Diagnostics")."""
+    if dbg is None or not dbg.listened:
         return
+    pubs = dbg.pubs
     sec, ns = _now_stamp(node)
-    pubs[0].publish(codec.write_float64_stamped(sec, ns, (time.monotonic() - t_recv) * 1e3))
-    if stamp.sec or stamp.nanosec:
+    if dbg.wanted(0):
+        pubs[0].publish(codec.write_float64_stamped(sec, ns,
+                                                    (time.monotonic() - t_recv) * 1e3))
+    if (stamp.sec or stamp.nanosec) and dbg.wanted(1):
         lat = ((sec - stamp.sec) * 1_000_000_000 + ns - stamp.nanosec) * 1e-6
         pubs[1].publish(codec.write_float64_stamped(sec, ns, float(lat)))
-    if cycle_ms is not None:
+    if cycle_ms is not None and dbg.wanted(2):
         pubs[2].publish(codec.write_float64_stamped(sec, ns, float(cycle_ms)))
 
 

@@ -494,7 +494,9 @@ def test_debug_topics_when_enabled(graph):
     """``debug_topics``: ~/debug/processing_time_ms and ~/debug/pipeline_latency_ms per
     output and ~/debug/cyclic_time_ms from the second image on (av_infer_msgs/
     Float64Stamped, written as serialised bytes), as Autoware's perception nodes publish
-    them."""
+    them, to each topic while it has a subscriber: the node counts them from its
+    publishers' matched events (``DebugTopics``), up when one subscribes and back to 0
+    when it leaves."""
     h, host, per, mon, tester = graph
     dbg = h.add(PerceptionNode("dbg_perception", context=h.context, runtime=host.runtime,
                                parameter_overrides=[Parameter("model", value="tiny_cnn"),
@@ -507,6 +509,8 @@ def test_debug_topics_when_enabled(graph):
     pub = tester.create_publisher(Image, "/dbg_cam/image", IMAGE_QOS)
     try:
         wait_matched(pub, *subs)
+        # the matched events, handled by the executor (no publish before: none listened)
+        wait_for(lambda: dbg._debug.counts == [1, 1, 1], what="the debug topics' matches")
         pub.publish(make_image(tester, "dbg"))
         p = wait_for(proc.snapshot, what="processing time")[0]
         q = wait_for(lat.snapshot, what="pipeline latency")[0]
@@ -528,6 +532,10 @@ def test_debug_topics_when_enabled(graph):
                 "nodbg_perception", "/") if "/debug/" in n]
         finally:
             off.destroy_node()
+        for s in subs:
+            tester.destroy_subscription(s)
+        subs = []
+        wait_for(lambda: dbg._debug.counts == [0, 0, 0], what="the debug topics' unmatches")
     finally:
         for s in subs:
             tester.destroy_subscription(s)
