@@ -75,6 +75,9 @@ from rclpy.waitable import NumberOfEntities
 #: twenty printed no ROS-overhead line, cause unknown, docs/ros.md) then costs this much
 #: latency, not a stall. An idle re-check costs ~0.1-0.3 ms of CPU on the demo graph.
 RECHECK_NS = {"hot": 100_000_000, "cold": 500_000_000}
+#: after the data path's callbacks, waits without blocking on the same gathered entities
+#: (``LeanExecutor._spin_hot``) at most this many times before gathering again
+HOT_REPOLLS = 4
 
 # rclpy's order of yielding the ready entities of one node
 _TIMER, _SUB, _GUARD, _CLIENT, _SERVICE = range(5)
@@ -241,21 +244,32 @@ class LeanExecutor(SingleThreadedExecutor):
                     pass
 
     def _spin_hot(self) -> None:
-        """One wait of the data path and every ready callback after it, on ``spin()``'s
-        data-path thread: what ``_spin_role("hot")`` does, without its generator and, for a
-        plain (not coroutine) callback, without a ``Task``: the message is taken and the
-        callback called right here, inside the same callback-group begin/end, work tracker
-        and callback lock (an exception leaves ``spin()`` as the ``Task``'s did). A
-        coroutine callback still goes through ``_make_handler`` (it may await; the calling
-        thread resumes it). Why: on the demo's graph the generator, the ``Task`` and its
-        coroutines were most of the 0.14 ms between the wait returning and the image being
-        taken and of the 0.22 ms between a callback's end and the next wait returning
-        (docs/ros.md, "ROS path cost")."""
+        """One gather of the data path's entities, a wait, and every ready callback after
+        it, then (``HOT_REPOLLS``) waits again on the same entities without blocking while
+        the callbacks left something ready, on ``spin()``'s data-path thread: what
+        ``_spin_role("hot")`` does, without its generator and, for a plain (not coroutine)
+        callback, without a ``Task``: the message is taken and the callback called right
+        here, inside the same callback-group begin/end, work tracker and callback lock (an
+        exception leaves ``spin()`` as the ``Task``'s did). A coroutine callback still goes
+        through ``_make_handler`` (it may await; the calling thread resumes it). Why: on
+        the demo's graph the generator, the ``Task`` and its coroutines were most of the
+        0.14 ms between the wait returning and the image being taken and of the 0.22 ms
+        between a callback's end and the next wait returning (docs/ros.md, "ROS path
+        cost"); and the gather (every node's entities, each one's group checked and handle
+        entered) is most of what is left of the second: an output published in a callback
+        and taken by a subscriber on the same executor waited for it.
+
+        The re-poll keeps the gathered handles entered through the callbacks (a callback
+        that destroys an entity defers its destruction to their exit; its take then finds
+        it gone and skips it, as rclpy does) and ends at the first wait that finds nothing
+        ready, when the thread's own guard condition was triggered (a node added or
+        removed, ``wake()``, shutdown: the next gather sees it), or after ``HOT_REPOLLS``
+        waits, so an entity created meanwhile, or one skipped for a busy group, is waited
+        on by the next gather within that many rounds."""
         subs: list[Any] = []
         guards: list[Any] = []
         entered: list[Any] = []
         owner: dict[int, tuple[int, int, int, Any, Any]] = {}
-        ready: list[tuple[int, int, int, Any, Any]] = []
         executable = self._executable
         try:
             for ni, node in enumerate(self.get_nodes()):
@@ -286,39 +300,53 @@ class LeanExecutor(SingleThreadedExecutor):
                 cached = self._wait_sets["hot"] = (key, _rclpy.WaitSet(
                     *key, self._context.handle))
             wait_set = cached[1]
-            wait_set.clear_entities()
-            for h in subs:
-                wait_set.add_subscription(h)
-            for _ni, _pos, gc, _node in guards:
-                wait_set.add_guard_condition(gc.handle)
-            wait_set.add_guard_condition(own.handle)
+            timeout = RECHECK_NS["hot"]
+            for _ in range(1 + HOT_REPOLLS):
+                wait_set.clear_entities()
+                for h in subs:
+                    wait_set.add_subscription(h)
+                for _ni, _pos, gc, _node in guards:
+                    wait_set.add_guard_condition(gc.handle)
+                wait_set.add_guard_condition(own.handle)
 
-            wait_set.wait(RECHECK_NS["hot"])
-            if self._is_shutdown:
-                raise ShutdownException()
-            if not self._context.ok():
-                raise ExternalShutdownException()
+                wait_set.wait(timeout)
+                if self._is_shutdown:
+                    raise ShutdownException()
+                if not self._context.ok():
+                    raise ExternalShutdownException()
 
-            gcs_ready = wait_set.get_ready_entities("guard_condition")
-            if gcs_ready:
-                gcs_ready = set(gcs_ready)
-                for ni, pos, gc, node in guards:
-                    if gc.handle.pointer in gcs_ready:
-                        gc._executor_triggered = True
-                        ready.append((ni, _GUARD, pos, gc, node))
-            for ptr in wait_set.get_ready_entities("subscription"):
-                hit = owner.get(ptr)
-                if hit is not None:
-                    ready.append(hit)
+                ready: list[tuple[int, int, int, Any, Any]] = []
+                woken = False
+                gcs_ready = wait_set.get_ready_entities("guard_condition")
+                if gcs_ready:
+                    gcs_ready = set(gcs_ready)
+                    woken = own.handle.pointer in gcs_ready
+                    for ni, pos, gc, node in guards:
+                        if gc.handle.pointer in gcs_ready:
+                            gc._executor_triggered = True
+                            ready.append((ni, _GUARD, pos, gc, node))
+                for ptr in wait_set.get_ready_entities("subscription"):
+                    hit = owner.get(ptr)
+                    if hit is not None:
+                        ready.append(hit)
+                self._run_ready(ready)
+                if woken or not ready:
+                    break
+                timeout = 0  # again at once: what the callbacks left ready
         finally:
             for handle in reversed(entered):
                 handle.__exit__(None, None, None)
-        if len(ready) > 1:  # rclpy's order: node by node, subscriptions, guard conditions
+
+    def _run_ready(self, ready: list[tuple[int, int, int, Any, Any]]) -> None:
+        """The ready entities' callbacks in rclpy's order (node by node, subscriptions,
+        guard conditions), each skipped while its group cannot run it or a ``Task`` of
+        it is pending."""
+        if len(ready) > 1:
             ready.sort(key=lambda r: r[:3])
         for _ni, kind, _pos, ent, node in ready:
             if self._is_shutdown:
                 raise ShutdownException()
-            if not ent.callback_group.can_execute(ent):
+            if ent._executor_event or not ent.callback_group.can_execute(ent):
                 continue
             if inspect.iscoroutinefunction(ent.callback):
                 self._run_on_role(self._make_handler(

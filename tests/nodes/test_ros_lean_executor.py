@@ -113,6 +113,52 @@ def test_endpoints_and_nodes_come_and_go_while_spinning(spun):
     wait_for(lambda: len(ticks) >= 2, 60, what="spinning after the removals")
 
 
+def test_a_chain_of_callbacks_that_publish_destroy_and_create_endpoints(spun):
+    """The data path waits again on the entities it gathered while its callbacks leave
+    something ready (``HOT_REPOLLS``), with their handles held: a chain of messages each
+    published from the previous one's callback arrives whole and in order, longer than
+    the re-polls; a subscription destroyed by a callback right after a message was
+    published to it is never called (its take finds it gone); one created by a callback
+    receives what is published after it matched."""
+    ctx, ex, node = spun
+    from av_infer_nodes.lean_executor import HOT_REPOLLS
+
+    hops: list[int] = []
+    victim_calls: list[str] = []
+    late: list[str] = []
+    made: list[object] = []
+    victim = node.create_subscription(String, "/lean/victim",
+                                      lambda m: victim_calls.append(m.data), 10)
+    p_victim = node.create_publisher(String, "/lean/victim", 10)
+    p_hop = node.create_publisher(String, "/lean/hop", 10)
+    n_hops = 5 * HOT_REPOLLS
+
+    def hop(m: String) -> None:
+        n = int(m.data)
+        hops.append(n)
+        if n == 2:
+            p_victim.publish(String(data="never taken"))
+            node.destroy_subscription(victim)
+        if n == 3:
+            made.append(node.create_subscription(String, "/lean/made",
+                                                 lambda m: late.append(m.data), 10))
+        if n < n_hops:
+            p_hop.publish(String(data=str(n + 1)))
+
+    node.create_subscription(String, "/lean/hop", hop, 10)
+    wait_for(lambda: p_hop.get_subscription_count() > 0
+             and p_victim.get_subscription_count() > 0, 30, what="the subscriptions")
+    p_hop.publish(String(data="0"))
+    wait_for(lambda: len(hops) == n_hops + 1, 60, what="the whole chain")
+    assert hops == list(range(n_hops + 1))
+    assert victim_calls == []
+    p_made = node.create_publisher(String, "/lean/made", 10)
+    wait_for(lambda: p_made.get_subscription_count() > 0, 30, what="the made subscription")
+    p_made.publish(String(data="after"))
+    wait_for(lambda: late == ["after"], 60, what="a message to the made subscription")
+    assert len(made) == 1
+
+
 def test_callbacks_never_overlap(spun):
     ctx, ex, node = spun
     inside, overlaps, count = [0], [0], [0]
