@@ -41,13 +41,17 @@ from av_infer._cy.gather import GatherPlan, ResizePlan  # noqa: E402, F401
 #: The data path's messages in their serialised (CDR) form (av_infer/_cy/ros_cdr.pyx): an
 #: output ``TensorList`` written straight from the arrays (:func:`tensor_list_cdr`), a
 #: received ``Image``/``CompressedImage`` read into its fields and a view of its pixels, a
-#: received ``TensorList`` into views of its tensors (:func:`read_tensor_list_cdr`).
+#: received ``TensorList`` into views of its tensors (:func:`read_tensor_list_cdr`), the
+#: host's ``InferResponse`` written (:func:`infer_response_cdr`) and read by a remote
+#: client (:func:`read_infer_response_cdr`).
 from av_infer._cy.ros_cdr import (  # noqa: E402, F401
     read_compressed_image,
     read_image,
     read_infer_request,
+    read_infer_response,
     read_tensor_list,
     write_float64_stamped,
+    write_infer_response,
     write_outputs,
     write_tensor_list,
 )
@@ -409,6 +413,84 @@ class Duration(NamedTuple):
 
     sec: int
     nanosec: int
+
+
+class WireTimings(NamedTuple):
+    """An ``InferTimings`` read from the wire (:func:`read_infer_response_cdr`): the
+    message's fields, by the same names."""
+
+    queueing_ms: float
+    compute_ms: float
+    total_ms: float
+    preempted: int
+    kernels_padded: int
+    has_deadline: bool
+    deadline_met: bool
+
+
+class WireResponse(NamedTuple):
+    """An ``InferResponse`` read from its serialised bytes (:func:`read_infer_response_cdr`):
+    the message's fields by their names (``stamp`` the header's ``(sec, nanosec)``,
+    ``frame_id`` its frame), ``timings`` a :class:`WireTimings`, and ``tensors`` as
+    :class:`WireTensor` records not checked yet (:meth:`outputs` checks and views them), so
+    a response whose outputs fail the checks can still be matched to its request by
+    ``id`` and answered with the reason."""
+
+    stamp: tuple[int, int]
+    frame_id: str
+    id: str
+    status: int
+    code: str
+    message: str
+    model: str
+    served_model: str
+    kappa: float
+    quality: float
+    timings: WireTimings
+    tensors: list[WireTensor]
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        """The tensors as read-only arrays over the message's bytes, checked as
+        :func:`tensors_dict` checks received messages (:class:`CodecError` otherwise)."""
+        return tensors_dict(self.tensors)
+
+
+def read_infer_response_cdr(data: bytes) -> WireResponse:
+    """A serialised ``InferResponse`` (a ``raw=True`` subscription's message: a remote
+    client's answers) without message objects: every field read and every count checked
+    against the bytes (``ValueError`` naming the field when ``data`` is not one); the
+    tensors' bytes stay in ``data`` (keep it alive while the arrays are used)."""
+    (sec, nanosec, frame_id, rid, status, code, message, model, served, kappa, quality,
+     timings, raw) = read_infer_response(data)
+    return WireResponse((sec, nanosec), frame_id, rid, status, code, message, model, served,
+                        kappa, quality, WireTimings(*timings), wire_tensors(raw))
+
+
+def infer_response_cdr(stamp: tuple[int, int], frame_id: str, rid: str, code: str,
+                       message: str, model: str, served_model: str, kappa: float,
+                       quality: float, timings: Any,
+                       outputs: Mapping[str, Any] | None) -> bytes | None:
+    """An ``InferResponse`` as the bytes ``Publisher.publish`` sends as they are (``status``
+    from ``code``; ``timings`` anything with ``InferTimings``' field names; ``outputs``
+    ``{name: array}`` or None), written as :func:`tensor_list_cdr` writes outputs: one
+    copy of each array, no message objects. None where an output is not a plain
+    native-order C-contiguous array of a wire dtype or a field does not fit the message:
+    the caller builds the message (whose conversion then raises what the wire refuses).
+    Strings must be UTF-8 encodable (``nodes.common.ros_text``)."""
+    t = timings
+    if "\x00" in f"{frame_id}{rid}{code}{message}{model}{served_model}":
+        return None  # a ROS string ends at its first NUL: the message's conversion decides
+    try:
+        return write_infer_response(
+            stamp[0], stamp[1], frame_id.encode(), rid.encode(), status_of(code),
+            code.encode(), message.encode(), model.encode(), served_model.encode(),
+            float(kappa), float(quality),
+            (float(t.queueing_ms), float(t.compute_ms), float(t.total_ms),
+             int(t.preempted), int(t.kernels_padded), bool(t.has_deadline),
+             bool(t.deadline_met)),
+            dict(outputs) if outputs else {}, _TYPE_CODES)
+    except (OverflowError, ValueError, UnicodeEncodeError):
+        return None
 
 
 def spec_tensor(msg: Any, name: str, shape: Iterable[int], dtype: Any) -> Any:

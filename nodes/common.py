@@ -164,10 +164,10 @@ def new_tensor() -> Tensor:
 class Reply:
     """The answer to one request, before it becomes a message.
 
-    Exactly one of ``outputs`` (numpy arrays from an in-process runtime) and ``tensors``
-    (``av_infer_msgs/Tensor`` messages received from a runtime host) carries the outputs
-    when ``code == "ok"``; ``tensor_msgs`` turns the former into messages (one copy each),
-    on the thread that publishes.
+    Exactly one of ``outputs`` (numpy arrays: from an in-process runtime, or read-only
+    views of a runtime host's response bytes) and ``tensors`` (``av_infer_msgs/Tensor``
+    messages) carries the outputs when ``code == "ok"``; ``tensor_msgs`` turns the former
+    into messages (one copy each), on the thread that publishes.
     """
 
     id: str
@@ -176,7 +176,8 @@ class Reply:
     model: str = ""
     outputs: Mapping[str, np.ndarray] | None = None
     tensors: list[Tensor] | None = None
-    #: a runtime ``Timings`` (local) or a received ``InferTimings`` (remote)
+    #: a runtime ``Timings`` (local) or a host's ``InferTimings`` (remote: a
+    #: ``tensor_codec.WireTimings`` read from the wire, or the message)
     timings: Any = None
     #: absolute runtime-clock deadline (local), for ``InferTimings.deadline_met``
     deadline: float | None = None
@@ -199,6 +200,8 @@ class Reply:
                     ) -> InferTimings:
         if isinstance(self.timings, InferTimings):
             return self.timings
+        if isinstance(self.timings, codec.WireTimings):  # a host's, read from the wire
+            return InferTimings(**self.timings._asdict())
         return codec.fill_timings(InferTimings(), self.timings, self.deadline, received, now)
 
 
@@ -218,6 +221,35 @@ def response_msg(reply: Reply, header: Header, received: float | None = None,
     if reply.ok:
         msg.tensors = reply.tensor_msgs()
     return msg
+
+
+def response_cdr(reply: Reply, stamp: tuple[int, int], frame_id: str,
+                 received: float | None = None, now: float | None = None) -> bytes | None:
+    """``reply`` as the serialised ``InferResponse`` :func:`response_msg` would make (the
+    request's ``stamp``/``frame_id`` as its header), written without message objects
+    (``tensor_codec.infer_response_cdr``: one copy of each output); None where an output
+    is not a plain array of a wire dtype (or an answer carries received ``Tensor``s): the
+    caller then builds the message, whose conversion raises what the wire refuses."""
+    if reply.ok and reply.tensors is not None:
+        return None
+    t = reply.timings
+    timings = t if isinstance(t, InferTimings | codec.WireTimings) else codec.fill_timings(
+        _TimingsFields(), t, reply.deadline, received, now)
+    return codec.infer_response_cdr(
+        stamp, ros_text(frame_id), ros_text(reply.id), reply.code, ros_text(reply.message),
+        ros_text(reply.model), ros_text(reply.served_model), reply.kappa, reply.quality,
+        timings, reply.outputs if reply.ok else None)
+
+
+class _TimingsFields:
+    """What ``tensor_codec.fill_timings`` sets (``InferTimings``' fields), without the
+    message object (``response_cdr``)."""
+
+    __slots__ = ("queueing_ms", "compute_ms", "total_ms", "preempted", "kernels_padded",
+                 "has_deadline", "deadline_met")
+
+    def __init__(self) -> None:
+        self.preempted = self.kernels_padded = 0
 
 
 def ros_text(text: str) -> str:
@@ -601,7 +633,9 @@ class RemoteRuntimeClient(RuntimeClient):
     before discovery, so nothing is sent before that); on the shared topic the response
     topic must be matched too. A per-client topic's publisher is made by the host on this
     client's first request and keeps its answers until this reader matches
-    (``RESPONSE_QOS_CLIENT``).
+    (``RESPONSE_QOS_CLIENT``). Answers are read from their serialised bytes (a raw
+    subscription, :meth:`_on_response`): outputs as checked read-only arrays, no message
+    objects (docs/ros.md, "Responses as bytes, both ends").
     """
 
     def __init__(self, node: Node, timeout_s: float = 5.0,
@@ -625,6 +659,9 @@ class RemoteRuntimeClient(RuntimeClient):
         self._models_sub = node.create_subscription(String, MODELS_TOPIC, self._on_models_msg,
                                                     LATCHED_QOS, event_callbacks=SUB_EVENTS)
         self._timer = node.create_timer(0.25, self._expire)
+        #: messages on the response topic that were no ``InferResponse`` (ignored)
+        self.unreadable = 0
+        self._last_unreadable_log = -math.inf
 
     def _on_models_msg(self, msg: String) -> None:
         import json
@@ -656,7 +693,8 @@ class RemoteRuntimeClient(RuntimeClient):
             self._node.destroy_subscription(self._sub)
         self._sub = self._node.create_subscription(
             InferResponse, topic, self._on_response,
-            RESPONSE_QOS_CLIENT if per_client else REQUEST_QOS, event_callbacks=SUB_EVENTS)
+            RESPONSE_QOS_CLIENT if per_client else REQUEST_QOS, event_callbacks=SUB_EVENTS,
+            raw=True)
         self.routing = routing
 
     @property
@@ -717,16 +755,41 @@ class RemoteRuntimeClient(RuntimeClient):
         self._pub.publish(msg)
         return fut
 
-    def _on_response(self, msg: InferResponse) -> None:
+    def _on_response(self, data: bytes) -> None:
+        """A response's serialised bytes (a ``raw=True`` subscription: no message objects;
+        ``tensor_codec.read_infer_response_cdr``): bytes that are no response are counted
+        (``unreadable``) and logged at most every 5 s (no request can be matched to them:
+        it times out); others are :meth:`_received`."""
+        try:
+            resp = codec.read_infer_response_cdr(data)
+        except ValueError as exc:
+            self.unreadable += 1
+            now = time.monotonic()
+            if now - self._last_unreadable_log > 5.0:
+                self._last_unreadable_log = now
+                self._node.get_logger().error(f"ignoring bytes that are no response: {exc}")
+            return
+        self._received(resp)
+
+    def _received(self, resp: codec.WireResponse) -> None:
+        """Resolves the request ``resp`` answers, if it is one of this client's: its
+        outputs as read-only arrays over the received bytes, checked as any received
+        tensors are (a response whose outputs fail the checks answers the request with
+        ``internal_error`` naming why)."""
         with self._lock:
-            entry = self._pending.pop(msg.id, None)
+            entry = self._pending.pop(resp.id, None)
         if entry is None:  # responses to other clients are not ours
             return
-        entry[0].set_result(Reply(id=msg.id, code=msg.code or "internal_error",
-                                  message=msg.message, model=msg.model,
-                                  tensors=list(msg.tensors) if msg.code == "ok" else None,
-                                  timings=msg.timings, served_model=msg.served_model,
-                                  kappa=msg.kappa, quality=msg.quality))
+        code, message, outputs = resp.code or "internal_error", resp.message, None
+        if code == "ok":
+            try:
+                outputs = resp.outputs()
+            except (codec.CodecError, ValueError) as exc:
+                code, message = "internal_error", f"the host's outputs cannot be read: {exc}"
+        entry[0].set_result(Reply(id=resp.id, code=code, message=message, model=resp.model,
+                                  outputs=outputs, timings=resp.timings,
+                                  served_model=resp.served_model, kappa=resp.kappa,
+                                  quality=resp.quality))
 
     def _expire(self) -> None:
         now = time.monotonic()

@@ -28,6 +28,7 @@ from av_infer_nodes.common import (
     error_reply,
     publish_cyclic,
     publish_debug,
+    response_cdr,
     response_msg,
     response_topic,
     ros_text,
@@ -137,8 +138,10 @@ class RequestEndpoint:
         rt = self.runtime
         now = rt.now() if rt is not None else None
         received = None if now is None else now - (time.monotonic() - t_recv)
-        try:
-            msg = response_msg(reply, request.header, received, now)
+        frame = request.frame
+        try:  # as bytes, no message objects; the message where the bytes cannot be written
+            msg = response_cdr(reply, (frame.sec, frame.nanosec), frame.frame_id, received,
+                               now) or response_msg(reply, request.header, received, now)
         except Exception as exc:  # e.g. an output dtype the wire cannot carry
             msg = response_msg(Reply(id=reply.id, code="internal_error", message=str(exc),
                                      model=reply.model), request.header)

@@ -25,7 +25,6 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-from av_infer_msgs.msg import InferResponse
 from av_infer_nodes.common import RemoteRuntimeClient
 from av_infer_nodes.testing import NodeProcess, RosHarness, wait_for
 
@@ -37,9 +36,9 @@ class Counted(RemoteRuntimeClient):
 
     delivered = 0
 
-    def _on_response(self, msg: InferResponse) -> None:
+    def _received(self, msg: codec.WireResponse) -> None:
         self.delivered += 1
-        super()._on_response(msg)
+        super()._received(msg)
 
 
 def _ctrl(client: str) -> codec.RequestControl:

@@ -1,7 +1,8 @@
 # cython: language_level=3
 """CDR, the DDS wire form, of the messages the data paths move per frame or request:
 ``sensor_msgs/Image`` and ``sensor_msgs/CompressedImage`` read, ``av_infer_msgs/TensorList``
-written (and read, for a consumer of the outputs), and the host's ``InferRequest`` read.
+written (and read, for a consumer of the outputs), the host's ``InferRequest`` read and
+its ``InferResponse`` written (and read, by a remote client).
 ROS-free (bytes in, bytes out), so plain
 pytest covers it.
 
@@ -79,6 +80,12 @@ cdef class _Reader:
         if self.swap:
             v = (<uint64_t>_bswap32(<uint32_t>v) << 32) | _bswap32(<uint32_t>(v >> 32))
         return v
+
+    cdef double f64(self, str field) except? -1.0:
+        cdef uint64_t v = self.u64(field)
+        cdef double d
+        memcpy(&d, &v, 8)
+        return d
 
     cdef uint8_t u8(self, str field) except? 0xFF:
         self.need(1, field)
@@ -212,6 +219,32 @@ def read_infer_request(data):
                    _tensors(r, memoryview(data)))
 
 
+def read_infer_response(data):
+    """``(sec, nanosec, frame_id, id, status, code, message, model, served_model, kappa,
+    quality, timings, tensors)`` of a serialised ``av_infer_msgs/InferResponse``;
+    ``timings`` the ``InferTimings`` fields in message order ``(queueing_ms, compute_ms,
+    total_ms, preempted, kernels_padded, has_deadline, deadline_met)``, tensors as
+    :func:`read_tensor_list` gives them (views of ``data``, not checked here). ValueError if
+    ``data`` is not one."""
+    cdef const uint8_t[::1] buf = data
+    cdef _Reader r = _reader(buf, "av_infer_msgs/InferResponse")
+    head = _header(r)
+    rid = r.string("id")
+    status = r.u8("status")
+    code = r.string("code")
+    message = r.string("message")
+    model = r.string("model")
+    served = r.string("served_model")
+    kappa = r.f64("kappa")
+    quality = r.f64("quality")
+    timings = (r.f64("timings.queueing_ms"), r.f64("timings.compute_ms"),
+               r.f64("timings.total_ms"), r.u32("timings.preempted"),
+               r.u32("timings.kernels_padded"), r.u8("timings.has_deadline") != 0,
+               r.u8("timings.deadline_met") != 0)
+    return head + (rid, status, code, message, model, served, kappa, quality, timings,
+                   _tensors(r, memoryview(data)))
+
+
 cdef inline Py_ssize_t _al(Py_ssize_t pos, Py_ssize_t a) noexcept nogil:
     return (pos + a - 1) & ~(a - 1)
 
@@ -221,6 +254,13 @@ cdef inline Py_ssize_t _put32(char* b, Py_ssize_t pos, uint32_t v) noexcept nogi
     memset(b + pos, 0, q - pos)
     memcpy(b + q, &v, 4)
     return q + 4
+
+
+cdef inline Py_ssize_t _put64(char* b, Py_ssize_t pos, const void* v) noexcept nogil:
+    cdef Py_ssize_t q = _al(pos, 8)
+    memset(b + pos, 0, q - pos)
+    memcpy(b + q, v, 8)
+    return q + 8
 
 
 cdef inline Py_ssize_t _put_str(char* b, Py_ssize_t pos, const char* s,
@@ -364,6 +404,58 @@ def write_float64_stamped(int sec, unsigned int nanosec, double value):
 cnp.import_array()
 
 
+cdef bint _size_arrays(dict outputs, dict type_codes, list arrays, list names, list codes,
+                       Py_ssize_t* pos) except -1:
+    """Pass 1 of writing ``outputs`` as ``Tensor``s from ``pos``: each checked for the fast
+    path (see :func:`write_outputs`) and appended to ``arrays``/``names``/``codes``, ``pos``
+    moved past its room. False (the lists partly filled) where one does not qualify."""
+    cdef cnp.ndarray a
+    cdef Py_ssize_t j, rank
+    for name, v in outputs.items():
+        if type(v) is not cnp.ndarray or type(name) is not str:
+            return False
+        a = <cnp.ndarray>v
+        code = type_codes.get(cnp.PyArray_TYPE(a))
+        if code is None or not cnp.PyArray_IS_C_CONTIGUOUS(a) or not cnp.PyArray_ISNOTSWAPPED(a):
+            return False
+        rank = cnp.PyArray_NDIM(a)
+        if rank > 255 or cnp.PyArray_NBYTES(a) > 0xFFFFFFFF:
+            return False
+        for j in range(rank):
+            if cnp.PyArray_DIMS(a)[j] > 0xFFFFFFFF:
+                return False
+        bname = (<str>name).encode()
+        arrays.append(a)
+        names.append(bname)
+        codes.append(code)
+        pos[0] = _size_tensor(pos[0], len(<bytes>bname), rank, rank, cnp.PyArray_NBYTES(a))
+    return True
+
+
+cdef Py_ssize_t _put_arrays(char* b, Py_ssize_t pos, list arrays, list names, list codes):
+    """Pass 2: the arrays :func:`_size_arrays` took, written as ``Tensor``s at ``pos`` (``b``:
+    the byte after the encapsulation header) as ``tensor_codec.fill_tensor`` would (C-order
+    strides, a dimension of 0 counted as 1); the position after them."""
+    cdef cnp.ndarray a
+    cdef cnp.npy_intp* d
+    cdef uint64_t acc
+    cdef uint32_t dims[255]
+    cdef uint64_t strides[255]
+    cdef Py_ssize_t i, j, rank
+    for i in range(len(arrays)):
+        a = <cnp.ndarray>arrays[i]
+        rank = cnp.PyArray_NDIM(a)
+        d = cnp.PyArray_DIMS(a)
+        acc = <uint64_t>cnp.PyArray_ITEMSIZE(a)
+        for j in range(rank - 1, -1, -1):  # contiguous_strides: a dimension of 0 counts 1
+            dims[j] = <uint32_t>d[j]
+            strides[j] = acc
+            acc *= <uint64_t>(d[j] if d[j] > 1 else 1)
+        pos = _put_tensor(b, pos, names[i], rank, dims, <int32_t>codes[i], rank, strides,
+                          cnp.PyArray_DATA(a), cnp.PyArray_NBYTES(a))
+    return pos
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
 def write_outputs(int sec, unsigned int nanosec, bytes frame_id, dict outputs,
@@ -376,45 +468,70 @@ def write_outputs(int sec, unsigned int nanosec, bytes frame_id, dict outputs,
     array whose type number is in ``type_codes`` (``{dtype.num: Tensor data_type}``) and
     whose name is a ``str``, rank, dimensions and size fit the wire: the caller then takes
     the general path (``tensor_codec.tensor_list_cdr``)."""
-    cdef Py_ssize_t pos, i, j, rank
-    cdef cnp.ndarray a
-    cdef cnp.npy_intp* d
-    cdef uint64_t acc
-    cdef uint32_t dims[255]
-    cdef uint64_t strides[255]
+    cdef Py_ssize_t pos
     cdef list arrays = [], names = [], codes = []
     if not _HOST_LE:
         return None
     pos = _size_head(len(frame_id))
-    for name, v in outputs.items():
-        if type(v) is not cnp.ndarray or type(name) is not str:
-            return None
-        a = <cnp.ndarray>v
-        code = type_codes.get(cnp.PyArray_TYPE(a))
-        if code is None or not cnp.PyArray_IS_C_CONTIGUOUS(a) or not cnp.PyArray_ISNOTSWAPPED(a):
-            return None
-        rank = cnp.PyArray_NDIM(a)
-        if rank > 255 or cnp.PyArray_NBYTES(a) > 0xFFFFFFFF:
-            return None
-        for j in range(rank):
-            if cnp.PyArray_DIMS(a)[j] > 0xFFFFFFFF:
-                return None
-        bname = (<str>name).encode()
-        arrays.append(a)
-        names.append(bname)
-        codes.append(code)
-        pos = _size_tensor(pos, len(<bytes>bname), rank, rank, cnp.PyArray_NBYTES(a))
+    if not _size_arrays(outputs, type_codes, arrays, names, codes, &pos):
+        return None
     out = _new_list(pos, sec, nanosec, frame_id, len(arrays), &pos)
-    cdef char* b = PyBytes_AS_STRING(out) + 4
-    for i in range(len(arrays)):
-        a = <cnp.ndarray>arrays[i]
-        rank = cnp.PyArray_NDIM(a)
-        d = cnp.PyArray_DIMS(a)
-        acc = <uint64_t>cnp.PyArray_ITEMSIZE(a)
-        for j in range(rank - 1, -1, -1):  # contiguous_strides: a dimension of 0 counts 1
-            dims[j] = <uint32_t>d[j]
-            strides[j] = acc
-            acc *= <uint64_t>(d[j] if d[j] > 1 else 1)
-        pos = _put_tensor(b, pos, names[i], rank, dims, <int32_t>codes[i], rank, strides,
-                          cnp.PyArray_DATA(a), cnp.PyArray_NBYTES(a))
+    _put_arrays(PyBytes_AS_STRING(out) + 4, pos, arrays, names, codes)
+    return out
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def write_infer_response(int sec, unsigned int nanosec, bytes frame_id, bytes rid,
+                         int status, bytes code, bytes message, bytes model, bytes served,
+                         double kappa, double quality, tuple timings, dict outputs,
+                         dict type_codes):
+    """A serialised ``av_infer_msgs/InferResponse`` (little-endian XCDR1): the header, the
+    strings (UTF-8 bytes, no NUL), ``status``, κ and quality, ``timings`` in message order
+    ``(queueing_ms, compute_ms, total_ms, preempted, kernels_padded, has_deadline,
+    deadline_met)`` and ``outputs`` (``{name: array}``, possibly empty) written as
+    :func:`write_outputs` writes them, one copy each. None, and nothing written, where an
+    output does not qualify for that (the caller then builds the message), or off a
+    little-endian host. OverflowError for a ``preempted``/``kernels_padded`` outside
+    ``uint32``."""
+    cdef Py_ssize_t pos, p
+    cdef list arrays = [], names = [], codes = []
+    cdef double q, c, t
+    cdef uint32_t pre, pad
+    cdef char* b
+    if not _HOST_LE:
+        return None
+    q, c, t = timings[0], timings[1], timings[2]
+    pre, pad = timings[3], timings[4]
+    hd, dm = bool(timings[5]), bool(timings[6])
+    pos = _size_str(8, len(frame_id))
+    pos = _size_str(pos, len(rid)) + 1
+    for sv in (code, message, model, served):
+        pos = _size_str(pos, len(<bytes>sv))
+    pos = _al(pos, 8) + 16 + 24  # kappa, quality; the timings' three float64
+    pos = _al(pos, 4) + 8 + 2    # preempted, kernels_padded; the two bools
+    pos = _al(pos, 4) + 4        # the tensor count
+    if not _size_arrays(outputs, type_codes, arrays, names, codes, &pos):
+        return None
+    out = PyBytes_FromStringAndSize(NULL, pos + 4)
+    b = PyBytes_AS_STRING(out)
+    _put_start(b, sec, nanosec)
+    b += 4
+    p = _put_str(b, 8, frame_id, len(frame_id))
+    p = _put_str(b, p, rid, len(rid))
+    b[p] = <char><uint8_t>status
+    p += 1
+    for sv in (code, message, model, served):
+        p = _put_str(b, p, sv, len(<bytes>sv))
+    p = _put64(b, p, &kappa)
+    p = _put64(b, p, &quality)
+    p = _put64(b, p, &q)
+    p = _put64(b, p, &c)
+    p = _put64(b, p, &t)
+    p = _put32(b, p, pre)
+    p = _put32(b, p, pad)
+    b[p] = 1 if hd else 0
+    b[p + 1] = 1 if dm else 0
+    p = _put32(b, p + 2, <uint32_t>len(arrays))
+    _put_arrays(b, p, arrays, names, codes)
     return out

@@ -249,6 +249,63 @@ def test_bench_rclpy_deserialize_tensor_list_baseline(benchmark):
     benchmark(lambda: codec.tensors_dict(deserialize_message(raw, TensorList).tensors))
 
 
+def _response_args():
+    from av_infer import tensor_codec as codec
+
+    t = codec.WireTimings(0.1, 1.2, 1.5, 0, 0, True, True)
+    return ((1, 2), "front_camera", "perception_front-17", "ok", "", "resnet", "resnet",
+            1.0, 0.9, t, _outputs())
+
+
+def test_bench_infer_response_cdr(benchmark):
+    """tensor_codec.infer_response_cdr: the host's answer (one 1x1000 float32 output) ->
+    serialised ``InferResponse`` (the runtime host's response since 2026-11-28 05:30 UTC;
+    baseline below)."""
+    from av_infer import tensor_codec as codec
+
+    benchmark(codec.infer_response_cdr, *_response_args())
+
+
+@needs_rclpy
+def test_bench_response_msg_serialize_baseline(benchmark):
+    """The same through message objects: ``nodes.common.response_msg`` (``fill_tensor``,
+    ``InferTimings``) and rclpy's ``serialize_message`` (what a typed publish does)."""
+    from av_infer_nodes.common import Reply, response_msg
+    from rclpy.serialization import serialize_message
+    from std_msgs.msg import Header
+
+    args = _response_args()
+    t = args[9]
+    reply = Reply(id=args[2], model=args[5], served_model=args[6], kappa=1.0, quality=0.9,
+                  outputs=args[10], timings=t)
+    header = Header(frame_id=args[1])
+
+    benchmark(lambda: serialize_message(response_msg(reply, header)))
+
+
+def test_bench_read_infer_response_cdr(benchmark):
+    """tensor_codec.read_infer_response_cdr + ``outputs()``: a serialised ``InferResponse``
+    (one 1x1000 float32 output) -> its fields and checked read-only views (a remote
+    client's read since 2026-11-28 05:30 UTC; baseline below)."""
+    from av_infer import tensor_codec as codec
+
+    raw = codec.infer_response_cdr(*_response_args())
+    benchmark(lambda: codec.read_infer_response_cdr(raw).outputs())
+
+
+@needs_rclpy
+def test_bench_rclpy_deserialize_response_baseline(benchmark):
+    """The same bytes through rclpy: ``deserialize_message`` into an ``InferResponse``
+    (what the client's typed take built) and ``tensors_dict``'s views."""
+    from av_infer_msgs.msg import InferResponse
+    from rclpy.serialization import deserialize_message
+
+    from av_infer import tensor_codec as codec
+
+    raw = codec.infer_response_cdr(*_response_args())
+    benchmark(lambda: codec.tensors_dict(deserialize_message(raw, InferResponse).tensors))
+
+
 def _request_bytes():
     import numpy as np
     from av_infer_msgs.msg import InferRequest, Tensor

@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 
 pytest.importorskip("rclpy")
 
-from av_infer_msgs.msg import InferRequest, Tensor, TensorList, TensorShape  # noqa: E402
+from av_infer_msgs.msg import (  # noqa: E402
+    InferRequest,
+    InferResponse,
+    InferTimings,
+    Tensor,
+    TensorList,
+    TensorShape,
+)
 from builtin_interfaces.msg import Duration  # noqa: E402
 from rclpy.serialization import deserialize_message, serialize_message  # noqa: E402
 from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
@@ -337,3 +344,118 @@ def test_write_float64_stamped_is_what_rclpy_reads(sec, nanosec, value) -> None:
     msg = Float64Stamped(data=value)
     msg.stamp.sec, msg.stamp.nanosec = sec, nanosec
     assert raw == serialize_message(msg)  # no padding: the same bytes
+
+
+codes = st.sampled_from(sorted(codec.STATUS))
+floats = st.floats(allow_nan=True, allow_infinity=True)
+u32 = st.integers(0, 2**32 - 1)
+
+
+@st.composite
+def timings_tuples(draw):  # noqa: ANN001, ANN201
+    return codec.WireTimings(draw(floats), draw(floats), draw(floats), draw(u32), draw(u32),
+                             draw(st.booleans()), draw(st.booleans()))
+
+
+def _same_float(a: float, b: float) -> bool:
+    return (a != a and b != b) or a == b
+
+
+@settings(max_examples=150, deadline=None)
+@given(sec=st.integers(-2**31, 2**31 - 1), nanosec=u32, frame=texts, rid=texts,
+       code=codes, message=texts, model=texts, served=texts, kappa=floats, quality=floats,
+       timings=timings_tuples(),
+       outs=st.dictionaries(texts.filter(bool), output_arrays(), max_size=3))
+def test_infer_response_cdr_is_what_rclpy_reads_and_reads_back(
+        sec, nanosec, frame, rid, code, message, model, served, kappa, quality, timings,
+        outs) -> None:
+    """The host's response written as bytes is the message rclpy deserialises (every field,
+    the outputs as ``fill_tensor`` puts them), and ``read_infer_response_cdr`` reads it back;
+    an output the fast path cannot write leaves the message to the caller (None)."""
+    raw = codec.infer_response_cdr((sec, nanosec), frame, rid, code, message, model, served,
+                                   kappa, quality, timings, outs)
+    plain = all(isinstance(v, np.ndarray) and v.flags.c_contiguous and v.dtype.isnative
+                and v.dtype.num in codec._TYPE_CODES for v in outs.values())
+    if not plain:
+        assert raw is None
+        return
+    back = deserialize_message(raw, InferResponse)
+    assert (back.header.stamp.sec, back.header.stamp.nanosec, back.header.frame_id) == (
+        sec, nanosec, frame)
+    assert (back.id, back.status, back.code, back.message, back.model, back.served_model) == (
+        rid, codec.status_of(code), code, message, model, served)
+    assert _same_float(back.kappa, kappa) and _same_float(back.quality, quality)
+    t = back.timings
+    assert all(_same_float(getattr(t, f), getattr(timings, f))
+               for f in ("queueing_ms", "compute_ms", "total_ms"))
+    assert (t.preempted, t.kernels_padded, t.has_deadline, t.deadline_met) == (
+        timings.preempted, timings.kernels_padded, timings.has_deadline, timings.deadline_met)
+    assert [x.name for x in back.tensors] == list(outs)
+    for got, (name, value) in zip(back.tensors, outs.items(), strict=True):
+        exp = codec.fill_tensor(Tensor(), name, value)
+        assert (got.shape.rank, list(got.shape.dims), got.data_type, list(got.strides),
+                bytes(got.data)) == (exp.shape.rank, list(exp.shape.dims), exp.data_type,
+                                     list(exp.strides), bytes(exp.data))
+    r = codec.read_infer_response_cdr(raw)
+    assert (r.stamp, r.frame_id, r.id, r.status, r.code, r.message, r.model,
+            r.served_model) == ((sec, nanosec), frame, rid, codec.status_of(code), code,
+                                message, model, served)
+    assert _same_float(r.kappa, kappa) and _same_float(r.quality, quality)
+    assert all(_same_float(a, b) for a, b in zip(r.timings, timings, strict=True))
+    arrays = r.outputs()
+    assert list(arrays) == list(outs)
+    for name, value in outs.items():
+        assert arrays[name].dtype == value.dtype and arrays[name].shape == value.shape
+        assert arrays[name].tobytes() == value.tobytes() and not arrays[name].flags.writeable
+
+
+@settings(max_examples=150, deadline=None)
+@given(sec=st.integers(-2**31, 2**31 - 1), nanosec=u32, frame=texts, rid=texts, code=codes,
+       message=texts, kappa=floats, timings=timings_tuples(),
+       ts=st.lists(tensor_msgs(), max_size=3))
+def test_read_infer_response_cdr_is_what_rclpy_deserialises(
+        sec, nanosec, frame, rid, code, message, kappa, timings, ts) -> None:
+    """Read from the bytes rclpy serialises (outputs a publisher may send: lying ranks,
+    unknown types, foreign strides): the same fields, and ``outputs()`` the arrays
+    ``tensors_dict`` gives for the deserialised message, or the same refusal."""
+    msg = InferResponse(header=_header(sec, nanosec, frame), id=rid, status=3, code=code,
+                        message=message, model="m", served_model="s", kappa=kappa,
+                        quality=1.5, timings=InferTimings(**timings._asdict()), tensors=ts)
+    raw = serialize_message(msg)
+    back = deserialize_message(raw, InferResponse)
+    r = codec.read_infer_response_cdr(raw)
+    assert (r.stamp, r.frame_id, r.id, r.status, r.code, r.message, r.model,
+            r.served_model, r.quality) == ((sec, nanosec), frame, rid, 3, code, message, "m",
+                                           "s", 1.5)
+    assert _same_float(r.kappa, kappa)
+    assert all(_same_float(getattr(back.timings, f), v)
+               for f, v in r.timings._asdict().items())
+    try:
+        want = codec.tensors_dict(back.tensors)
+    except codec.CodecError as exc:
+        with pytest.raises(codec.CodecError) as got:
+            r.outputs()
+        assert str(got.value) == str(exc)
+        return
+    arrays = r.outputs()
+    assert list(arrays) == list(want)
+    for name, arr in arrays.items():
+        assert arr.tobytes() == want[name].tobytes() and arr.shape == want[name].shape
+
+
+def test_every_truncation_of_an_infer_response_is_a_value_error() -> None:
+    raw = codec.infer_response_cdr((1, 2), "cam", "id-1", "ok", "", "m", "m", 1.0, 0.9,
+                                   codec.WireTimings(0.1, 0.2, 0.3, 1, 2, True, True),
+                                   {"a": np.ones((2, 3), np.float32)})
+    assert raw is not None
+    for cut in range(len(raw)):
+        with pytest.raises(ValueError):
+            codec.read_infer_response_cdr(raw[:cut])
+
+
+def test_infer_response_cdr_leaves_a_nul_in_a_string_to_the_message() -> None:
+    t = codec.WireTimings(0.0, 0.0, 0.0, 0, 0, False, False)
+    assert codec.infer_response_cdr((0, 0), "f", "a\x00b", "ok", "", "m", "", 1.0, 1.0, t,
+                                    None) is None
+    assert codec.infer_response_cdr((0, 0), "f", "ab", "ok", "", "m", "", 1.0, 1.0, t,
+                                    None) is not None

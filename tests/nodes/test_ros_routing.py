@@ -7,6 +7,7 @@ perception node uses them, talk to it from this one. Run inside scripts/netns_ru
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 
@@ -15,9 +16,12 @@ import pytest
 
 rclpy = pytest.importorskip("rclpy")
 
-from av_infer_msgs.msg import InferResponse  # noqa: E402
+from av_infer_msgs.msg import InferResponse, Tensor, TensorShape  # noqa: E402
 from av_infer_nodes.common import (  # noqa: E402
+    LATCHED_QOS,
+    MODELS_TOPIC,
     REQUEST_QOS,
+    RESPONSE_QOS_CLIENT,
     RESPONSE_TOPIC,
     RemoteRuntimeClient,
     response_topic,
@@ -34,6 +38,7 @@ from av_infer_nodes.testing import (  # noqa: E402
     wait_for,
 )
 from rclpy.parameter import Parameter  # noqa: E402
+from std_msgs.msg import String  # noqa: E402
 
 from av_infer import InvalidParameterError, error_from_code  # noqa: E402
 from av_infer import tensor_codec as codec  # noqa: E402
@@ -107,10 +112,10 @@ class Counted(RemoteRuntimeClient):
         self._dlock = threading.Lock()
         super().__init__(*a, **kw)
 
-    def _on_response(self, msg: InferResponse) -> None:
+    def _received(self, msg: codec.WireResponse) -> None:
         with self._dlock:
             self.delivered.append(msg.id)
-        super()._on_response(msg)
+        super()._received(msg)
 
 
 def _ctrl(client: str, model: str = "tiny_cnn") -> codec.RequestControl:
@@ -143,6 +148,53 @@ def test_least_recently_used_topic_is_remade_and_still_answers():
         with a._dlock, b._dlock:
             assert len(a.delivered) == len(set(a.delivered)) == 3
             assert len(b.delivered) == len(set(b.delivered)) == 3
+
+
+def test_responses_a_client_cannot_read_are_answered_or_counted():
+    """A remote client reads its answers from their bytes (``read_infer_response_cdr``):
+    a response whose outputs fail the checks answers its request with ``internal_error``
+    naming why; bytes that are no response are counted (``unreadable``), and a good
+    response after them still resolves its request, the outputs as read-only arrays and
+    the host's timings by their ``InferTimings`` names. A stand-in host here publishes the
+    model table and the responses (no runtime)."""
+    with RosHarness() as h:
+        host = h.node("stand_in_host")
+        table = host.create_publisher(String, MODELS_TOPIC, LATCHED_QOS)
+        table.publish(String(data=json.dumps({
+            "models": {"tiny_cnn": {"inputs": {}, "outputs": {}}},
+            "response_routing": "per_client"})))
+        client = RemoteRuntimeClient(h.node("reader"), timeout_s=60.0, client="reader")
+        wait_for(lambda: client.response_topic == response_topic("reader"),
+                 what="the model table")
+        answers = host.create_publisher(InferResponse, response_topic("reader"),
+                                        RESPONSE_QOS_CLIENT)
+        wait_for(lambda: answers.get_subscription_count() > 0, what="the client's reader")
+        y = np.arange(4, dtype=np.float32)
+
+        def response(rid: str, strides: list[int]) -> InferResponse:
+            msg = InferResponse(id=rid, code="ok", model="tiny_cnn", kappa=1.0, quality=1.0)
+            msg.timings.compute_ms, msg.timings.has_deadline = 0.5, True
+            msg.tensors = [Tensor(name="y", shape=TensorShape(rank=1, dims=[4]),
+                                  data_type=9, strides=strides, data=y.tobytes())]
+            return msg
+
+        bad_ctrl, good_ctrl = _ctrl("reader"), _ctrl("reader")
+        bad = client.submit(bad_ctrl, _x(0))
+        good = client.submit(good_ctrl, _x(1))
+        answers.publish(response(bad_ctrl.id, [3]))  # strides that lie about the layout
+        r = bad.result(WAIT_S)
+        assert r.code == "internal_error" and "cannot be read" in r.message, r.message
+        assert r.outputs is None
+        answers.publish(b"\x00\x01\x00\x00 no response")
+        wait_for(lambda: client.unreadable == 1, what="the unreadable bytes counted")
+        assert not good.done()
+        answers.publish(response(good_ctrl.id, [4]))
+        r = good.result(WAIT_S)
+        assert r.code == "ok", r.message
+        assert r.outputs["y"].tobytes() == y.tobytes() and not r.outputs["y"].flags.writeable
+        assert r.timings.compute_ms == 0.5 and r.timings.has_deadline
+        assert client.pending() == 0
+        client.destroy()
 
 
 @pytest.fixture(scope="module")
