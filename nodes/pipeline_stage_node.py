@@ -8,9 +8,10 @@
   (partitioning is deterministic, no ONNX crosses the wire) and latches the loaded stage
   names on ``ready``;
 * answers every ``request`` (``av_infer_msgs/InferRequest``: the stage name and the
-  feature maps as typed tensors) with exactly one ``response``
-  (``av_infer_msgs/InferResponse``), outputs or a typed error; a malformed feature-map
-  message is answered (``malformed_request`` / ``invalid_input``), never crashes it;
+  feature maps as typed tensors; read from its serialised bytes) with exactly one
+  ``response`` (``av_infer_msgs/InferResponse``, written as bytes), outputs or a typed
+  error; a malformed feature-map message, or bytes that are no request, is answered
+  (``malformed_request`` / ``malformed_feature_map``), never crashes it;
 * publishes a heartbeat on ``alive`` (``av_infer_msgs/Float64Stamped``, seconds up).
 
 The feature maps ride the request's priority and deadline, so the stage's runtime orders
@@ -38,9 +39,13 @@ from av_infer_msgs.msg import Float64Stamped, InferRequest, InferResponse, Tenso
 from av_infer_nodes.common import (
     LATCHED_QOS,
     REQUEST_QOS,
+    Reply,
+    WireRequest,
     declare,
     error_reply,
+    response_cdr,
     response_msg,
+    ros_text,
     spin_nodes,
 )
 from builtin_interfaces.msg import Duration
@@ -94,7 +99,7 @@ class PipelineStageNode(Node):
         self.create_subscription(String, topic(self.stage_id, "load"), self._on_load,
                                  ORDER_QOS)
         self.create_subscription(InferRequest, topic(self.stage_id, "request"),
-                                 self._on_request, REQUEST_QOS)
+                                 self._on_request, REQUEST_QOS, raw=True)
         self.create_timer(hb, self._beat)
         self._publish_ready()
 
@@ -135,8 +140,18 @@ class PipelineStageNode(Node):
             raise SystemExit(0)
 
     # -- requests ---------------------------------------------------------------------------
-    def _on_request(self, msg: InferRequest) -> None:
-        """Answer ``msg`` exactly once, whatever it holds."""
+    def _on_request(self, raw: bytes) -> None:
+        """Answer the request in ``raw`` (its serialised bytes: ``WireRequest``, the feature
+        maps views of the bytes, copied once by ``submit``) exactly once, whatever it
+        holds; the answer written as bytes (``response_cdr``; the message where the bytes
+        cannot be written). Bytes that are no request are answered ``malformed_request``
+        without an id."""
+        try:
+            msg = WireRequest(raw)
+        except ValueError as exc:
+            self._answer(Reply(id="", code=codec.MALFORMED,
+                               message=f"not an InferRequest: {exc}"), WireRequest.nothing())
+            return
         rid = codec.read_id(msg)
         try:
             ctrl = codec.read_control(msg)
@@ -150,26 +165,35 @@ class PipelineStageNode(Node):
             fut = self.runtime.submit(ctrl.model, views, priority=ctrl.priority,
                                       deadline=deadline, client=ctrl.client)
         except (codec.CodecError, AvInferError) as e:
-            self._resp.publish(response_msg(error_reply(rid, e, getattr(msg, "model", "")),
-                                            msg.header))
+            self._answer(error_reply(rid, e, ros_text(str(msg.model))), msg)
             return
         except Exception as e:  # noqa: BLE001 - anything else is still answered
-            self._resp.publish(response_msg(error_reply(rid, e, ""), msg.header))
+            self._answer(error_reply(rid, e, ""), msg)
             return
-        header, model = msg.header, ctrl.model
+        model = ctrl.model
 
         def done(f: Future) -> None:
             exc = f.exception()
             if exc is not None:
                 reply = error_reply(rid, exc, model)
             else:
-                from av_infer_nodes.common import Reply
-
                 reply = Reply(id=rid, model=model, outputs=f.result().outputs,
                               timings=f.result().timings, deadline=deadline)
-            self._resp.publish(response_msg(reply, header))
+            self._answer(reply, msg)
 
         fut.add_done_callback(done)
+
+    def _answer(self, reply: Reply, request: WireRequest) -> None:
+        """``reply`` on ``response`` with ``request``'s header, as bytes where they can be
+        written; an answer the wire refuses (an output dtype) as ``internal_error``."""
+        frame = request.frame
+        try:
+            msg = response_cdr(reply, (frame.sec, frame.nanosec), frame.frame_id) \
+                or response_msg(reply, request.header)
+        except Exception as exc:  # noqa: BLE001 - e.g. an output the wire cannot carry
+            msg = response_msg(Reply(id=reply.id, code="internal_error", message=str(exc),
+                                     model=reply.model), request.header)
+        self._resp.publish(msg)
 
     def destroy_node(self) -> None:
         self.runtime.close(drain=False)
@@ -209,7 +233,7 @@ class RemoteLane:
                                               REQUEST_QOS)
         node.create_subscription(String, topic(stage_id, "ready"), self._on_ready, LATCHED_QOS)
         node.create_subscription(InferResponse, topic(stage_id, "response"), self._on_response,
-                                 REQUEST_QOS)
+                                 REQUEST_QOS, raw=True)
         node.create_subscription(Float64Stamped, topic(stage_id, "alive"), self._on_beat,
                                  REQUEST_QOS)
         node.create_timer(min(0.5, self.dead_after_s / 4), self._watch)
@@ -300,7 +324,18 @@ class RemoteLane:
             self._last_beat = time.monotonic()
             self._cv.notify_all()
 
-    def _on_response(self, msg: InferResponse) -> None:
+    def _on_response(self, raw: bytes) -> None:
+        """A stage's answer from its serialised bytes (``read_infer_response_cdr``): the
+        outputs copied out of the bytes (writable arrays the executor owns), or the typed
+        error; an answer whose outputs fail the checks fails its request
+        (``MalformedFeatureMapError``); bytes that are no response are counted with
+        ``unmatched`` (their request, if any, expires)."""
+        try:
+            msg = codec.read_infer_response_cdr(raw)
+        except ValueError:
+            with self._cv:
+                self.unmatched += 1
+            return
         with self._cv:
             fut = self._inflight.pop(msg.id, None)
             if fut is None:  # not ours, a duplicate, or failed already (death, expiry)
@@ -308,10 +343,16 @@ class RemoteLane:
                 return
             self._expiry.pop(msg.id, None)
         self._send_backlog()
-        if msg.code == "ok":
-            fut.set_result({k: np.array(v) for k, v in codec.tensors_dict(msg.tensors).items()})
-        else:
+        if msg.code != "ok":
             fut.set_exception(error_from_code(msg.code, msg.message))
+            return
+        try:
+            outputs = msg.outputs()
+        except (codec.CodecError, ValueError) as exc:
+            fut.set_exception(MalformedFeatureMapError(
+                f"stage {self.name} answered outputs that cannot be read: {exc}"))
+            return
+        fut.set_result({k: np.array(v) for k, v in outputs.items()})
 
     def _watch(self) -> None:
         now = time.monotonic()

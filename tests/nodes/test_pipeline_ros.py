@@ -109,6 +109,8 @@ def test_two_stage_pipeline_across_processes_meets_its_slo(setup):
 
 
 def test_malformed_feature_map_is_answered_and_the_stage_lives_on(setup):
+    """Feature maps of the wrong shape, type or size, and bytes that are no request, are
+    each answered (the last without an id), and the stage goes on serving."""
     stage = next(iter(setup["lanes"][0].loaded))
     raw, replies = setup["raw"], setup["replies"]
     bad_shape = InferRequest(id="bad-shape", model=stage, priority=1)
@@ -125,8 +127,11 @@ def test_malformed_feature_map_is_answered_and_the_stage_lives_on(setup):
     bad_bytes.tensors = [t3]
     for m in (bad_shape, bad_type, bad_bytes):
         raw.publish(m)
-    wait_for(lambda: {"bad-shape", "bad-type", "bad-bytes"} <= set(replies),
+    raw.publish(b"\x00\x01\x00\x00 no request")  # the stage reads requests from bytes
+    wait_for(lambda: {"bad-shape", "bad-type", "bad-bytes", ""} <= set(replies),
              what="answers to malformed feature maps")
+    assert replies[""].code == "malformed_request" and "not an InferRequest" in (
+        replies[""].message)
     assert replies["bad-shape"].code == "malformed_feature_map"
     assert replies["bad-type"].code == "malformed_request"
     assert replies["bad-bytes"].code == "malformed_request"
