@@ -20,7 +20,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy")
 pytest.importorskip("av_infer_msgs.msg")
 
-from av_infer_msgs.msg import InferRequest, InferResponse, Tensor  # noqa: E402
+from av_infer_msgs.msg import InferRequest, InferResponse, Tensor, TensorShape  # noqa: E402
 from av_infer_nodes.common import REQUEST_QOS  # noqa: E402
 from av_infer_nodes.pipeline_stage_node import RemoteLane, topic  # noqa: E402
 from av_infer_nodes.testing import WAIT_S, NodeProcess, RosHarness, wait_for  # noqa: E402
@@ -30,7 +30,7 @@ from av_infer.errors import DeadlineMissedError  # noqa: E402
 from av_infer.model import zoo  # noqa: E402
 from av_infer.pipeline.block_profiles import block_profiles  # noqa: E402
 from av_infer.pipeline.cluster import parse_cluster  # noqa: E402
-from av_infer.pipeline.errors import StageFailedError  # noqa: E402
+from av_infer.pipeline.errors import MalformedFeatureMapError, StageFailedError  # noqa: E402
 from av_infer.pipeline.executor import PipelineExecutor  # noqa: E402
 from av_infer.pipeline.planner import plan_cluster  # noqa: E402
 
@@ -92,6 +92,38 @@ def setup(tmp_path_factory):
 def _reference():
     x = zoo.sample_inputs(MODEL)
     return x, ort.InferenceSession(str(zoo.path(MODEL, "scaled"))).run(None, x)[0]
+
+
+def test_a_lane_reads_its_answers_from_bytes():
+    """``RemoteLane`` reads a stage's answers from their serialised bytes: good outputs
+    arrive as writable arrays of their own, outputs that fail the tensor checks fail their
+    request with ``malformed_feature_map``, bytes that are no response count as
+    ``unmatched``. A stand-in stage here (no process) publishes the answers."""
+    with RosHarness() as h:
+        node = h.node("lane_reader")
+        lane = RemoteLane(node, "fake", dead_after_s=60.0, wait_s=WAIT_S)
+        stage = h.node("fake_stage")
+        answers = stage.create_publisher(InferResponse, topic("fake", "response"),
+                                         REQUEST_QOS)
+        wait_for(lambda: answers.get_subscription_count() > 0, what="the lane's reader")
+        x = {"input": np.zeros((1, 3, 8, 8), np.float32)}
+        y = np.arange(6, dtype=np.float32).reshape(2, 3)
+
+        def answer(rid: str, strides: list[int]) -> InferResponse:
+            msg = InferResponse(id=rid, code="ok", model="st")
+            msg.tensors = [Tensor(name="y", shape=TensorShape(rank=2, dims=[2, 3]),
+                                  data_type=9, strides=strides, data=y.tobytes())]
+            return msg
+
+        good, bad = lane.run("st", x, "BE", 0.0), lane.run("st", x, "BE", 0.0)
+        answers.publish(answer("fake-1", [12, 4]))
+        answers.publish(answer("fake-2", [4, 4]))  # strides that lie about the layout
+        out = good.result(WAIT_S)
+        assert np.array_equal(out["y"], y) and out["y"].flags.writeable
+        with pytest.raises(MalformedFeatureMapError, match="cannot be read"):
+            bad.result(WAIT_S)
+        answers.publish(b"\x00\x01\x00\x00 no response")
+        wait_for(lambda: lane.unmatched == 1, what="the unreadable bytes counted")
 
 
 def test_two_stage_pipeline_across_processes_meets_its_slo(setup):
