@@ -51,6 +51,7 @@ from av_infer._cy.ros_cdr import (  # noqa: E402, F401
     read_infer_response,
     read_tensor_list,
     write_float64_stamped,
+    write_infer_request,
     write_infer_response,
     write_outputs,
     write_tensor_list,
@@ -489,6 +490,31 @@ def infer_response_cdr(stamp: tuple[int, int], frame_id: str, rid: str, code: st
              int(t.preempted), int(t.kernels_padded), bool(t.has_deadline),
              bool(t.deadline_met)),
             dict(outputs) if outputs else {}, _TYPE_CODES)
+    except (OverflowError, ValueError, UnicodeEncodeError):
+        return None
+
+
+def infer_request_cdr(ctrl: RequestControl,
+                      inputs: Mapping[str, Any]) -> bytes | None:
+    """The ``InferRequest`` for ``ctrl`` and ``inputs`` as the bytes ``Publisher.publish``
+    sends as they are: what ``nodes.common.request_msg`` puts in the message (the relative
+    deadlines as durations rounded to the nanosecond, no deadline as zero), the inputs
+    written as :func:`tensor_list_cdr` writes outputs (one copy each, no message objects).
+    None where an input is not a plain native-order C-contiguous array of a wire dtype,
+    a string holds a NUL or a field does not fit the message: the caller builds the
+    message (whose conversion raises what the wire refuses)."""
+    texts = (ctrl.frame_id, ctrl.id, ctrl.model, ctrl.client, ctrl.variant_group or "")
+    if any("\x00" in t for t in texts):
+        return None
+
+    def duration(rel: float | None) -> tuple[int, int]:
+        return divmod(int(round(rel * 1e9)), 1_000_000_000) if rel else (0, 0)
+
+    try:
+        return write_infer_request(
+            ctrl.stamp[0], ctrl.stamp[1], *(t.encode() for t in texts[:4]),
+            PRIORITY_OF[ctrl.priority], duration(ctrl.deadline_s), bool(ctrl.drop_late),
+            duration(ctrl.hard_deadline_s), texts[4].encode(), dict(inputs), _TYPE_CODES)
     except (OverflowError, ValueError, UnicodeEncodeError):
         return None
 

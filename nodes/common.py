@@ -635,7 +635,7 @@ class RemoteRuntimeClient(RuntimeClient):
     client's first request and keeps its answers until this reader matches
     (``RESPONSE_QOS_CLIENT``). Answers are read from their serialised bytes (a raw
     subscription, :meth:`_on_response`): outputs as checked read-only arrays, no message
-    objects (docs/ros.md, "Responses as bytes, both ends").
+    objects (docs/ros.md, "Responses (and requests) as bytes, both ends").
     """
 
     def __init__(self, node: Node, timeout_s: float = 5.0,
@@ -745,8 +745,8 @@ class RemoteRuntimeClient(RuntimeClient):
     def submit(self, ctrl: codec.RequestControl, inputs: Mapping[str, np.ndarray],
                run_here: bool = False, clocks: tuple[float, float] | None = None) -> Future:
         fut: Future = Future()
-        try:
-            msg = request_msg(ctrl, inputs)
+        try:  # as bytes, no message objects; the message where the bytes cannot be written
+            msg = codec.infer_request_cdr(ctrl, inputs) or request_msg(ctrl, inputs)
         except codec.CodecError as exc:
             fut.set_result(error_reply(ctrl.id, exc, ctrl.model))
             return fut

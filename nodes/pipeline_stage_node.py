@@ -222,7 +222,7 @@ class RemoteLane:
         # live stage after bursts (docs/pipeline.md, "Request stream stall"): 8 (the default)
         # keeps a stage busy (it runs one or two requests at a time) without that
         self.window = max(1, min(int(window), REQUEST_QOS.depth // 2))
-        self._backlog: deque[tuple[str, InferRequest, Future]] = deque()
+        self._backlog: deque[tuple[str, InferRequest | bytes, Future]] = deque()
         self._ids = itertools.count(1)
         self._last_beat: float | None = None
         self._dead = False
@@ -281,13 +281,19 @@ class RemoteLane:
         finite = deadline_in_s != float("inf") and deadline_in_s > 0
         expiry = time.monotonic() + (deadline_in_s if finite else self.wait_s) \
             + self.dead_after_s
-        msg = InferRequest(id=rid, model=stage, client="pipeline",
-                           priority=codec.PRIORITY_OF[priority])
-        if deadline_in_s != float("inf") and deadline_in_s > 0:
-            sec = int(deadline_in_s)
-            msg.deadline = Duration(sec=sec, nanosec=int((deadline_in_s - sec) * 1e9))
-        msg.tensors = [codec.fill_tensor(Tensor(), n, np.ascontiguousarray(v))
-                       for n, v in inputs.items()]
+        feature_maps = {n: np.ascontiguousarray(v) for n, v in inputs.items()}
+        # as bytes (``infer_request_cdr``), the message where they cannot be written
+        msg = codec.infer_request_cdr(codec.RequestControl(
+            id=rid, model=stage, client="pipeline", priority=priority, stamp=(0, 0),
+            frame_id="", deadline_s=deadline_in_s if finite else None, drop_late=False),
+            feature_maps)
+        if msg is None:
+            msg = InferRequest(id=rid, model=stage, client="pipeline",
+                               priority=codec.PRIORITY_OF[priority])
+            if finite:
+                sec = int(deadline_in_s)
+                msg.deadline = Duration(sec=sec, nanosec=int((deadline_in_s - sec) * 1e9))
+            msg.tensors = [codec.fill_tensor(Tensor(), n, v) for n, v in feature_maps.items()]
         with self._cv:  # the death check under the lock: _watch fails what it finds here
             if self._dead:
                 fut.set_exception(StageFailedError(f"stage {self.name} is dead"))

@@ -535,3 +535,54 @@ def write_infer_response(int sec, unsigned int nanosec, bytes frame_id, bytes ri
     p = _put32(b, p + 2, <uint32_t>len(arrays))
     _put_arrays(b, p, arrays, names, codes)
     return out
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def write_infer_request(int sec, unsigned int nanosec, bytes frame_id, bytes rid, bytes model,
+                        bytes client, int priority, tuple deadline, bint drop_late,
+                        tuple hard_deadline, bytes variant_group, dict inputs,
+                        dict type_codes):
+    """A serialised ``av_infer_msgs/InferRequest`` (little-endian XCDR1): the header, the
+    strings (UTF-8 bytes, no NUL), ``priority`` (``int8``), the two durations as ``(sec,
+    nanosec)``, ``drop_late`` and ``inputs`` (``{name: array}``) written as
+    :func:`write_outputs` writes outputs, one copy each. None, and nothing written, where
+    an input does not qualify for that (the caller then builds the message), or off a
+    little-endian host. OverflowError for a duration field outside its C type."""
+    cdef Py_ssize_t pos, p
+    cdef list arrays = [], names = [], codes = []
+    cdef int32_t d_sec, h_sec
+    cdef uint32_t d_ns, h_ns
+    cdef int8_t prio = priority
+    cdef char* b
+    if not _HOST_LE:
+        return None
+    d_sec, d_ns = deadline[0], deadline[1]
+    h_sec, h_ns = hard_deadline[0], hard_deadline[1]
+    pos = _size_str(8, len(frame_id))
+    for sv in (rid, model, client):
+        pos = _size_str(pos, len(<bytes>sv))
+    pos += 1                     # priority
+    pos = _al(pos, 4) + 8 + 1    # deadline; drop_late
+    pos = _al(pos, 4) + 8        # hard_deadline
+    pos = _size_str(pos, len(variant_group))
+    pos = _al(pos, 4) + 4        # the tensor count
+    if not _size_arrays(inputs, type_codes, arrays, names, codes, &pos):
+        return None
+    out = PyBytes_FromStringAndSize(NULL, pos + 4)
+    b = PyBytes_AS_STRING(out)
+    _put_start(b, sec, nanosec)
+    b += 4
+    p = _put_str(b, 8, frame_id, len(frame_id))
+    for sv in (rid, model, client):
+        p = _put_str(b, p, sv, len(<bytes>sv))
+    b[p] = <char>prio
+    p = _put32(b, p + 1, <uint32_t>d_sec)
+    p = _put32(b, p, d_ns)
+    b[p] = 1 if drop_late else 0
+    p = _put32(b, p + 1, <uint32_t>h_sec)
+    p = _put32(b, p, h_ns)
+    p = _put_str(b, p, variant_group, len(variant_group))
+    p = _put32(b, p, <uint32_t>len(arrays))
+    _put_arrays(b, p, arrays, names, codes)
+    return out

@@ -306,6 +306,67 @@ def test_bench_rclpy_deserialize_response_baseline(benchmark):
     benchmark(lambda: codec.tensors_dict(deserialize_message(raw, InferResponse).tensors))
 
 
+def _request_args():
+    import numpy as np
+
+    from av_infer import tensor_codec as codec
+
+    x = np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32)
+    ctrl = codec.RequestControl(id="cam-17", model="resnet", client="cam", priority="RT",
+                                stamp=(1, 2), frame_id="front_camera", deadline_s=0.033,
+                                drop_late=False)
+    return ctrl, {"x": x}
+
+
+def test_bench_infer_request_cdr(benchmark):
+    """tensor_codec.infer_request_cdr: a remote client's request (one 1x3x224x224 float32
+    input) -> serialised ``InferRequest`` (``RemoteRuntimeClient.submit`` since 2026-11-28
+    05:45 UTC; baseline below)."""
+    from av_infer import tensor_codec as codec
+
+    benchmark(codec.infer_request_cdr, *_request_args())
+
+
+@needs_rclpy
+def test_bench_request_msg_serialize_baseline(benchmark):
+    """The same through message objects: ``nodes.common.request_msg`` (``fill_tensor``)
+    and rclpy's ``serialize_message`` (what a typed publish does)."""
+    from av_infer_nodes.common import request_msg
+    from rclpy.serialization import serialize_message
+
+    ctrl, ins = _request_args()
+    benchmark(lambda: serialize_message(request_msg(ctrl, ins)))
+
+
+@needs_rclpy
+def test_bench_request_msg_buffers_serialize_baseline(benchmark):
+    """The remote image node's form before: the input preprocessed into a
+    ``MessageBuffers`` array (the message's own ``uint8[]`` buffer, no ``fill_tensor``
+    copy), ``request_msg`` and ``serialize_message``."""
+    import numpy as np
+    from av_infer_nodes.common import MessageBuffers, request_msg
+    from rclpy.serialization import serialize_message
+
+    ctrl, ins = _request_args()
+    bufs = MessageBuffers({"x": ([1, 3, 224, 224], "float32")})
+    np.copyto(bufs["x"], ins["x"])
+    benchmark(lambda: serialize_message(request_msg(ctrl, bufs)))
+
+
+def test_bench_infer_request_cdr_buffers(benchmark):
+    """``infer_request_cdr`` of the same ``MessageBuffers`` (the remote image node since
+    2026-11-28 05:45 UTC: its arrays are plain numpy arrays over ``array.array``)."""
+    import numpy as np
+    from av_infer_nodes.common import MessageBuffers
+
+    from av_infer import tensor_codec as codec
+
+    ctrl, ins = _request_args()
+    bufs = MessageBuffers({"x": ([1, 3, 224, 224], "float32")})
+    np.copyto(bufs["x"], ins["x"])
+    benchmark(codec.infer_request_cdr, ctrl, bufs)
+
+
 def _request_bytes():
     import numpy as np
     from av_infer_msgs.msg import InferRequest, Tensor

@@ -459,3 +459,45 @@ def test_infer_response_cdr_leaves_a_nul_in_a_string_to_the_message() -> None:
                                     None) is None
     assert codec.infer_response_cdr((0, 0), "f", "ab", "ok", "", "m", "", 1.0, 1.0, t,
                                     None) is not None
+
+
+durations = st.one_of(st.none(), st.floats(1e-9, 1e6), st.floats(-1e6, -1e-9))
+
+
+@settings(max_examples=150, deadline=None)
+@given(sec=st.integers(-2**31, 2**31 - 1), nanosec=u32, frame=texts, rid=texts,
+       model=texts, client=texts, prio=st.sampled_from(["RT", "BE"]), deadline=durations,
+       drop=st.booleans(), hard=durations, group=st.one_of(st.none(), texts),
+       ins=st.dictionaries(texts.filter(bool), output_arrays(), max_size=3))
+def test_infer_request_cdr_is_request_msg_on_the_wire(sec, nanosec, frame, rid, model,
+                                                      client, prio, deadline, drop, hard,
+                                                      group, ins) -> None:
+    """A remote client's request written as bytes is the message ``request_msg`` builds
+    (rclpy deserialises the same fields and tensors from both), and the host's reader reads
+    it; an input the fast path cannot write leaves the message to the caller (None)."""
+    from av_infer_nodes.common import request_msg
+
+    ctrl = codec.RequestControl(id=rid, model=model, client=client, priority=prio,
+                                stamp=(sec, nanosec), frame_id=frame, deadline_s=deadline,
+                                drop_late=drop, hard_deadline_s=hard, variant_group=group)
+    raw = codec.infer_request_cdr(ctrl, ins)
+    plain = all(isinstance(v, np.ndarray) and v.flags.c_contiguous and v.dtype.isnative
+                and v.dtype.num in codec._TYPE_CODES for v in ins.values())
+    if not plain:
+        assert raw is None
+        return
+    got = deserialize_message(raw, InferRequest)
+    want = deserialize_message(serialize_message(request_msg(ctrl, ins)), InferRequest)
+    for f in ("id", "model", "client", "priority", "drop_late", "variant_group"):
+        assert getattr(got, f) == getattr(want, f), f
+    assert (got.header.stamp.sec, got.header.stamp.nanosec, got.header.frame_id) == (
+        want.header.stamp.sec, want.header.stamp.nanosec, want.header.frame_id)
+    for f in ("deadline", "hard_deadline"):
+        assert (getattr(got, f).sec, getattr(got, f).nanosec) == (
+            getattr(want, f).sec, getattr(want, f).nanosec), f
+    assert [(t.name, t.shape.rank, list(t.shape.dims), t.data_type, list(t.strides),
+             bytes(t.data)) for t in got.tensors] == [
+        (t.name, t.shape.rank, list(t.shape.dims), t.data_type, list(t.strides),
+         bytes(t.data)) for t in want.tensors]
+    back = ros_cdr.read_infer_request(raw)
+    assert back[:7] == (sec, nanosec, frame, rid, model, client, codec.PRIORITY_OF[prio])
