@@ -65,7 +65,12 @@ from av_infer_nodes.common import (
     response_msg,
     ros_now_ns,
 )
-from av_infer_nodes.detections import DECODER_PARAMS, decoder_from_params, detections_msg
+from av_infer_nodes.detections import (
+    DECODER_PARAMS,
+    decoder_from_params,
+    detections_cdr,
+    detections_msg,
+)
 from av_infer_nodes.handoff import Handoff
 from av_infer_nodes.health import (
     ConsecutiveCheck,
@@ -881,7 +886,9 @@ class ImageInferenceNode(LifecycleNode):
                 self._last_decode_log = now
                 self.get_logger().error(f"{decoder.kind} decoder: {exc}")
             return
-        self._det_pub.publish(detections_msg(dets, frame.header))
+        # as bytes (no message objects); the message where the bytes cannot be written
+        self._det_pub.publish(detections_cdr(dets, (frame.sec, frame.nanosec), frame.frame_id)
+                              or detections_msg(dets, frame.header))
 
     def _detections_publisher(self) -> Any:
         return self.create_publisher(Detection2DArray, node_topic(self, DETECTIONS_TOPIC), 10,

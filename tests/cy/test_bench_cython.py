@@ -367,6 +367,43 @@ def test_bench_infer_request_cdr_buffers(benchmark):
     benchmark(codec.infer_request_cdr, ctrl, bufs)
 
 
+def _detections(n: int = 100):
+    import numpy as np
+
+    from av_infer.detect import Detections
+
+    rng = np.random.default_rng(0)
+    boxes = rng.random((n, 4)).astype(np.float32) * 300
+    boxes[:, 2:] += boxes[:, :2]
+    return Detections(boxes=boxes, scores=rng.random(n).astype(np.float32),
+                      classes=np.zeros(n, np.int64), labels=("car",) * n)
+
+
+@needs_rclpy
+def test_bench_detections_cdr(benchmark):
+    """nodes.detections.detections_cdr: 100 boxes -> serialised ``Detection2DArray`` (an
+    image node's ``~/output/detections`` since 2026-11-28 06:05 UTC; baseline below)."""
+    pytest.importorskip("vision_msgs.msg")
+    from av_infer_nodes.detections import detections_cdr
+
+    dets = _detections()
+    benchmark(detections_cdr, dets, (1, 2), "front_camera")
+
+
+@needs_rclpy
+def test_bench_detections_msg_serialize_baseline(benchmark):
+    """The same through message objects: ``detections_msg`` and rclpy's
+    ``serialize_message`` (what a typed publish does)."""
+    pytest.importorskip("vision_msgs.msg")
+    from av_infer_nodes.detections import detections_msg
+    from rclpy.serialization import serialize_message
+    from std_msgs.msg import Header
+
+    dets = _detections()
+    header = Header(frame_id="front_camera")
+    benchmark(lambda: serialize_message(detections_msg(dets, header)))
+
+
 def _request_bytes():
     import numpy as np
     from av_infer_msgs.msg import InferRequest, Tensor

@@ -501,3 +501,42 @@ def test_infer_request_cdr_is_request_msg_on_the_wire(sec, nanosec, frame, rid, 
          bytes(t.data)) for t in want.tensors]
     back = ros_cdr.read_infer_request(raw)
     assert back[:7] == (sec, nanosec, frame, rid, model, client, codec.PRIORITY_OF[prio])
+
+
+@settings(max_examples=100, deadline=None)
+@given(sec=st.integers(-2**31, 2**31 - 1), nanosec=u32, frame=texts,
+       rows=st.lists(st.tuples(st.lists(st.floats(-1e4, 1e4, width=32), min_size=4,
+                                        max_size=4),
+                               st.floats(0, 1, width=32), texts), max_size=12))
+def test_detections_cdr_is_detections_msg_on_the_wire(sec, nanosec, frame, rows) -> None:
+    """An image node's detections written as bytes deserialise to the very message
+    ``detections_msg`` builds (every field: header on the array and on each detection, the
+    box centre and size, the hypothesis, the identity pose, the zero covariance, the empty
+    id)."""
+    pytest.importorskip("vision_msgs.msg")
+    from av_infer_nodes.detections import detections_cdr, detections_msg
+    from vision_msgs.msg import Detection2DArray
+
+    from av_infer.detect import Detections
+
+    n = len(rows)
+    dets = Detections(boxes=np.array([r[0] for r in rows], np.float32).reshape(n, 4),
+                      scores=np.array([r[1] for r in rows], np.float32),
+                      classes=np.zeros(n, np.int64), labels=tuple(r[2] for r in rows))
+    raw = detections_cdr(dets, (sec, nanosec), frame)
+    assert raw is not None
+    assert deserialize_message(raw, Detection2DArray) == detections_msg(
+        dets, _header(sec, nanosec, frame))
+
+
+def test_detections_cdr_leaves_a_nul_to_the_message() -> None:
+    pytest.importorskip("vision_msgs.msg")
+    from av_infer_nodes.detections import detections_cdr
+
+    from av_infer.detect import Detections
+
+    dets = Detections(boxes=np.zeros((1, 4), np.float32), scores=np.ones(1, np.float32),
+                      classes=np.zeros(1, np.int64), labels=("a\x00b",))
+    assert detections_cdr(dets, (0, 0), "cam") is None
+    with pytest.raises(ValueError, match="2 boxes"):
+        ros_cdr.write_detections(0, 0, b"", np.zeros((2, 4)), np.zeros(1), [b"x"])
