@@ -142,5 +142,9 @@ def test_bridge_both_ways_bit_identical_every_dtype():
         for name, arr in arrays.items():
             assert views[name].dtype == arr.dtype and views[name].shape == arr.shape
             assert views[name].tobytes() == arr.tobytes()  # NaN payloads included
-        assert bridge.counters == {"to_isaac": 1, "to_av_infer": 1}
+        assert bridge.counters == {"to_isaac": 1, "to_av_infer": 1, "dropped": 0}
+        # bytes that are no TensorList are dropped (counted), not passed on
+        pubs[0].publish(b"\x00\x01\x00\x00 no tensor list")
+        wait_for(lambda: bridge.counters["dropped"] == 1, what="the junk dropped")
+        assert bridge.counters["to_isaac"] == 1 and len(to_isaac.snapshot()) == 1
         assert h.spin_error is None
