@@ -259,7 +259,7 @@ def _response_args():
 
 def test_bench_infer_response_cdr(benchmark):
     """tensor_codec.infer_response_cdr: the host's answer (one 1x1000 float32 output) ->
-    serialised ``InferResponse`` (the runtime host's response since 2026-11-28 05:30 UTC;
+    serialised ``InferResponse`` (the runtime host's response since 2026-11-28 05:18 UTC;
     baseline below)."""
     from av_infer import tensor_codec as codec
 
@@ -286,7 +286,7 @@ def test_bench_response_msg_serialize_baseline(benchmark):
 def test_bench_read_infer_response_cdr(benchmark):
     """tensor_codec.read_infer_response_cdr + ``outputs()``: a serialised ``InferResponse``
     (one 1x1000 float32 output) -> its fields and checked read-only views (a remote
-    client's read since 2026-11-28 05:30 UTC; baseline below)."""
+    client's read since 2026-11-28 05:18 UTC; baseline below)."""
     from av_infer import tensor_codec as codec
 
     raw = codec.infer_response_cdr(*_response_args())
@@ -321,7 +321,7 @@ def _request_args():
 def test_bench_infer_request_cdr(benchmark):
     """tensor_codec.infer_request_cdr: a remote client's request (one 1x3x224x224 float32
     input) -> serialised ``InferRequest`` (``RemoteRuntimeClient.submit`` since 2026-11-28
-    05:45 UTC; baseline below)."""
+    05:40 UTC; baseline below)."""
     from av_infer import tensor_codec as codec
 
     benchmark(codec.infer_request_cdr, *_request_args())
@@ -355,7 +355,7 @@ def test_bench_request_msg_buffers_serialize_baseline(benchmark):
 
 def test_bench_infer_request_cdr_buffers(benchmark):
     """``infer_request_cdr`` of the same ``MessageBuffers`` (the remote image node since
-    2026-11-28 05:45 UTC: its arrays are plain numpy arrays over ``array.array``)."""
+    2026-11-28 05:40 UTC: its arrays are plain numpy arrays over ``array.array``)."""
     import numpy as np
     from av_infer_nodes.common import MessageBuffers
 
@@ -382,7 +382,7 @@ def _detections(n: int = 100):
 @needs_rclpy
 def test_bench_detections_cdr(benchmark):
     """nodes.detections.detections_cdr: 100 boxes -> serialised ``Detection2DArray`` (an
-    image node's ``~/output/detections`` since 2026-11-28 06:05 UTC; baseline below)."""
+    image node's ``~/output/detections`` since 2026-11-28 05:44 UTC; baseline below)."""
     pytest.importorskip("vision_msgs.msg")
     from av_infer_nodes.detections import detections_cdr
 
