@@ -85,7 +85,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     "committed page image through a perception node; av_infer.demo_detections)")
     ap.add_argument("--detections-image", default=None,
                     help="JPEG/PNG for the detections phase (tests/fixtures/layout_page.jpg)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.peer_s > 0:  # the side-by-side run's rounds must each span two camera periods
+        from av_infer.bench.peer import PeerConfig, check_load
+
+        try:
+            check_load(PeerConfig(rt_rate=args.rate, duration=args.peer_s, rounds=2))
+        except ValueError as exc:
+            ap.error(f"--peer-s {args.peer_s:g} at --rate {args.rate:g}: {exc}")
+    return args
 
 
 

@@ -274,7 +274,13 @@ def cmd_peer(args: argparse.Namespace) -> int:
     """``av-infer bench --peer ort``: av_infer beside plain ORT threads, one run."""
     import json
 
-    from av_infer.bench.peer import PeerConfig, format_peer, peer_command, run_peer
+    from av_infer.bench.peer import (
+        PeerConfig,
+        check_load,
+        format_peer,
+        peer_command,
+        run_peer,
+    )
     from av_infer.model.shape_args import parse_input_shapes
 
     if args.device != "cpu" and "--device" in sys.argv:
@@ -295,6 +301,10 @@ def cmd_peer(args: argparse.Namespace) -> int:
                      c=args.c, duration=args.duration, warmup=args.warmup,
                      threads=args.threads, device_options=opts,
                      progress=not args.no_progress, rounds=args.rounds)
+    try:
+        check_load(cfg)
+    except ValueError as exc:
+        raise SystemExit(f"bench --peer: {exc}") from None
     doc = run_peer(cfg)
     extra: list[str] = []
     for flag, vals in (("--rt-input-shape", args.rt_input_shape),

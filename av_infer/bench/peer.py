@@ -331,9 +331,33 @@ def _open(system: str, rt: _Model, be: _Model, cfg: PeerConfig, stack: ExitStack
     raise ValueError(f"unknown system {system!r}")
 
 
+#: RT periods a round must span at least: the measured window is a whole number of RT
+#: periods (``_drive``), so a round shorter than this measures a moment, not a rate
+MIN_RT_PERIODS = 2
+
+
+def check_load(cfg: PeerConfig) -> None:
+    """ValueError naming the setting when ``cfg`` cannot be measured: a round (``duration /
+    rounds``) must span at least ``MIN_RT_PERIODS`` RT periods (at 0.5 Hz, 6 s in 2 rounds
+    measured one RT call and the BE requests of its 50 ms: ratios of 0.16-0.30 that said
+    nothing)."""
+    if not cfg.rt_rate > 0 or not cfg.duration > 0 or cfg.rounds < 1:
+        raise ValueError("rt_rate and duration must be > 0 and rounds >= 1")
+    periods = cfg.duration / cfg.rounds * cfg.rt_rate
+    if periods < MIN_RT_PERIODS:
+        raise ValueError(
+            f"each round spans {periods:g} RT periods ({cfg.duration:g} s in {cfg.rounds} "
+            f"rounds at {cfg.rt_rate:g} Hz); at least {MIN_RT_PERIODS} are needed: raise "
+            f"duration to {MIN_RT_PERIODS * cfg.rounds / cfg.rt_rate:g} s or more, or the "
+            "RT rate")
+
+
 def run_peer(cfg: PeerConfig) -> dict[str, Any]:
-    """Run every system of ``cfg.systems`` on the same load; the report dict."""
+    """Run every system of ``cfg.systems`` on the same load; the report dict (ValueError
+    first, nothing run, for a load :func:`check_load` refuses)."""
     from av_infer.model.segments import compile_segments
+
+    check_load(cfg)
 
     rt = resolve_model(cfg.rt_model, cfg.rt_shape)
     be = resolve_model(cfg.be_model, cfg.be_shape)

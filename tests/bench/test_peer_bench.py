@@ -176,3 +176,18 @@ def test_other_cores_is_unknown_not_zero_where_the_host_cannot_say():
     assert _summary(raw)["other_cores"] is None
     assert beside_others({"avi": {"other_cores": None}}) is None
     assert beside_others({"avi": {"other_cores": 0.1}}) is None
+
+
+def test_a_round_shorter_than_two_rt_periods_is_refused_before_anything_runs():
+    """The measured window is a whole number of RT periods: a round of fewer than two
+    measures a moment (0.5 Hz, 6 s in 2 rounds: one RT call and its 50 ms), so it is
+    refused, naming the durations that would do."""
+    from av_infer.bench.peer import check_load
+
+    cfg = PeerConfig(rt_model="tiny_mlp", be_model="tiny_cnn", rt_rate=0.5, duration=6.0,
+                     rounds=2, progress=False)
+    with pytest.raises(ValueError, match="1.5 RT periods.*8 s or more"):
+        run_peer(cfg)
+    check_load(PeerConfig(rt_rate=0.5, duration=8.0, rounds=2))
+    with pytest.raises(ValueError, match="> 0"):
+        check_load(PeerConfig(rt_rate=0.0))
