@@ -34,7 +34,7 @@ def test_run_peer_reports_the_three_systems_on_one_load():
 def test_cli_peer_json_to_stdout(capsys):
     rc = main(["bench", "--peer", "ort", "--rt-model", "tiny_mlp", "--be-model", "tiny_cnn",
                "--be-clients", "1", "--duration", "0.3", "--warmup", "0.1", "--no-progress",
-               "--policy", "reef", "--json", "-"])
+               "--policy", "reef", "--rounds", "1", "--json", "-"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["config"]["policy"] == "reef" and doc["command"].startswith("av-infer bench")
@@ -49,7 +49,8 @@ def test_cli_switch_interval_is_applied_recorded_and_repeated(capsys):
     try:
         rc = main(["bench", "--peer", "ort", "--rt-model", "tiny_mlp", "--be-model",
                    "tiny_cnn", "--be-clients", "1", "--duration", "0.2", "--warmup", "0.05",
-                   "--no-progress", "--switch-interval-us", "250", "--json", "-"])
+                   "--no-progress", "--switch-interval-us", "250", "--rounds", "1", "--json",
+                   "-"])
         assert rc == 0
         doc = json.loads(capsys.readouterr().out)
         assert doc["machine"]["gil_switch_interval_s"] == pytest.approx(250e-6)
@@ -188,6 +189,8 @@ def test_a_round_shorter_than_two_rt_periods_is_refused_before_anything_runs():
                      rounds=2, progress=False)
     with pytest.raises(ValueError, match="1.5 RT periods.*8 s or more"):
         run_peer(cfg)
+    with pytest.raises(SystemExit, match="1.5 RT periods"):  # the CLI, before loading
+        main(["bench", "--peer", "ort", "--rt-rate", "20", "--duration", "0.3"])
     check_load(PeerConfig(rt_rate=0.5, duration=8.0, rounds=2))
     with pytest.raises(ValueError, match="> 0"):
         check_load(PeerConfig(rt_rate=0.0))
