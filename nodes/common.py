@@ -252,6 +252,27 @@ class _TimingsFields:
         self.preempted = self.kernels_padded = 0
 
 
+class Every:
+    """At most once every ``period_s`` (monotonic): what a node's repeated complaint (bytes
+    that are no message, a decoder failing on every image) is logged through, so a stream
+    of bad input costs one log line per period, not one per message."""
+
+    __slots__ = ("period_s", "_last")
+
+    def __init__(self, period_s: float = 5.0) -> None:
+        self.period_s = period_s
+        self._last = -math.inf
+
+    def due(self) -> bool:
+        """True (and the period starts again) when the last true answer is ``period_s``
+        or more ago."""
+        now = time.monotonic()
+        if now - self._last < self.period_s:
+            return False
+        self._last = now
+        return True
+
+
 def ros_text(text: str) -> str:
     """``text`` as a ROS string can carry it: lone surrogates cannot be UTF-8 encoded and
     would make ``publish`` raise, so they are written as backslash escapes."""
@@ -661,7 +682,7 @@ class RemoteRuntimeClient(RuntimeClient):
         self._timer = node.create_timer(0.25, self._expire)
         #: messages on the response topic that were no ``InferResponse`` (ignored)
         self.unreadable = 0
-        self._last_unreadable_log = -math.inf
+        self._unreadable_log = Every()
 
     def _on_models_msg(self, msg: String) -> None:
         import json
@@ -764,9 +785,7 @@ class RemoteRuntimeClient(RuntimeClient):
             resp = codec.read_infer_response_cdr(data)
         except ValueError as exc:
             self.unreadable += 1
-            now = time.monotonic()
-            if now - self._last_unreadable_log > 5.0:
-                self._last_unreadable_log = now
+            if self._unreadable_log.due():
                 self._node.get_logger().error(f"ignoring bytes that are no response: {exc}")
             return
         self._received(resp)

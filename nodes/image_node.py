@@ -52,6 +52,7 @@ from av_infer_msgs.msg import InferResponse, TensorList
 from av_infer_nodes.common import (
     PUB_EVENTS,
     SUB_EVENTS,
+    Every,
     Frame,
     LocalRuntimeClient,
     RemoteRuntimeClient,
@@ -264,7 +265,7 @@ class ImageInferenceNode(LifecycleNode):
         self._rid_prefix = uuid.uuid4().hex + "-"
         self._rid_seq = itertools.count()
         self._listeners: list[ResultListener] = []
-        self._last_not_ready_log = 0.0
+        self._not_ready_log = Every()
         self.active = False
         self.client: RuntimeClient | None = None
         self._handoff = Handoff(self)
@@ -293,7 +294,7 @@ class ImageInferenceNode(LifecycleNode):
         self._det_pub: Any = None
         if self._decoder is not None:
             self._det_pub = self._detections_publisher()
-        self._last_decode_log = 0.0
+        self._decode_log = Every()
         # one subscription on ~/input/image: raw Image or, with input:=compressed,
         # CompressedImage
         # (raw: the callback gets the serialised bytes, read by ros_cdr)
@@ -708,9 +709,7 @@ class ImageInferenceNode(LifecycleNode):
     def _not_ready(self, why: str, frame: Frame) -> None:
         publish_cyclic(self._debug, self, frame.cycle_ms)
         self.counters["dropped_not_ready"] += 1
-        now = time.monotonic()
-        if now - self._last_not_ready_log > 5.0:
-            self._last_not_ready_log = now
+        if self._not_ready_log.due():
             self.get_logger().warning(f"dropping images: {why}")
 
     def _on_camera_info(self, msg: CameraInfo) -> None:
@@ -881,9 +880,7 @@ class ImageInferenceNode(LifecycleNode):
         except (ValueError, AvInferError) as exc:  # DecodeError, CodecError
             with self._lock:
                 self.counters["decode_failed"] += 1
-            now = time.monotonic()
-            if now - self._last_decode_log > 5.0:
-                self._last_decode_log = now
+            if self._decode_log.due():
                 self.get_logger().error(f"{decoder.kind} decoder: {exc}")
             return
         # as bytes (no message objects); the message where the bytes cannot be written

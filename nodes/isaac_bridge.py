@@ -26,12 +26,10 @@ written field for field as Isaac ROS 4.4's, same type hashes; docs/licences.md);
 from __future__ import annotations
 
 import importlib
-import math
-import time
 from typing import Any
 
 from av_infer_msgs.msg import TensorList as AvTensorList
-from av_infer_nodes.common import PUB_EVENTS, SUB_EVENTS, spin_nodes
+from av_infer_nodes.common import PUB_EVENTS, SUB_EVENTS, Every, spin_nodes
 from rclpy.node import Node
 
 from av_infer.tensor_codec import read_tensor_list
@@ -80,7 +78,7 @@ class IsaacBridgeNode(Node):
         self._isaac = isaac
         #: forwarded each way, and messages dropped as no TensorList (see ``_forward``)
         self.counters = {"to_isaac": 0, "to_av_infer": 0, "dropped": 0}
-        self._last_drop_log = -math.inf
+        self._drop_log = Every()
         self._to_isaac = self.create_publisher(isaac.TensorList, "~/output/isaac", 10,
                                                event_callbacks=PUB_EVENTS)
         self._to_av = self.create_publisher(AvTensorList, "~/output/av_infer", 10,
@@ -111,9 +109,7 @@ class IsaacBridgeNode(Node):
             read_tensor_list(data)
         except ValueError as exc:
             self.counters["dropped"] += 1
-            now = time.monotonic()
-            if now - self._last_drop_log > 5.0:
-                self._last_drop_log = now
+            if self._drop_log.due():
                 self.get_logger().error(f"dropping bytes that are no TensorList: {exc}")
             return
         pub.publish(data)

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("rclpy")
 
-from av_infer_nodes.common import Answered, Reply, submit_to_runtime  # noqa: E402
+from av_infer_nodes.common import Answered, Every, Reply, submit_to_runtime  # noqa: E402
 from av_infer_nodes.runtime_node import (  # noqa: E402
     DEVICES,
     diagnostic_statuses,
@@ -232,3 +232,11 @@ def test_answered_is_a_resolved_future():
     a.add_done_callback(calls.append)
     assert calls == [a] and a.done() and not a.cancelled() and not a.cancel()
     assert a.result() is reply and a.result(0) is reply and a.exception() is None
+
+
+def test_every_lets_one_complaint_through_per_period():
+    """``Every``: a node's repeated complaint is logged once per period (no clock read by
+    the test: a period of an hour is not over within the test, one of 0 always is)."""
+    hourly, always = Every(3600.0), Every(0.0)
+    assert [hourly.due() for _ in range(3)] == [True, False, False]
+    assert [always.due() for _ in range(3)] == [True, True, True]
