@@ -7,7 +7,6 @@ owns the publisher and the timer and calls these (``RuntimeNode.publish_diagnost
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import threading
@@ -138,8 +137,8 @@ def _flatten(prefix: str, value: Any, out: list[KeyValue]) -> None:
 def diagnostic_statuses(stats: dict[str, Any], device: str, rt: Any,
                         last_misses: dict[str, int], device_reason: str = "",
                         device_fallback: bool = False,
-                        client_findings: dict[str, Finding] | None = None
-                        ) -> list[DiagnosticStatus]:
+                        client_findings: dict[str, Finding] | None = None,
+                        gc_frozen: int = 0) -> list[DiagnosticStatus]:
     """Runtime.stats() -> one status for the runtime, one per client, one per model, one
     per variant group.
 
@@ -152,6 +151,10 @@ def diagnostic_statuses(stats: dict[str, Any], device: str, rt: Any,
     ERROR, rate WARN, STALE); an expected client with no statistics yet is reported too
     (STALE until its first answer). A variant group's says which share of its answers each
     variant served and their mean utility κ·V (paper 001; ``stats()["variant_groups"]``).
+    ``gc_frozen``: the objects the host froze at activation (``gc_frozen_objects``; the
+    count recorded then: ``gc.get_freeze_count()`` walks every frozen object, ~6 ms with
+    the GIL held for the ~58 k of the demo's process, once a second on the executor, and
+    every data-path callback waited for it, docs/ros.md).
     """
     statuses: list[DiagnosticStatus] = []
     policy = getattr(rt, "policy", "?")
@@ -159,7 +162,7 @@ def diagnostic_statuses(stats: dict[str, Any], device: str, rt: Any,
     head: list[KeyValue] = [_kv("device", device), _kv("device_reason", device_reason),
                             _kv("device_fallback", device_fallback), _kv("policy", policy),
                             _kv("c", getattr(rt, "c", "?")), _kv("batch_mode", batch_mode),
-                            _kv("gc_frozen_objects", gc.get_freeze_count())]
+                            _kv("gc_frozen_objects", gc_frozen)]
     for key, value in stats.items():
         if key not in ("clients", "models", "variant_groups"):
             _flatten(key, value, head)

@@ -589,7 +589,8 @@ class RuntimeNode(RequestEndpoint, ModelServices, LifecycleNode):
                                          device_reason=self.device_reason,
                                          device_fallback=self.device_fallback,
                                          client_findings=self.client_health.findings(
-                                             time.monotonic()))
+                                             time.monotonic()),
+                                         gc_frozen=self.gc_frozen)
         try:
             self._diag_pub.publish(msg)
         except Exception as exc:  # a diagnostics problem must never stop the node

@@ -316,6 +316,10 @@ def main() -> None:
                "run_in_callback": args.run_in_callback, "n": len(rows),
                "lost": lost, "load_average": os.getloadavg()[0],
                "steps_p50_ms": {s: _p(a[:, j], 50) for j, s in enumerate(STEPS)},
+               "steps_p99_ms": {s: _p(a[:, j], 99) for j, s in enumerate(STEPS)},
+               # where the slowest 2 % of ROS paths spent their time (the tail's steps)
+               "steps_in_slowest_ms": {s: _p(a[ros_a >= np.percentile(ros_a, 98), j], 50)
+                                       for j, s in enumerate(STEPS)} if len(rows) else {},
                "ros_p50_ms": _p(ros_a, 50), "ros_p99_ms": _p(ros_a, 99),
                "direct_p50_ms": _p(dir_a, 50), "direct_p99_ms": _p(dir_a, 99)}
         res["added_p50_ms"] = res["ros_p50_ms"] - res["direct_p50_ms"]
@@ -323,9 +327,12 @@ def main() -> None:
         rounds.append(res)
         out = sys.stderr if args.json == "-" else sys.stdout
         print(f"round {r + 1} (executor {executor}, graph {args.graph}, n {len(rows)}, lost "
-              f"{lost}, load average {res['load_average']:.2f}), p50 ms:", file=out)
+              f"{lost}, load average {res['load_average']:.2f}), ms: p50 / p99 / median in "
+              "the slowest 2 % of ROS paths", file=out)
         for s, v in res["steps_p50_ms"].items():
-            print(f"  {s:28s} {'-' if v is None else f'{v:.3f}'}", file=out)
+            row = [v, res["steps_p99_ms"][s], res["steps_in_slowest_ms"].get(s)]
+            print(f"  {s:28s} " + " / ".join('-' if x is None else f'{x:.3f}' for x in row),
+                  file=out)
         print(f"  {'ROS path':28s} p50 {res['ros_p50_ms']:.3f}  p99 {res['ros_p99_ms']:.3f}\n"
               f"  {'direct infer':28s} p50 {res['direct_p50_ms']:.3f}  p99 "
               f"{res['direct_p99_ms']:.3f}\n"
