@@ -370,15 +370,24 @@ class DebugTopics:
             self.counts[i] = max(self.counts[i], pub.get_subscription_count())
 
     def _create(self, node: Node, matched: bool) -> tuple[Any, Any, Any]:
+        """The three publishers, with matched-event handlers when ``matched``; a refusal
+        on any of them destroys those already made before it propagates."""
         def events(i: int) -> PublisherEventCallbacks:
             if not matched:
                 return PUB_EVENTS
             return PublisherEventCallbacks(matched=lambda info: self._matched(i, info),
                                            use_default_callbacks=False)
 
-        return tuple(node.create_publisher(Float64Stamped, f"~/debug/{name}", 10,
-                                           event_callbacks=events(i))
-                     for i, name in enumerate(DEBUG_TOPICS))  # type: ignore[return-value]
+        pubs: list[Any] = []
+        try:
+            for i, name in enumerate(DEBUG_TOPICS):
+                pubs.append(node.create_publisher(Float64Stamped, f"~/debug/{name}", 10,
+                                                  event_callbacks=events(i)))
+        except BaseException:
+            for pub in pubs:
+                node.destroy_publisher(pub)
+            raise
+        return tuple(pubs)  # type: ignore[return-value]
 
     def _matched(self, i: int, info: Any) -> None:
         self.counts[i] = max(0, int(info.current_count))  # type: ignore[index]
