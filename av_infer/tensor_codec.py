@@ -482,18 +482,18 @@ def infer_response_cdr(stamp: tuple[int, int], frame_id: str, rid: str, code: st
     the caller builds the message (whose conversion then raises what the wire refuses).
     Strings must be UTF-8 encodable (``nodes.common.ros_text``)."""
     t = timings
-    if "\x00" in f"{frame_id}{rid}{code}{message}{model}{served_model}":
-        return None  # a ROS string ends at its first NUL: the message's conversion decides
+    texts = _wire_texts(frame_id, rid, code, message, model, served_model)
+    if texts is None:
+        return None
     try:
         return write_infer_response(
-            stamp[0], stamp[1], frame_id.encode(), rid.encode(), status_of(code),
-            code.encode(), message.encode(), model.encode(), served_model.encode(),
+            stamp[0], stamp[1], texts[0], texts[1], status_of(code), *texts[2:],
             float(kappa), float(quality),
             (float(t.queueing_ms), float(t.compute_ms), float(t.total_ms),
              int(t.preempted), int(t.kernels_padded), bool(t.has_deadline),
              bool(t.deadline_met)),
             dict(outputs) if outputs else {}, _TYPE_CODES)
-    except (OverflowError, ValueError, UnicodeEncodeError):
+    except (OverflowError, ValueError):
         return None
 
 
@@ -506,8 +506,9 @@ def infer_request_cdr(ctrl: RequestControl,
     None where an input is not a plain native-order C-contiguous array of a wire dtype,
     a string holds a NUL or a field does not fit the message: the caller builds the
     message (whose conversion raises what the wire refuses)."""
-    texts = (ctrl.frame_id, ctrl.id, ctrl.model, ctrl.client, ctrl.variant_group or "")
-    if any("\x00" in t for t in texts):
+    texts = _wire_texts(ctrl.frame_id, ctrl.id, ctrl.model, ctrl.client,
+                        ctrl.variant_group or "")
+    if texts is None:
         return None
 
     def duration(rel: float | None) -> tuple[int, int]:
@@ -515,10 +516,22 @@ def infer_request_cdr(ctrl: RequestControl,
 
     try:
         return write_infer_request(
-            ctrl.stamp[0], ctrl.stamp[1], *(t.encode() for t in texts[:4]),
-            PRIORITY_OF[ctrl.priority], duration(ctrl.deadline_s), bool(ctrl.drop_late),
-            duration(ctrl.hard_deadline_s), texts[4].encode(), dict(inputs), _TYPE_CODES)
-    except (OverflowError, ValueError, UnicodeEncodeError):
+            ctrl.stamp[0], ctrl.stamp[1], *texts[:4], PRIORITY_OF[ctrl.priority],
+            duration(ctrl.deadline_s), bool(ctrl.drop_late), duration(ctrl.hard_deadline_s),
+            texts[4], dict(inputs), _TYPE_CODES)
+    except (OverflowError, ValueError):
+        return None
+
+
+def _wire_texts(*texts: str) -> list[bytes] | None:
+    """Strings as a serialised message's UTF-8 bytes; None when one holds a NUL (a ROS
+    string ends at its first: the message's conversion then decides) or cannot be encoded
+    (a lone surrogate: ``nodes.common.ros_text`` escapes them first)."""
+    if any("\x00" in t for t in texts):
+        return None
+    try:
+        return [t.encode() for t in texts]
+    except UnicodeEncodeError:
         return None
 
 

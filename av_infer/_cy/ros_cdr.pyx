@@ -249,25 +249,37 @@ cdef inline Py_ssize_t _al(Py_ssize_t pos, Py_ssize_t a) noexcept nogil:
     return (pos + a - 1) & ~(a - 1)
 
 
+# The ``_put*`` writers take ``b`` NULL to only move ``pos``: a message's layout is then
+# written once (a ``_lay_*`` function) and run twice, to size the buffer and to fill it.
+
+cdef inline Py_ssize_t _put8(char* b, Py_ssize_t pos, uint8_t v) noexcept nogil:
+    if b != NULL:
+        b[pos] = <char>v
+    return pos + 1
+
+
 cdef inline Py_ssize_t _put32(char* b, Py_ssize_t pos, uint32_t v) noexcept nogil:
     cdef Py_ssize_t q = _al(pos, 4)
-    memset(b + pos, 0, q - pos)
-    memcpy(b + q, &v, 4)
+    if b != NULL:
+        memset(b + pos, 0, q - pos)
+        memcpy(b + q, &v, 4)
     return q + 4
 
 
-cdef inline Py_ssize_t _put64(char* b, Py_ssize_t pos, const void* v) noexcept nogil:
+cdef inline Py_ssize_t _put64(char* b, Py_ssize_t pos, double v) noexcept nogil:
     cdef Py_ssize_t q = _al(pos, 8)
-    memset(b + pos, 0, q - pos)
-    memcpy(b + q, v, 8)
+    if b != NULL:
+        memset(b + pos, 0, q - pos)
+        memcpy(b + q, &v, 8)
     return q + 8
 
 
 cdef inline Py_ssize_t _put_str(char* b, Py_ssize_t pos, const char* s,
                                 Py_ssize_t k) noexcept nogil:
     pos = _put32(b, pos, <uint32_t>(k + 1))
-    memcpy(b + pos, s, k)
-    b[pos + k] = 0
+    if b != NULL:
+        memcpy(b + pos, s, k)
+        b[pos + k] = 0
     return pos + k + 1
 
 
@@ -480,6 +492,28 @@ def write_outputs(int sec, unsigned int nanosec, bytes frame_id, dict outputs,
     return out
 
 
+cdef Py_ssize_t _lay_response(char* b, bytes frame_id, bytes rid, uint8_t status,
+                              tuple texts, double kappa, double quality, tuple timings,
+                              Py_ssize_t n) except -1:
+    """An ``InferResponse`` up to and including its tensor count ``n``, at ``b`` (the byte
+    after the encapsulation header; NULL: sized only); where the tensors go."""
+    cdef Py_ssize_t p = _put_str(b, 8, frame_id, len(frame_id))
+    p = _put_str(b, p, rid, len(rid))
+    p = _put8(b, p, status)
+    for sv in texts:  # code, message, model, served_model
+        p = _put_str(b, p, sv, len(<bytes>sv))
+    p = _put64(b, p, kappa)
+    p = _put64(b, p, quality)
+    p = _put64(b, p, timings[0])  # queueing_ms, compute_ms, total_ms
+    p = _put64(b, p, timings[1])
+    p = _put64(b, p, timings[2])
+    p = _put32(b, p, <uint32_t>timings[3])  # preempted, kernels_padded
+    p = _put32(b, p, <uint32_t>timings[4])
+    p = _put8(b, p, 1 if timings[5] else 0)  # has_deadline, deadline_met
+    p = _put8(b, p, 1 if timings[6] else 0)
+    return _put32(b, p, <uint32_t>n)
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
 def write_infer_response(int sec, unsigned int nanosec, bytes frame_id, bytes rid,
@@ -494,47 +528,40 @@ def write_infer_response(int sec, unsigned int nanosec, bytes frame_id, bytes ri
     output does not qualify for that (the caller then builds the message), or off a
     little-endian host. OverflowError for a ``preempted``/``kernels_padded`` outside
     ``uint32``."""
-    cdef Py_ssize_t pos, p
+    cdef Py_ssize_t pos
     cdef list arrays = [], names = [], codes = []
-    cdef double q, c, t
-    cdef uint32_t pre, pad
-    cdef char* b
     if not _HOST_LE:
         return None
-    q, c, t = timings[0], timings[1], timings[2]
-    pre, pad = timings[3], timings[4]
-    hd, dm = bool(timings[5]), bool(timings[6])
-    pos = _size_str(8, len(frame_id))
-    pos = _size_str(pos, len(rid)) + 1
-    for sv in (code, message, model, served):
-        pos = _size_str(pos, len(<bytes>sv))
-    pos = _al(pos, 8) + 16 + 24  # kappa, quality; the timings' three float64
-    pos = _al(pos, 4) + 8 + 2    # preempted, kernels_padded; the two bools
-    pos = _al(pos, 4) + 4        # the tensor count
+    texts = (code, message, model, served)
+    pos = _lay_response(NULL, frame_id, rid, <uint8_t>status, texts, kappa, quality,
+                        timings, 0)
     if not _size_arrays(outputs, type_codes, arrays, names, codes, &pos):
         return None
     out = PyBytes_FromStringAndSize(NULL, pos + 4)
-    b = PyBytes_AS_STRING(out)
+    cdef char* b = PyBytes_AS_STRING(out)
     _put_start(b, sec, nanosec)
-    b += 4
-    p = _put_str(b, 8, frame_id, len(frame_id))
-    p = _put_str(b, p, rid, len(rid))
-    b[p] = <char><uint8_t>status
-    p += 1
-    for sv in (code, message, model, served):
-        p = _put_str(b, p, sv, len(<bytes>sv))
-    p = _put64(b, p, &kappa)
-    p = _put64(b, p, &quality)
-    p = _put64(b, p, &q)
-    p = _put64(b, p, &c)
-    p = _put64(b, p, &t)
-    p = _put32(b, p, pre)
-    p = _put32(b, p, pad)
-    b[p] = 1 if hd else 0
-    b[p + 1] = 1 if dm else 0
-    p = _put32(b, p + 2, <uint32_t>len(arrays))
-    _put_arrays(b, p, arrays, names, codes)
+    pos = _lay_response(b + 4, frame_id, rid, <uint8_t>status, texts, kappa, quality,
+                        timings, len(arrays))
+    _put_arrays(b + 4, pos, arrays, names, codes)
     return out
+
+
+cdef Py_ssize_t _lay_request(char* b, bytes frame_id, tuple texts, int8_t priority,
+                             int32_t d_sec, uint32_t d_ns, bint drop_late, int32_t h_sec,
+                             uint32_t h_ns, bytes variant_group, Py_ssize_t n) except -1:
+    """An ``InferRequest`` up to and including its tensor count ``n``, at ``b`` (the byte
+    after the encapsulation header; NULL: sized only); where the tensors go."""
+    cdef Py_ssize_t p = _put_str(b, 8, frame_id, len(frame_id))
+    for sv in texts:  # id, model, client
+        p = _put_str(b, p, sv, len(<bytes>sv))
+    p = _put8(b, p, <uint8_t>priority)
+    p = _put32(b, p, <uint32_t>d_sec)
+    p = _put32(b, p, d_ns)
+    p = _put8(b, p, 1 if drop_late else 0)
+    p = _put32(b, p, <uint32_t>h_sec)
+    p = _put32(b, p, h_ns)
+    p = _put_str(b, p, variant_group, len(variant_group))
+    return _put32(b, p, <uint32_t>n)
 
 
 @cython.boundscheck(False)
@@ -549,42 +576,26 @@ def write_infer_request(int sec, unsigned int nanosec, bytes frame_id, bytes rid
     :func:`write_outputs` writes outputs, one copy each. None, and nothing written, where
     an input does not qualify for that (the caller then builds the message), or off a
     little-endian host. OverflowError for a duration field outside its C type."""
-    cdef Py_ssize_t pos, p
+    cdef Py_ssize_t pos
     cdef list arrays = [], names = [], codes = []
     cdef int32_t d_sec, h_sec
     cdef uint32_t d_ns, h_ns
     cdef int8_t prio = priority
-    cdef char* b
     if not _HOST_LE:
         return None
     d_sec, d_ns = deadline[0], deadline[1]
     h_sec, h_ns = hard_deadline[0], hard_deadline[1]
-    pos = _size_str(8, len(frame_id))
-    for sv in (rid, model, client):
-        pos = _size_str(pos, len(<bytes>sv))
-    pos += 1                     # priority
-    pos = _al(pos, 4) + 8 + 1    # deadline; drop_late
-    pos = _al(pos, 4) + 8        # hard_deadline
-    pos = _size_str(pos, len(variant_group))
-    pos = _al(pos, 4) + 4        # the tensor count
+    texts = (rid, model, client)
+    pos = _lay_request(NULL, frame_id, texts, prio, d_sec, d_ns, drop_late, h_sec, h_ns,
+                       variant_group, 0)
     if not _size_arrays(inputs, type_codes, arrays, names, codes, &pos):
         return None
     out = PyBytes_FromStringAndSize(NULL, pos + 4)
-    b = PyBytes_AS_STRING(out)
+    cdef char* b = PyBytes_AS_STRING(out)
     _put_start(b, sec, nanosec)
-    b += 4
-    p = _put_str(b, 8, frame_id, len(frame_id))
-    for sv in (rid, model, client):
-        p = _put_str(b, p, sv, len(<bytes>sv))
-    b[p] = <char>prio
-    p = _put32(b, p + 1, <uint32_t>d_sec)
-    p = _put32(b, p, d_ns)
-    b[p] = 1 if drop_late else 0
-    p = _put32(b, p + 1, <uint32_t>h_sec)
-    p = _put32(b, p, h_ns)
-    p = _put_str(b, p, variant_group, len(variant_group))
-    p = _put32(b, p, <uint32_t>len(arrays))
-    _put_arrays(b, p, arrays, names, codes)
+    pos = _lay_request(b + 4, frame_id, texts, prio, d_sec, d_ns, drop_late, h_sec, h_ns,
+                       variant_group, len(arrays))
+    _put_arrays(b + 4, pos, arrays, names, codes)
     return out
 
 
@@ -594,6 +605,36 @@ memset(_ZERO36, 0, sizeof(_ZERO36))
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
+cdef Py_ssize_t _lay_detections(char* b, int sec, unsigned int nanosec, const char* fid,
+                                Py_ssize_t fl, const double[:, ::1] boxes,
+                                const double[::1] scores, list labels) except -1:
+    """A ``Detection2DArray`` after its stamp, at ``b`` (the byte after the encapsulation
+    header; NULL: sized only); the position after it."""
+    cdef Py_ssize_t n = boxes.shape[0], i, p = _put_str(b, 8, fid, fl)
+    p = _put32(b, p, <uint32_t>n)
+    for i in range(n):
+        p = _put32(b, p, <uint32_t>sec)  # each detection's header
+        p = _put32(b, p, nanosec)
+        p = _put_str(b, p, fid, fl)
+        p = _put32(b, p, 1)  # one result: hypothesis (class_id, score), pose
+        lab = <bytes>labels[i]
+        p = _put_str(b, p, lab, len(lab))
+        p = _put64(b, p, scores[i])
+        for _ in range(6):   # position x, y, z; orientation x, y, z
+            p = _put64(b, p, 0.0)
+        p = _put64(b, p, 1.0)  # orientation w
+        if b != NULL:  # covariance, float64[36] (8-aligned after w)
+            memcpy(b + p, _ZERO36, sizeof(_ZERO36))
+        p += sizeof(_ZERO36)
+        p = _put64(b, p, (boxes[i, 0] + boxes[i, 2]) * 0.5)  # bbox centre x, y, theta
+        p = _put64(b, p, (boxes[i, 1] + boxes[i, 3]) * 0.5)
+        p = _put64(b, p, 0.0)
+        p = _put64(b, p, boxes[i, 2] - boxes[i, 0])  # bbox size x, y
+        p = _put64(b, p, boxes[i, 3] - boxes[i, 1])
+        p = _put_str(b, p, b"", 0)  # id
+    return p
+
+
 def write_detections(int sec, unsigned int nanosec, bytes frame_id, const double[:, ::1] boxes,
                      const double[::1] scores, list labels):
     """A serialised ``vision_msgs/Detection2DArray`` (little-endian XCDR1) laid out as
@@ -603,56 +644,16 @@ def write_detections(int sec, unsigned int nanosec, bytes frame_id, const double
     identity orientation ``w = 1`` and a zero covariance), the box (``boxes`` rows ``x1, y1,
     x2, y2``) as its centre (``theta`` 0) and size, and an empty ``id``. ValueError when the
     three lengths differ or off a little-endian host."""
-    cdef Py_ssize_t n = boxes.shape[0], i, pos, p, fl = len(frame_id)
-    cdef double v, one = 1.0, zero = 0.0
-    cdef char* b
+    cdef Py_ssize_t n = boxes.shape[0], fl = len(frame_id)
     cdef const char* fid = frame_id
     if not _HOST_LE:
         raise ValueError("write_detections writes little-endian CDR from a little-endian host")
     if boxes.shape[1] != 4 or scores.shape[0] != n or len(labels) != n:
         raise ValueError(f"{n} boxes (of 4 values each), {scores.shape[0]} scores and "
                          f"{len(labels)} labels")
-    pos = _al(_size_str(8, fl), 4) + 4  # header, the detection count
-    for i in range(n):  # pass 1: sized (each alignment depends on what is before it)
-        pos = _al(_al(pos, 4) + 8, 4)   # stamp
-        pos = _size_str(pos, fl)
-        pos = _al(pos, 4) + 4           # one result
-        pos = _size_str(pos, len(<bytes>labels[i]))
-        pos = _al(pos, 8) + 8 * (1 + 3 + 4 + 36)  # score, position, orientation, covariance
-        pos = _al(pos, 8) + 8 * 5       # bbox: centre x, y, theta; size x, y
-        pos = _size_str(pos, 0)         # id
-    out = PyBytes_FromStringAndSize(NULL, pos + 4)
-    b = PyBytes_AS_STRING(out)
+    out = PyBytes_FromStringAndSize(
+        NULL, _lay_detections(NULL, sec, nanosec, fid, fl, boxes, scores, labels) + 4)
+    cdef char* b = PyBytes_AS_STRING(out)
     _put_start(b, sec, nanosec)
-    b += 4
-    p = _put_str(b, 8, fid, fl)
-    p = _put32(b, p, <uint32_t>n)
-    for i in range(n):
-        p = _put32(b, p, <uint32_t>sec)
-        p = _put32(b, p, nanosec)
-        p = _put_str(b, p, fid, fl)
-        p = _put32(b, p, 1)
-        lab = <bytes>labels[i]
-        p = _put_str(b, p, lab, len(lab))
-        v = scores[i]
-        p = _put64(b, p, &v)
-        p = _put64(b, p, &zero)       # position x, y, z
-        p = _put64(b, p, &zero)
-        p = _put64(b, p, &zero)
-        p = _put64(b, p, &zero)       # orientation x, y, z, w
-        p = _put64(b, p, &zero)
-        p = _put64(b, p, &zero)
-        p = _put64(b, p, &one)
-        memcpy(b + p, _ZERO36, sizeof(_ZERO36))  # covariance (8-aligned after w)
-        p += sizeof(_ZERO36)
-        v = (boxes[i, 0] + boxes[i, 2]) * 0.5
-        p = _put64(b, p, &v)
-        v = (boxes[i, 1] + boxes[i, 3]) * 0.5
-        p = _put64(b, p, &v)
-        p = _put64(b, p, &zero)       # theta
-        v = boxes[i, 2] - boxes[i, 0]
-        p = _put64(b, p, &v)
-        v = boxes[i, 3] - boxes[i, 1]
-        p = _put64(b, p, &v)
-        p = _put_str(b, p, b"", 0)
+    _lay_detections(b + 4, sec, nanosec, fid, fl, boxes, scores, labels)
     return out
