@@ -164,10 +164,11 @@ def new_tensor() -> Tensor:
 class Reply:
     """The answer to one request, before it becomes a message.
 
-    Exactly one of ``outputs`` (numpy arrays: from an in-process runtime, or read-only
-    views of a runtime host's response bytes) and ``tensors`` (``av_infer_msgs/Tensor``
-    messages) carries the outputs when ``code == "ok"``; ``tensor_msgs`` turns the former
-    into messages (one copy each), on the thread that publishes.
+    ``outputs`` carries the outputs when ``code == "ok"``: numpy arrays from an in-process
+    runtime, or read-only views of a runtime host's response bytes (``RemoteRuntimeClient``
+    reads every answer from its bytes since 2026-11-28; ``Tensor`` messages no longer
+    travel in a ``Reply``); ``tensor_msgs`` turns them into messages (one copy each), on
+    the thread that publishes.
     """
 
     id: str
@@ -175,7 +176,6 @@ class Reply:
     message: str = ""
     model: str = ""
     outputs: Mapping[str, np.ndarray] | None = None
-    tensors: list[Tensor] | None = None
     #: a runtime ``Timings`` (local) or a host's ``InferTimings`` (remote: a
     #: ``tensor_codec.WireTimings`` read from the wire, or the message)
     timings: Any = None
@@ -192,8 +192,6 @@ class Reply:
         return self.code == "ok"
 
     def tensor_msgs(self) -> list[Tensor]:
-        if self.tensors is not None:
-            return self.tensors
         return [codec.fill_tensor(new_tensor(), n, v) for n, v in (self.outputs or {}).items()]
 
     def timings_msg(self, received: float | None = None, now: float | None = None
@@ -228,10 +226,8 @@ def response_cdr(reply: Reply, stamp: tuple[int, int], frame_id: str,
     """``reply`` as the serialised ``InferResponse`` :func:`response_msg` would make (the
     request's ``stamp``/``frame_id`` as its header), written without message objects
     (``tensor_codec.infer_response_cdr``: one copy of each output); None where an output
-    is not a plain array of a wire dtype (or an answer carries received ``Tensor``s): the
-    caller then builds the message, whose conversion raises what the wire refuses."""
-    if reply.ok and reply.tensors is not None:
-        return None
+    is not a plain array of a wire dtype: the caller then builds the message, whose
+    conversion raises what the wire refuses."""
     t = reply.timings
     timings = t if isinstance(t, InferTimings | codec.WireTimings) else codec.fill_timings(
         _TimingsFields(), t, reply.deadline, received, now)
@@ -239,6 +235,22 @@ def response_cdr(reply: Reply, stamp: tuple[int, int], frame_id: str,
         stamp, ros_text(frame_id), ros_text(reply.id), reply.code, ros_text(reply.message),
         ros_text(reply.model), ros_text(reply.served_model), reply.kappa, reply.quality,
         timings, reply.outputs if reply.ok else None)
+
+
+def answer_to(reply: Reply, request: WireRequest, received: float | None = None,
+              now: float | None = None) -> bytes | InferResponse:
+    """What a response publisher sends for ``reply`` to ``request``: the serialised
+    ``InferResponse`` (:func:`response_cdr`, the request's header), the message where the
+    bytes cannot be written, and where the wire refuses the answer itself (an output dtype
+    it cannot carry) an ``internal_error`` answer saying why, so the request still gets
+    exactly one. The runtime host's and the pipeline stage's answers."""
+    frame = request.frame
+    try:
+        return (response_cdr(reply, (frame.sec, frame.nanosec), frame.frame_id, received, now)
+                or response_msg(reply, request.header, received, now))
+    except Exception as exc:  # noqa: BLE001 - e.g. an output the wire cannot carry
+        return response_msg(Reply(id=reply.id, code="internal_error", message=str(exc),
+                                  model=reply.model), request.header)
 
 
 class _TimingsFields:

@@ -857,11 +857,8 @@ class ImageInferenceNode(LifecycleNode):
     def _publish_tensors(self, reply: Reply, frame: Frame) -> None:
         """``~/output/tensors``: the in-process outputs serialised straight into the
         ``TensorList``'s bytes (one copy of each array, no message objects:
-        ``tensor_codec.tensor_list_cdr``; docs/ros.md, "ROS path cost"); a remote host's
-        received tensors as they are."""
-        if reply.tensors is not None:
-            self._pub.publish(TensorList(header=frame.header, tensors=reply.tensors))
-            return
+        ``tensor_codec.tensor_list_cdr``; docs/ros.md, "ROS path cost"), a remote host's
+        as well (read from its response's bytes)."""
         self._pub.publish(codec.tensor_list_cdr((frame.sec, frame.nanosec), frame.frame_id,
                                                 reply.outputs or {}))
 
@@ -874,9 +871,7 @@ class ImageInferenceNode(LifecycleNode):
         if decoder is None or self._det_pub is None:
             return
         try:
-            outputs = (reply.outputs if reply.outputs is not None
-                       else codec.tensors_dict(reply.tensors or []))
-            dets = decoder.decode(outputs, geom)
+            dets = decoder.decode(reply.outputs or {}, geom)
         except (ValueError, AvInferError) as exc:  # DecodeError, CodecError
             with self._lock:
                 self.counters["decode_failed"] += 1

@@ -35,20 +35,19 @@ from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
-from av_infer_msgs.msg import Float64Stamped, InferRequest, InferResponse, Tensor
+from av_infer_msgs.msg import Float64Stamped, InferRequest, InferResponse
 from av_infer_nodes.common import (
     LATCHED_QOS,
     REQUEST_QOS,
     Reply,
     WireRequest,
+    answer_to,
     declare,
     error_reply,
-    response_cdr,
-    response_msg,
+    request_msg,
     ros_text,
     spin_nodes,
 )
-from builtin_interfaces.msg import Duration
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import String
@@ -143,9 +142,8 @@ class PipelineStageNode(Node):
     def _on_request(self, raw: bytes) -> None:
         """Answer the request in ``raw`` (its serialised bytes: ``WireRequest``, the feature
         maps views of the bytes, copied once by ``submit``) exactly once, whatever it
-        holds; the answer written as bytes (``response_cdr``; the message where the bytes
-        cannot be written). Bytes that are no request are answered ``malformed_request``
-        without an id."""
+        holds; the answer written as bytes where it can be (``answer_to``). Bytes that are
+        no request are answered ``malformed_request`` without an id."""
         try:
             msg = WireRequest(raw)
         except ValueError as exc:
@@ -186,14 +184,7 @@ class PipelineStageNode(Node):
     def _answer(self, reply: Reply, request: WireRequest) -> None:
         """``reply`` on ``response`` with ``request``'s header, as bytes where they can be
         written; an answer the wire refuses (an output dtype) as ``internal_error``."""
-        frame = request.frame
-        try:
-            msg = response_cdr(reply, (frame.sec, frame.nanosec), frame.frame_id) \
-                or response_msg(reply, request.header)
-        except Exception as exc:  # noqa: BLE001 - e.g. an output the wire cannot carry
-            msg = response_msg(Reply(id=reply.id, code="internal_error", message=str(exc),
-                                     model=reply.model), request.header)
-        self._resp.publish(msg)
+        self._resp.publish(answer_to(reply, request))
 
     def destroy_node(self) -> None:
         self.runtime.close(drain=False)
@@ -282,18 +273,12 @@ class RemoteLane:
         expiry = time.monotonic() + (deadline_in_s if finite else self.wait_s) \
             + self.dead_after_s
         feature_maps = {n: np.ascontiguousarray(v) for n, v in inputs.items()}
-        # as bytes (``infer_request_cdr``), the message where they cannot be written
-        msg = codec.infer_request_cdr(codec.RequestControl(
-            id=rid, model=stage, client="pipeline", priority=priority, stamp=(0, 0),
-            frame_id="", deadline_s=deadline_in_s if finite else None, drop_late=False),
-            feature_maps)
-        if msg is None:
-            msg = InferRequest(id=rid, model=stage, client="pipeline",
-                               priority=codec.PRIORITY_OF[priority])
-            if finite:
-                sec = int(deadline_in_s)
-                msg.deadline = Duration(sec=sec, nanosec=int((deadline_in_s - sec) * 1e9))
-            msg.tensors = [codec.fill_tensor(Tensor(), n, v) for n, v in feature_maps.items()]
+        ctrl = codec.RequestControl(id=rid, model=stage, client="pipeline", priority=priority,
+                                    stamp=(0, 0), frame_id="",
+                                    deadline_s=deadline_in_s if finite else None,
+                                    drop_late=False)
+        # as bytes, the message where they cannot be written (as RemoteRuntimeClient.submit)
+        msg = codec.infer_request_cdr(ctrl, feature_maps) or request_msg(ctrl, feature_maps)
         with self._cv:  # the death check under the lock: _watch fails what it finds here
             if self._dead:
                 fut.set_exception(StageFailedError(f"stage {self.name} is dead"))

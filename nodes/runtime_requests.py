@@ -25,11 +25,10 @@ from av_infer_nodes.common import (
     RESPONSE_QOS_CLIENT,
     Reply,
     WireRequest,
+    answer_to,
     error_reply,
     publish_cyclic,
     publish_debug,
-    response_cdr,
-    response_msg,
     response_topic,
     ros_text,
     submit_to_runtime,
@@ -138,16 +137,10 @@ class RequestEndpoint:
         rt = self.runtime
         now = rt.now() if rt is not None else None
         received = None if now is None else now - (time.monotonic() - t_recv)
-        frame = request.frame
-        try:  # as bytes, no message objects; the message where the bytes cannot be written
-            msg = response_cdr(reply, (frame.sec, frame.nanosec), frame.frame_id, received,
-                               now) or response_msg(reply, request.header, received, now)
-        except Exception as exc:  # e.g. an output dtype the wire cannot carry
-            msg = response_msg(Reply(id=reply.id, code="internal_error", message=str(exc),
-                                     model=reply.model), request.header)
+        msg = answer_to(reply, request, received, now)
         try:
             self._response_publisher(request).publish(msg)
-            publish_debug(self._debug, self, t_recv, request.header.stamp)
+            publish_debug(self._debug, self, t_recv, request.frame)
         except Exception as exc:  # context already shut down
             if rclpy.ok(context=self.context):
                 self.get_logger().error(f"cannot publish response {reply.id}: {exc}")
