@@ -44,8 +44,8 @@ from av_infer._cy.gather import GatherPlan, ResizePlan  # noqa: E402, F401
 #: received ``TensorList`` into views of its tensors (:func:`read_tensor_list_cdr`), the
 #: host's ``InferResponse`` written (:func:`infer_response_cdr`) and read by a remote
 #: client (:func:`read_infer_response_cdr`), a remote client's ``InferRequest`` written
-#: (:func:`infer_request_cdr`) and an image node's ``Detection2DArray`` written
-#: (``write_detections``).
+#: (:func:`infer_request_cdr`), an image node's ``Detection2DArray`` (``write_detections``)
+#: and a node's ``/diagnostics`` ``DiagnosticArray`` (``write_diagnostics``) written.
 from av_infer._cy.ros_cdr import (  # noqa: E402, F401
     read_compressed_image,
     read_image,
@@ -53,6 +53,7 @@ from av_infer._cy.ros_cdr import (  # noqa: E402, F401
     read_infer_response,
     read_tensor_list,
     write_detections,
+    write_diagnostics,
     write_float64_stamped,
     write_infer_request,
     write_infer_response,

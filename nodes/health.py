@@ -15,6 +15,11 @@ What a safety review asks of a perception input, after the ROS conventions it kn
 * ``ConsecutiveCheck``: Autoware's escalation: one deadline miss is a WARN, ``error_after``
   consecutive misses an ERROR; a met deadline resets the run.
 
+The statuses themselves are plain tuples with the message's field names (``Status``,
+``KV``), published as the serialised ``DiagnosticArray`` (``diagnostics_cdr``): built as
+``diagnostic_msgs`` objects and converted by rclpy, the host's ~230-1300 values cost
+1-3 ms a second with the GIL held, which the data path waited for (docs/ros.md).
+
 Every check takes the time as an argument (seconds, one clock per check: ROS time for
 stamps, monotonic for arrivals), never reads a clock itself: the nodes pass their clocks,
 tests pass chosen times, so the levels are driven deterministically. No ROS import: this
@@ -27,9 +32,51 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from av_infer.tensor_codec import write_diagnostics
 
 OK, WARN, ERROR, STALE = 0, 1, 2, 3
 LEVEL_NAMES = {OK: "OK", WARN: "WARN", ERROR: "ERROR", STALE: "STALE"}
+
+
+class KV(NamedTuple):
+    """A ``diagnostic_msgs/KeyValue``'s fields."""
+
+    key: str
+    value: str
+
+
+class Status(NamedTuple):
+    """A ``diagnostic_msgs/DiagnosticStatus``'s fields; ``level`` one byte, as the message
+    holds it (``bytes([WARN])``)."""
+
+    level: bytes
+    name: str
+    message: str
+    hardware_id: str
+    values: list[KV]
+
+
+def diagnostics_cdr(statuses: list[Status], stamp: tuple[int, int], frame_id: str = ""
+                    ) -> bytes:
+    """``statuses`` as the serialised ``DiagnosticArray`` with the header ``stamp`` (sec,
+    nanosec) and ``frame_id``: what ``Publisher.publish`` sends as it is
+    (``ros_cdr.write_diagnostics``). A text a ROS string cannot carry (a NUL, a lone
+    surrogate) is written with backslash escapes (``\\x00``, ``\\udc80``) instead of
+    making the publication fail."""
+    try:
+        return write_diagnostics(int(stamp[0]), int(stamp[1]), frame_id.encode(), statuses)
+    except (ValueError, UnicodeEncodeError):  # rare: escape every text and write again
+        safe = [Status(st.level, _text(st.name), _text(st.message), _text(st.hardware_id),
+                       [KV(_text(k), _text(v)) for k, v in st.values]) for st in statuses]
+        return write_diagnostics(int(stamp[0]), int(stamp[1]), _text(frame_id).encode(),
+                                 safe)
+
+
+def _text(text: str) -> str:
+    """``text`` as a ROS string can carry it (no NUL, no lone surrogate), escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
 
 
 @dataclass
@@ -198,11 +245,9 @@ class ConsecutiveCheck:
         return Finding(OK, "ok", values)
 
 
-def status_msg(finding: Finding, name: str, hardware_id: str = "",
-               extra: dict[str, object] | None = None) -> object:
-    """``finding`` as a ``diagnostic_msgs/DiagnosticStatus`` (imported here: the checks
-    above need no ROS)."""
-    from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
+def status_of(finding: Finding, name: str, hardware_id: str = "",
+              extra: dict[str, object] | None = None) -> Status:
+    """``finding`` as a ``Status`` (floats to 6 significant digits)."""
 
     def text(v: object) -> str:
         if isinstance(v, float):
@@ -210,7 +255,5 @@ def status_msg(finding: Finding, name: str, hardware_id: str = "",
         return str(v)
 
     values = {**finding.values, **(extra or {})}
-    return DiagnosticStatus(
-        level=bytes([finding.level]), name=name, message=finding.message,
-        hardware_id=hardware_id,
-        values=[KeyValue(key=str(k), value=text(v)) for k, v in values.items()])
+    return Status(bytes([finding.level]), name, finding.message, hardware_id,
+                  [KV(str(k), text(v)) for k, v in values.items()])

@@ -79,7 +79,8 @@ from av_infer_nodes.health import (
     RateCheck,
     StampCheck,
     combine,
-    status_msg,
+    diagnostics_cdr,
+    status_of,
 )
 from av_infer_nodes.image_decode import CONVERTED, convert_raw, decode_compressed
 from av_infer_nodes.preprocess import (
@@ -924,15 +925,13 @@ class ImageInferenceNode(LifecycleNode):
         with self._lock:
             finding = self.health.check(now) if self.active else Finding(message="inactive")
             counters = dict(self.counters)
-        return status_msg(finding, f"av_infer: input {self.get_fully_qualified_name()}",
-                          hardware_id=str(self.p["client"]), extra=counters)
+        return status_of(finding, f"av_infer: input {self.get_fully_qualified_name()}",
+                         hardware_id=str(self.p["client"]), extra=counters)
 
     def publish_diagnostics(self) -> None:
-        msg = DiagnosticArray()
-        msg.header.stamp = self.get_clock().now().to_msg()
-        msg.status = [self.health_status()]
-        try:
-            self._diag_pub.publish(msg)
+        stamp = self.get_clock().now().seconds_nanoseconds()
+        try:  # serialised here, no message objects (health.diagnostics_cdr)
+            self._diag_pub.publish(diagnostics_cdr([self.health_status()], stamp))
         except Exception as exc:  # a diagnostics problem must never stop the node
             if self.context.ok():
                 self.get_logger().warning(f"diagnostics not published: {exc!r}")

@@ -15,12 +15,20 @@ from collections import deque
 from typing import Any
 
 import numpy as np
-from av_infer_nodes.common import ros_text
-from av_infer_nodes.health import OK, ConsecutiveCheck, Finding, RateCheck, combine
+from av_infer_nodes.health import (
+    KV,
+    OK,
+    WARN,
+    ConsecutiveCheck,
+    Finding,
+    RateCheck,
+    Status,
+    combine,
+)
 from av_infer_nodes.runtime_params import parse_client_rates
-from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
 
 from av_infer import InvalidParameterError
+from av_infer.latency import quantiles
 
 #: Clients ``ClientHealth`` tracks one by one (as the runtime's statistics do).
 MAX_HEALTH_CLIENTS = 256
@@ -110,35 +118,49 @@ class ModelLatency:
             misses, pre = dict(self._misses), dict(self._preempted)
         out: dict[str, dict[str, Any]] = {}
         for model, samples in items.items():
-            a = np.asarray(samples) * 1e3
-            p50, p99 = (np.percentile(a, [50, 99]) if a.size else (math.nan, math.nan))
+            a = np.asarray(samples, dtype=np.float64) * 1e3
+            p50, p99 = quantiles(a, (0.5, 0.99)) if a.size else (math.nan, math.nan)
             out[model] = {"latency_ms": {"p50": float(p50), "p99": float(p99)},
                           "deadline_misses": misses.get(model, 0),
                           "preemptions": pre.get(model, 0)}
         return out
 
 
-def _kv(key: str, value: Any) -> KeyValue:
+def _kv(key: str, value: Any) -> KV:
     if isinstance(value, float):
         value = f"{value:.3f}" if math.isfinite(value) else str(value)
     elif isinstance(value, dict | list):
         value = json.dumps(value, separators=(",", ":"), default=str)
-    return KeyValue(key=ros_text(key), value=ros_text(str(value)))
+    return KV(key, str(value))
 
 
-def _flatten(prefix: str, value: Any, out: list[KeyValue]) -> None:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
-    else:
+def _flatten(prefix: str, value: Any, out: list[KV]) -> None:
+    """``value`` as key/values under ``prefix`` (nested dicts joined with "."): what
+    ``_kv`` makes of each leaf, the common leaves (float, int, str) formatted inline (a
+    host's statistics are ~550-1300 of them, once a second)."""
+    if not isinstance(value, dict):
         out.append(_kv(prefix, value))
+        return
+    dot = f"{prefix}." if prefix else ""
+    isfinite = math.isfinite
+    for k, v in value.items():
+        key = dot + (k if type(k) is str else str(k))
+        t = type(v)
+        if t is float:
+            out.append(KV(key, f"{v:.3f}" if isfinite(v) else str(v)))
+        elif t is int or t is str:
+            out.append(KV(key, str(v)))
+        elif t is dict:
+            _flatten(key, v, out)
+        else:
+            out.append(_kv(key, v))
 
 
 def diagnostic_statuses(stats: dict[str, Any], device: str, rt: Any,
                         last_misses: dict[str, int], device_reason: str = "",
                         device_fallback: bool = False,
                         client_findings: dict[str, Finding] | None = None,
-                        gc_frozen: int = 0) -> list[DiagnosticStatus]:
+                        gc_frozen: int = 0) -> list[Status]:
     """Runtime.stats() -> one status for the runtime, one per client, one per model, one
     per variant group.
 
@@ -156,10 +178,10 @@ def diagnostic_statuses(stats: dict[str, Any], device: str, rt: Any,
     the GIL held for the ~58 k of the demo's process, once a second on the executor, and
     every data-path callback waited for it, docs/ros.md).
     """
-    statuses: list[DiagnosticStatus] = []
+    statuses: list[Status] = []
     policy = getattr(rt, "policy", "?")
     batch_mode = (stats.get("batching") or {}).get("mode", "?")
-    head: list[KeyValue] = [_kv("device", device), _kv("device_reason", device_reason),
+    head: list[KV] = [_kv("device", device), _kv("device_reason", device_reason),
                             _kv("device_fallback", device_fallback), _kv("policy", policy),
                             _kv("c", getattr(rt, "c", "?")), _kv("batch_mode", batch_mode),
                             _kv("gc_frozen_objects", gc_frozen)]
@@ -174,16 +196,14 @@ def diagnostic_statuses(stats: dict[str, Any], device: str, rt: Any,
     ort_fallback = (stats.get("device") or {}).get("ort_api_reason")
     if ort_fallback:
         text += f"; ONNX Runtime through its Python binding: {ort_fallback}"
-    level = (DiagnosticStatus.WARN if device_fallback or ort_fallback
-             else DiagnosticStatus.OK)
-    statuses.append(DiagnosticStatus(level=level, name="av_infer: runtime", message=text,
-                                     hardware_id=device, values=head))
+    level = WARN if device_fallback or ort_fallback else OK
+    statuses.append(Status(bytes([level]), "av_infer: runtime", text, device, head))
     findings = dict(client_findings or {})
     clients = dict(stats.get("clients") or {})
     for name in findings:
         clients.setdefault(name, {})
     for name, cs in sorted(clients.items()):
-        values: list[KeyValue] = []
+        values: list[KV] = []
         _flatten("", cs, values)
         finding = findings.get(name, Finding())
         for k, v in finding.values.items():
@@ -195,19 +215,18 @@ def diagnostic_statuses(stats: dict[str, Any], device: str, rt: Any,
         p50, p99 = lat.get("p50"), lat.get("p99")
         text = (f"p50 {p50:.2f} ms, p99 {p99:.2f} ms" if p50 is not None and p99 is not None
                 else "no completed requests")
-        level = DiagnosticStatus.WARN if new > 0 else DiagnosticStatus.OK
+        level = WARN if new > 0 else OK
         if new > 0:
             text += f", {new} deadline misses"
         if finding.level != OK:
             text += f"; {finding.message}"
-        level = bytes([max(level[0], finding.level)])
-        statuses.append(DiagnosticStatus(level=level, name=ros_text(f"av_infer: client {name}"),
-                                         message=text, hardware_id=device, values=values))
+        statuses.append(Status(bytes([max(level, finding.level)]), f"av_infer: client {name}",
+                               text, device, values))
     for name, ms in sorted((stats.get("models") or {}).items()):
         values = []
         _flatten("", ms, values)
-        statuses.append(DiagnosticStatus(level=DiagnosticStatus.OK, name=f"av_infer: model {name}",
-                                         message="loaded", hardware_id=device, values=values))
+        statuses.append(Status(bytes([OK]), f"av_infer: model {name}", "loaded", device,
+                               values))
     for name, gs in sorted((stats.get("variant_groups") or {}).items()):
         values = []
         _flatten("", gs, values)
@@ -216,7 +235,6 @@ def diagnostic_statuses(stats: dict[str, Any], device: str, rt: Any,
         text = ", ".join(f"{m} {100 * v:.1f} %" for m, v in shares.items() if v is not None)
         text = (f"{text or 'none served'}; mean utility {mean:.3f}" if mean is not None
                 else "no completed requests")
-        statuses.append(DiagnosticStatus(level=DiagnosticStatus.OK,
-                                         name=ros_text(f"av_infer: variant group {name}"),
-                                         message=text, hardware_id=device, values=values))
+        statuses.append(Status(bytes([OK]), f"av_infer: variant group {name}", text, device,
+                               values))
     return statuses

@@ -73,6 +73,7 @@ from av_infer_nodes.common import (
     spin_nodes,
 )
 from av_infer_nodes.handoff import Handoff
+from av_infer_nodes.health import diagnostics_cdr
 from av_infer_nodes.runtime_build import (  # noqa: F401 - re-exported (tests, nodes)
     DEVICES,
     check_live_device,
@@ -582,17 +583,16 @@ class RuntimeNode(RequestEndpoint, ModelServices, LifecycleNode):
         except Exception as exc:
             self.get_logger().warning(f"stats unavailable: {exc}")
             return
-        msg = DiagnosticArray()
-        msg.header.stamp = self.get_clock().now().to_msg()
+        stamp = self.get_clock().now().seconds_nanoseconds()
         stats["models"] = self._model_stats(stats.get("models") or {})
-        msg.status = diagnostic_statuses(stats, self.device, self.runtime, self._last_misses,
-                                         device_reason=self.device_reason,
-                                         device_fallback=self.device_fallback,
-                                         client_findings=self.client_health.findings(
-                                             time.monotonic()),
-                                         gc_frozen=self.gc_frozen)
-        try:
-            self._diag_pub.publish(msg)
+        statuses = diagnostic_statuses(stats, self.device, self.runtime, self._last_misses,
+                                       device_reason=self.device_reason,
+                                       device_fallback=self.device_fallback,
+                                       client_findings=self.client_health.findings(
+                                           time.monotonic()),
+                                       gc_frozen=self.gc_frozen)
+        try:  # serialised here, no message objects (health.diagnostics_cdr)
+            self._diag_pub.publish(diagnostics_cdr(statuses, stamp))
         except Exception as exc:  # a diagnostics problem must never stop the node
             if rclpy.ok(context=self.context):
                 self.get_logger().warning(f"diagnostics not published: {exc!r}")

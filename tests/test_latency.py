@@ -1,14 +1,18 @@
 """``LatencyRecorder`` keeps the last ``cap`` samples and all-time count/total/max, as
-it fills, grows and wraps (``add`` takes a store per sample on the request path)."""
+it fills, grows and wraps (``add`` takes a store per sample on the request path); its
+percentiles are numpy's, bit for bit (``quantiles``)."""
 
 from __future__ import annotations
 
 import math
 import random
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from av_infer.latency import LatencyRecorder, summarize_ms
+from av_infer.latency import LatencyRecorder, quantiles, summarize_ms
 
 
 @pytest.mark.parametrize("cap", [1, 63, 64, 100, 1000])
@@ -71,3 +75,34 @@ def test_compiled_and_interpreted_recorders_agree() -> None:
             text=True).stdout)
     assert runs[""] == runs["1"]
     assert runs[""][-1] == "refused"
+
+
+_finite = st.floats(0, 1e3, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(_finite, min_size=1, max_size=300) | st.lists(
+           st.sampled_from([0.0, 0.5, 1.0, 2.0]), min_size=1, max_size=40),
+       qs=st.lists(st.floats(0, 1), min_size=1, max_size=6), nan_at=st.none() | st.integers(0))
+def test_quantiles_are_numpys_percentiles_bit_for_bit(values, qs, nan_at) -> None:
+    """``quantiles`` returns exactly ``np.quantile``'s default ("linear") figures:
+    ties, one sample, the quantiles 0 and 1, and NaN for every quantile once a sample is
+    NaN (numpy's rule)."""
+    a = np.array(values, dtype=np.float64)
+    if nan_at is not None:
+        a[nan_at % len(a)] = np.nan
+    want = np.quantile(a, qs).tolist()
+    got = quantiles(a.copy(), tuple(qs))
+    assert all(g == w or (math.isnan(g) and math.isnan(w)) for g, w in zip(got, want)), (
+        got, want)
+
+
+def test_summary_percentiles_are_numpys() -> None:
+    r = LatencyRecorder(cap=5000)
+    rng = random.Random(7)
+    for _ in range(4321):
+        r.add(rng.lognormvariate(-7, 1))
+    a = r.sample()[0] * 1e3
+    s = summarize_ms(r.sample())
+    assert [s["p50"], s["p90"], s["p99"], s["p999"]] == np.percentile(
+        a, [50, 90, 99, 99.9]).tolist()

@@ -2,7 +2,8 @@
 """CDR, the DDS wire form, of the messages the data paths move per frame or request:
 ``sensor_msgs/Image`` and ``sensor_msgs/CompressedImage`` read, ``av_infer_msgs/TensorList``
 written (and read, for a consumer of the outputs), the host's ``InferRequest`` read and
-its ``InferResponse`` written (and read, by a remote client).
+its ``InferResponse`` written (and read, by a remote client), ``vision_msgs``
+detections and ``diagnostic_msgs/DiagnosticArray`` written.
 ROS-free (bytes in, bytes out), so plain
 pytest covers it.
 
@@ -34,9 +35,17 @@ import sys
 
 cimport cython
 cimport numpy as cnp
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.bytes cimport (
+    PyBytes_AS_STRING,
+    PyBytes_Check,
+    PyBytes_FromStringAndSize,
+    PyBytes_GET_SIZE,
+)
+from cpython.list cimport PyList_Check
+from cpython.tuple cimport PyTuple_Check, PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_Check
 from libc.stdint cimport int8_t, int32_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memchr, memcpy, memset
 
 #: the encapsulation kinds read and written (XCDR1): CDR_BE, CDR_LE
 CDR_BE = b"\x00\x00"
@@ -656,4 +665,78 @@ def write_detections(int sec, unsigned int nanosec, bytes frame_id, const double
     cdef char* b = PyBytes_AS_STRING(out)
     _put_start(b, sec, nanosec)
     _lay_detections(b + 4, sec, nanosec, fid, fl, boxes, scores, labels)
+    return out
+
+
+cdef Py_ssize_t _put_text(char* b, Py_ssize_t pos, object text) except -1:
+    """``text`` (a ``str``) as a CDR string: its UTF-8 (CPython's cached form, no copy
+    made) and the NUL; ``UnicodeEncodeError`` for a lone surrogate, ``ValueError`` for a
+    NUL inside (a ROS string ends at its first)."""
+    cdef Py_ssize_t k
+    cdef const char* c
+    if not PyUnicode_Check(text):
+        raise TypeError(f"a diagnostics text is a str, got {type(text).__name__}")
+    c = PyUnicode_AsUTF8AndSize(text, &k)
+    if b == NULL and memchr(c, 0, k) != NULL:  # checked once, while sizing
+        raise ValueError("a NUL inside a string")
+    return _put_str(b, pos, c, k)
+
+
+cdef inline object _field(object t, Py_ssize_t i, Py_ssize_t n, str what):
+    """Item ``i`` of ``t``, a tuple (or a named tuple) of ``n`` items (borrowed, no call)."""
+    if not PyTuple_Check(t) or PyTuple_GET_SIZE(t) != n:
+        raise TypeError(f"a {what} is a tuple of {n}, got {t!r}")
+    return <object>PyTuple_GET_ITEM(t, i)
+
+
+cdef Py_ssize_t _lay_diagnostics(char* b, const char* fid, Py_ssize_t fl,
+                                 list statuses) except -1:
+    """A ``DiagnosticArray`` after its stamp, at ``b`` (NULL: sized only); the position
+    after it."""
+    cdef Py_ssize_t p = _put_str(b, 8, fid, fl), i, j, nv
+    cdef list values
+    p = _put32(b, p, <uint32_t>len(statuses))
+    for i in range(len(statuses)):
+        st = statuses[i]
+        level = _field(st, 0, 5, "status")
+        if not PyBytes_Check(level):
+            raise TypeError(f"a status level is bytes, got {type(level).__name__}")
+        if PyBytes_GET_SIZE(level) != 1:
+            raise ValueError(f"a status level is one byte, got {level!r}")
+        p = _put8(b, p, <uint8_t>PyBytes_AS_STRING(level)[0])
+        p = _put_text(b, p, <object>PyTuple_GET_ITEM(st, 1))  # name
+        p = _put_text(b, p, <object>PyTuple_GET_ITEM(st, 2))  # message
+        p = _put_text(b, p, <object>PyTuple_GET_ITEM(st, 3))  # hardware_id
+        v = <object>PyTuple_GET_ITEM(st, 4)
+        if not PyList_Check(v):
+            raise TypeError(f"a status's values are a list, got {type(v).__name__}")
+        values = <list>v
+        nv = len(values)
+        p = _put32(b, p, <uint32_t>nv)
+        for j in range(nv):
+            kv = values[j]
+            p = _put_text(b, p, _field(kv, 0, 2, "key/value"))
+            p = _put_text(b, p, <object>PyTuple_GET_ITEM(kv, 1))
+    return p
+
+
+def write_diagnostics(int sec, unsigned int nanosec, bytes frame_id, list statuses):
+    """A serialised ``diagnostic_msgs/DiagnosticArray`` (little-endian XCDR1): the header
+    ``(sec, nanosec, frame_id)`` and one ``DiagnosticStatus`` per entry of ``statuses``,
+    each a tuple ``(level, name, message, hardware_id, values)``: ``level`` a ``bytes`` of
+    one byte (as ``DiagnosticStatus.level``), three ``str`` and a list of ``(key, value)``
+    ``str`` tuples (``KeyValue``). Strings go as their UTF-8. ``TypeError`` for another
+    type, ``ValueError`` for a string holding a NUL or off a little-endian host,
+    ``UnicodeEncodeError`` for a lone surrogate (``nodes.diagnostics`` escapes both and
+    writes again)."""
+    cdef Py_ssize_t fl = len(frame_id)
+    cdef const char* fid = frame_id
+    if not _HOST_LE:
+        raise ValueError("write_diagnostics writes little-endian CDR from a little-endian host")
+    if memchr(fid, 0, fl) != NULL:
+        raise ValueError("a NUL inside the frame id")
+    out = PyBytes_FromStringAndSize(NULL, _lay_diagnostics(NULL, fid, fl, statuses) + 4)
+    cdef char* b = PyBytes_AS_STRING(out)
+    _put_start(b, sec, nanosec)
+    _lay_diagnostics(b + 4, fid, fl, statuses)
     return out

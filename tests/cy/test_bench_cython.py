@@ -404,6 +404,63 @@ def test_bench_detections_msg_serialize_baseline(benchmark):
     benchmark(lambda: serialize_message(detections_msg(dets, header)))
 
 
+def _statuses(n_status: int = 30, n_values: int = 18):
+    from av_infer_nodes.health import KV, Status
+
+    return [Status(bytes([i % 4]), f"av_infer: client camera_{i}", "p50 1.20 ms, p99 2.41 ms",
+                   "cpu", [KV(f"latency_ms.p{j}", f"{j * 0.173:.3f}") for j in range(n_values)])
+            for i in range(n_status)]
+
+
+@needs_rclpy
+def test_bench_diagnostics_cdr(benchmark):
+    """health.diagnostics_cdr: 30 statuses of 18 values (a host's ``/diagnostics`` with 24
+    clients and 4 models is ~550 values) -> serialised ``DiagnosticArray`` (published as
+    bytes since 2026-11-28 07:5x UTC; baseline below)."""
+    from av_infer_nodes.health import diagnostics_cdr
+
+    statuses = _statuses()
+    benchmark(diagnostics_cdr, statuses, (1, 2))
+
+
+@needs_rclpy
+def test_bench_diagnostics_msg_serialize_baseline(benchmark):
+    """The same statuses as ``DiagnosticStatus``/``KeyValue`` messages, serialised by rclpy
+    (what the nodes published before)."""
+    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+    from rclpy.serialization import serialize_message
+
+    statuses = _statuses()
+
+    def as_msg():
+        msg = DiagnosticArray()
+        msg.status = [DiagnosticStatus(level=s.level, name=s.name, message=s.message,
+                                       hardware_id=s.hardware_id,
+                                       values=[KeyValue(key=k, value=v) for k, v in s.values])
+                      for s in statuses]
+        return serialize_message(msg)
+
+    benchmark(as_msg)
+
+
+def test_bench_quantiles(benchmark):
+    """latency.quantiles: a recorder's summary (p50/p90/p99/p999) of 500 samples, as
+    ``Runtime.stats()`` computes one per client recorder; baseline: ``np.percentile``."""
+    import numpy as np
+
+    from av_infer.latency import _SUMMARY_QS, quantiles
+
+    a = np.random.default_rng(0).lognormal(0, 1, 500)
+    benchmark(lambda: quantiles(a * 1e3, _SUMMARY_QS))
+
+
+def test_bench_quantiles_numpy_baseline(benchmark):
+    import numpy as np
+
+    a = np.random.default_rng(0).lognormal(0, 1, 500)
+    benchmark(lambda: np.percentile(a * 1e3, [50, 90, 99, 99.9]))
+
+
 def _request_bytes():
     import numpy as np
     from av_infer_msgs.msg import InferRequest, Tensor

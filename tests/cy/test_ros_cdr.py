@@ -540,3 +540,53 @@ def test_detections_cdr_leaves_a_nul_to_the_message() -> None:
     assert detections_cdr(dets, (0, 0), "cam") is None
     with pytest.raises(ValueError, match="2 boxes"):
         ros_cdr.write_detections(0, 0, b"", np.zeros((2, 4)), np.zeros(1), [b"x"])
+
+
+_statuses = st.lists(st.tuples(st.integers(0, 255), texts, texts, texts,
+                               st.lists(st.tuples(texts, texts), max_size=6)), max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(sec=st.integers(-2**31, 2**31 - 1), nanosec=u32, frame=texts, rows=_statuses)
+def test_diagnostics_written_as_bytes_are_the_message(sec, nanosec, frame, rows) -> None:
+    """``write_diagnostics`` (what the nodes publish on /diagnostics) deserialises to the
+    ``DiagnosticArray`` of the same header and statuses, every field and level."""
+    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+
+    raw = ros_cdr.write_diagnostics(sec, nanosec, frame.encode(),
+                                    [(bytes([lv]), n, m, h, kvs) for lv, n, m, h, kvs in rows])
+    want = DiagnosticArray(header=_header(sec, nanosec, frame), status=[
+        DiagnosticStatus(level=bytes([lv]), name=n, message=m, hardware_id=h,
+                         values=[KeyValue(key=k, value=v) for k, v in kvs])
+        for lv, n, m, h, kvs in rows])
+    assert deserialize_message(raw, DiagnosticArray) == want
+
+
+def test_diagnostics_refuse_what_a_ros_string_cannot_carry_and_the_node_escapes_it() -> None:
+    """The writer refuses a NUL inside a text, a lone surrogate, a level that is not one
+    byte; ``health.diagnostics_cdr`` (the nodes' publisher) writes such texts escaped."""
+    pytest.importorskip("av_infer_nodes")
+    from av_infer_nodes.health import KV, Status, diagnostics_cdr
+    from diagnostic_msgs.msg import DiagnosticArray
+
+    def one(name: str, level: bytes = b"\x01") -> list:
+        return [Status(level, name, "m", "hw", [KV("k", name)])]
+
+    with pytest.raises(ValueError, match="NUL"):
+        ros_cdr.write_diagnostics(0, 0, b"", one("a\x00b"))
+    with pytest.raises(UnicodeEncodeError):
+        ros_cdr.write_diagnostics(0, 0, b"", one("a\udc80b"))
+    with pytest.raises(ValueError, match="one byte"):
+        ros_cdr.write_diagnostics(0, 0, b"", one("a", b"\x01\x02"))
+    for bad in ((b"\x00", 1, "m", "h", []), (b"\x00", "n", "m", "h", ()),
+                (0, "n", "m", "h", []), (b"\x00", "n", "m", "h", [("k", 2)])):
+        with pytest.raises(TypeError):
+            ros_cdr.write_diagnostics(0, 0, b"", [bad])
+    got = deserialize_message(diagnostics_cdr(one("a\x00b\udc80c"), (3, 4), "f\x00"),
+                              DiagnosticArray)
+    assert (got.header.stamp.sec, got.header.stamp.nanosec, got.header.frame_id) == (
+        3, 4, "f\\x00")
+    (s,) = got.status
+    assert (s.level, s.name, s.message, s.hardware_id) == (b"\x01", "a\\x00b\\udc80c", "m",
+                                                           "hw")
+    assert [(kv.key, kv.value) for kv in s.values] == [("k", "a\\x00b\\udc80c")]

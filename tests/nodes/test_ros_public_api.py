@@ -30,6 +30,9 @@ ALLOWED = {
     "av_infer.detect": "detector-head decoders, NMS and the image <-> model-input geometry "
                        "of the perception node's detections and letterbox: ROS-free, "
                        "tested without ROS",
+    "av_infer.latency": "percentiles exactly as numpy computes them (quantiles), for the "
+                        "host's per-model latency in /diagnostics, without np.percentile's "
+                        "Python layers (docs/ros.md)",
     "av_infer.model_admin": "the ROS-free logic behind /av_infer/load_model, unload_model and "
                             "list_models: model_dirs confinement, size bounds, typed failures",
 }
