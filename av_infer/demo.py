@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     from av_infer_nodes.perception_node import PerceptionNode
     from av_infer_nodes.preprocess import image_to_tensor
     from av_infer_nodes.runtime_node import RuntimeNode, check_live_device, make_runtime
-    from av_infer_nodes.testing import RosHarness, make_image, wait_for
+    from av_infer_nodes.testing import CameraFrame, RosHarness, make_image, wait_for
     from rclpy.parameter import Parameter
     from sensor_msgs.msg import Image
 
@@ -222,16 +222,18 @@ def main(argv: list[str] | None = None) -> int:
         wait_for(lambda: all(p.get_subscription_count() for p in pubs.values()), 15,
                  what="camera subscriptions")
 
-        # pre-rendered frames (a few per camera), re-stamped on every publication
-        frames = {c: [make_image(cams, f"{c}_camera", height, width, "rgb8", seed=i + 10 * k)
+        # pre-rendered frames (a few per camera), serialised once and re-stamped on every
+        # publication, as a camera driver publishes (testing.CameraFrame)
+        frames = {c: [CameraFrame(make_image(cams, f"{c}_camera", height, width, "rgb8",
+                                             seed=i + 10 * k))
                       for i in range(4)] for k, c in enumerate(pubs)}
         seq = {c: 0 for c in pubs}
+        clock = cams.get_clock()
 
         def publish(cam: str) -> None:
-            img = frames[cam][seq[cam] % len(frames[cam])]
+            frame = frames[cam][seq[cam] % len(frames[cam])]
             seq[cam] += 1
-            img.header.stamp = cams.get_clock().now().to_msg()
-            pubs[cam].publish(img)
+            frame.publish(pubs[cam], clock)
 
         # warm-up: each model once (first-run costs are not what the demo measures)
         for cam in models:
@@ -551,7 +553,7 @@ class _Arrival:
         return self._event.wait(timeout)
 
 
-def _ros_overhead(args, rt, sub, got, pub, cams, image, model, image_to_tensor,
+def _ros_overhead(args, rt, sub, got, pub, cams, frame, model, image_to_tensor,
                   wait_for) -> dict[str, Any]:
     """One request at a time, nothing else running: image -> perception node -> output
     subscriber (ROS path) vs ``rt.infer`` of the same preprocessed tensor (direct: the
@@ -560,7 +562,11 @@ def _ros_overhead(args, rt, sub, got, pub, cams, image, model, image_to_tensor,
 
     Both paths include what a caller needs: the ROS path its transport both ways,
     preprocessing, submit and the output message; the direct path the preprocessed
-    tensor's inference and result. The difference is what ROS adds."""
+    tensor's inference and result. The difference is what ROS adds. ``frame`` (a
+    ``testing.CameraFrame``) is published as a camera driver publishes: serialised once,
+    re-stamped (the time starts before that, and includes the DDS write)."""
+    image = frame.msg
+    clock = cams.get_clock()
     wait_for(lambda: sub.get_publisher_count() > 0, 10, what="output subscription")
     spec = rt.input_spec(model)
     (name, (shape, _)), = spec.items()
@@ -580,8 +586,7 @@ def _ros_overhead(args, rt, sub, got, pub, cams, image, model, image_to_tensor,
             attempts += 1
             got.clear()
             t = time.perf_counter()
-            image.header.stamp = cams.get_clock().now().to_msg()
-            pub.publish(image)
+            frame.publish(pub, clock)
             if got.wait(5.0):  # delivered: the subscriber callback's own timestamp
                 ros.append((got.t - t) * 1e3)
         else:

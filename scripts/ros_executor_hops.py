@@ -13,8 +13,10 @@ Timestamps (``perf_counter``) from wrapping rclpy's ``WaitSet.wait``,
 ``Executor._take_subscription``, ``Publisher.publish``, the image node's callback,
 ``image_to_tensor`` and ``_publish``; per step, p50 (ms) per round:
 
-* ``camera publish()``: the camera's ``Publisher.publish`` (serialisation, the DDS write
-  and Fast DDS's intra-process delivery, on the publishing thread);
+* ``camera publish()``: the camera's ``Publisher.publish`` (the DDS write and Fast DDS's
+  intra-process delivery, on the publishing thread; the frame serialised once and
+  re-stamped, as the demo's cameras publish, ``testing.CameraFrame``; ``--typed-camera``:
+  the ``Image`` message, converted by rclpy on every publication);
 * ``DDS -> wait returns``: its return to the executor's wait returning;
 * ``wake -> take``: the executor's work between the wait and taking the image;
 * ``take image``: ``take_message`` (since 2026-11-28 the node's subscription is raw: the
@@ -215,6 +217,10 @@ def main() -> None:
                     help="the front node hands its request to the runtime's threads and its "
                     "answer back to the executor (Handoff) instead of running it in the image "
                     "callback (parameter run_in_callback, on for perception nodes)")
+    ap.add_argument("--typed-camera", action="store_true",
+                    help="the camera publishes its Image message (rclpy converts it each "
+                         "time) instead of the serialised frame the demo's cameras publish "
+                         "(testing.CameraFrame)")
     ap.add_argument("--json", default=None, help="write every round as JSON here ('-': stdout)")
     args = ap.parse_args()
     _instrument()
@@ -228,7 +234,7 @@ def main() -> None:
     from av_infer_nodes.perception_node import PerceptionNode
     from av_infer_nodes.preprocess import image_to_tensor
     from av_infer_nodes.runtime_node import RuntimeNode
-    from av_infer_nodes.testing import RosHarness, make_image, wait_for
+    from av_infer_nodes.testing import CameraFrame, RosHarness, make_image, wait_for
     from rclpy.parameter import Parameter
     from sensor_msgs.msg import Image
 
@@ -283,6 +289,8 @@ def main() -> None:
         threading.Thread(target=own.spin, name="consumer", daemon=True).start()
     wait_for(lambda: pub.get_subscription_count() > 0, 30, what="the image subscription")
     img = make_image(cams, "front_camera", 240, 320, "rgb8", seed=1)
+    frame = CameraFrame(img)  # published as the demo's cameras publish (serialised once)
+    clock = cams.get_clock()
     (name, (shape, _)), = rt.input_spec(model).items()
     tensor = image_to_tensor(img.encoding, img.height, img.width, img.step, img.data, shape)
     pause = args.pause_ms * 1e-3
@@ -294,8 +302,11 @@ def main() -> None:
             got.clear()
             EV.clear()
             t0 = time.perf_counter()
-            img.header.stamp = cams.get_clock().now().to_msg()
-            pub.publish(img)
+            if args.typed_camera:
+                img.header.stamp = clock.now().to_msg()
+                pub.publish(img)
+            else:
+                frame.publish(pub, clock)
             ok = got.wait(5)
             ev = list(EV)
             time.sleep(pause)

@@ -307,3 +307,23 @@ def test_message_buffers_become_tensor_data_without_a_copy():
     views = codec.check_tensors(msg.tensors)
     np.testing.assert_array_equal(views["input"], np.full((1, 3, 4, 5), 1.5, np.float32))
     np.testing.assert_array_equal(views["m"], [7, 8])
+
+
+@pytest.mark.parametrize("stamp", [(0, 0), (1_795_000_000, 999_999_999), (-5, 7)])
+@pytest.mark.parametrize("encoding,h,w", [("rgb8", 240, 320), ("mono8", 3, 5)])
+def test_camera_frame_is_the_image_restamped(stamp, encoding, h, w) -> None:
+    """The demo's cameras publish ``testing.CameraFrame`` bytes: serialised once, each
+    publication with its own stamp; they deserialise to the very ``Image`` with that
+    stamp (header frame id, size, encoding, step, pixels unchanged)."""
+    pytest.importorskip("rclpy")
+    from av_infer_nodes.testing import CameraFrame, make_image
+    from builtin_interfaces.msg import Time
+    from rclpy.serialization import deserialize_message
+    from sensor_msgs.msg import Image
+
+    msg = make_image(NS(get_clock=None), "cam", h, w, encoding, seed=3, stamp=Time(sec=1))
+    frame = CameraFrame(msg)
+    got = deserialize_message(frame.stamped(*stamp), Image)
+    assert (got.header.stamp.sec, got.header.stamp.nanosec) == stamp
+    msg.header.stamp = Time(sec=stamp[0], nanosec=stamp[1])
+    assert got == msg
