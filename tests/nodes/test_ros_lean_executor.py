@@ -349,3 +349,26 @@ def test_data_path_callback_kinds_and_errors():
         node.destroy_node()
         rclpy.shutdown(context=ctx)
         t.join(10)
+
+
+def test_the_harness_stops_a_spin_that_keeps_failing_on_a_destroyed_entity():
+    """``RosHarness`` survives the one-off race of a node destroyed while the executor
+    spins (an ``InvalidHandle``, then spinning on), but the same error repeating is no
+    race: past ``MAX_RECOVERIES_PER_S`` within a second the spin stops with it as
+    ``spin_error`` (a waiting test then fails naming it, instead of a core spinning until
+    the test's timeout). The executor's ``spin`` is replaced on the instance to raise."""
+    from av_infer_nodes.testing import MAX_RECOVERIES_PER_S, RosHarness
+    from rclpy.exceptions import InvalidHandle
+
+    with RosHarness(executor="lean", start=False) as h:
+        calls = []
+
+        def spin() -> None:
+            calls.append(1)
+            raise InvalidHandle("destroyed meanwhile")
+
+        h.executor.spin = spin
+        h.start()
+        wait_for(lambda: h.spin_error is not None, what="the harness to give up")
+        assert isinstance(h.spin_error, InvalidHandle)
+        assert len(h.spin_recoveries) == len(calls) == MAX_RECOVERIES_PER_S + 1
