@@ -15,9 +15,7 @@ results' ``Timings``: what is left of av_infer's wall time per request is its ow
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
 
 
@@ -31,6 +29,7 @@ def main() -> int:
 
     from av_infer import Runtime
     from av_infer.bench.peer import _ort_session, resolve_model
+    from av_infer.bench.report import emit_json, human_stream
 
     m = resolve_model(args.model)
     sess = _ort_session(m.source, 1)
@@ -73,19 +72,14 @@ def main() -> int:
                     "cpu_us": cpu / n * 1e6}
     out["ratio_rps"] = out["avi"]["rps"] / out["ort"]["rps"]
     out["avi_launch_p50_us"] = statistics.median(launch_us)
-    if args.json == "-":
-        json.dump(out, sys.stdout, indent=1)
-        print()
-        return 0
+    text = human_stream(args.json)  # stderr when the JSON goes to stdout
     for key in ("ort", "avi"):
         r = out[key]
         print(f"{key}: {r['rps']:.0f} req/s, {r['wall_us']:.0f} us wall and "
-              f"{r['cpu_us']:.0f} us thread CPU per request")
+              f"{r['cpu_us']:.0f} us thread CPU per request", file=text)
     print(f"av_infer / ORT: {out['ratio_rps']:.3f}; av_infer's launch (the ORT run inside) "
-          f"p50 {out['avi_launch_p50_us']:.0f} us")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+          f"p50 {out['avi_launch_p50_us']:.0f} us", file=text)
+    emit_json(out, args.json)
     return 0
 
 

@@ -24,9 +24,7 @@ rows of one run, medians of ``--rounds``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
 
 import numpy as np
@@ -38,6 +36,7 @@ from rclpy.serialization import serialize_message
 
 from av_infer import Runtime
 from av_infer.bench.peer import resolve_model
+from av_infer.bench.report import emit_json, human_stream
 from av_infer.latency import _SUMMARY_QS, quantiles
 
 ZOO = ("tiny_mlp", "resnet152", "densenet201", "inception_v3", "vgg19", "distilbert")
@@ -119,14 +118,8 @@ def main() -> int:
             f"{m['serialise_rclpy']:.3f}; published now "
             f"{m['stats'] + m['statuses_tuples'] + m['serialise_cdr']:.2f}, as messages "
             f"with np.percentile ~{before:.2f}")
-    if args.json == "-":
-        json.dump(out, sys.stdout, indent=1)
-        print()
-    else:
-        print(text)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(out, f, indent=1)
+    print(text, file=human_stream(args.json))  # stderr when the JSON goes to stdout
+    emit_json(out, args.json)
     return 0
 
 
