@@ -67,6 +67,10 @@ class LatencyRecorder:
         return summarize_ms(self.sample())
 
 
+#: ``summarize_ms``'s quantiles, as ``np.percentile`` derives them from 50, 90, 99, 99.9.
+_SUMMARY_QS = tuple(q / 100 for q in (50, 90, 99, 99.9))
+
+
 def summarize_ms(sample: tuple[np.ndarray, int, float, float]) -> dict[str, float | None]:
     """Percentiles of a ``LatencyRecorder.sample()`` (call it outside any lock)."""
     a, count, total, mx = sample
@@ -81,10 +85,6 @@ def summarize_ms(sample: tuple[np.ndarray, int, float, float]) -> dict[str, floa
         "mean": total / count * 1e3,
         "max": mx * 1e3,
     }
-
-
-#: ``summarize_ms``'s quantiles, as ``np.percentile`` derives them from 50, 90, 99, 99.9.
-_SUMMARY_QS = tuple(q / 100 for q in (50, 90, 99, 99.9))
 
 
 def quantiles(a: np.ndarray, qs: tuple[float, ...]) -> list[float]:

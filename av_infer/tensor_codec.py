@@ -481,7 +481,7 @@ def infer_response_cdr(stamp: tuple[int, int], frame_id: str, rid: str, code: st
     copy of each array, no message objects. None where an output is not a plain
     native-order C-contiguous array of a wire dtype or a field does not fit the message:
     the caller builds the message (whose conversion then raises what the wire refuses).
-    Strings must be UTF-8 encodable (``nodes.common.ros_text``)."""
+    Strings must be UTF-8 encodable (:func:`ros_text`)."""
     t = timings
     texts = _wire_texts(frame_id, rid, code, message, model, served_model)
     if texts is None:
@@ -524,10 +524,20 @@ def infer_request_cdr(ctrl: RequestControl,
         return None
 
 
+def ros_text(text: str) -> str:
+    """``text`` as a ROS string can carry it: lone surrogates cannot be UTF-8 encoded and
+    would make ``publish`` raise, so they are written as backslash escapes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def _wire_texts(*texts: str) -> list[bytes] | None:
     """Strings as a serialised message's UTF-8 bytes; None when one holds a NUL (a ROS
     string ends at its first: the message's conversion then decides) or cannot be encoded
-    (a lone surrogate: ``nodes.common.ros_text`` escapes them first)."""
+    (a lone surrogate: :func:`ros_text` escapes them first)."""
     if any("\x00" in t for t in texts):
         return None
     try:

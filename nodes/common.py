@@ -41,6 +41,7 @@ from std_msgs.msg import Header, String
 
 from av_infer import AvInferError, UnknownModelError
 from av_infer import tensor_codec as codec
+from av_infer.tensor_codec import ros_text  # noqa: F401 - the nodes' name for it
 
 REQUEST_TOPIC = "/av_infer/request"
 RESPONSE_TOPIC = "/av_infer/response"
@@ -283,16 +284,6 @@ class Every:
             return False
         self._last = now
         return True
-
-
-def ros_text(text: str) -> str:
-    """``text`` as a ROS string can carry it: lone surrogates cannot be UTF-8 encoded and
-    would make ``publish`` raise, so they are written as backslash escapes."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
 
 
 def stamp_seconds(stamp: tuple[int, int]) -> float:

@@ -34,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from av_infer.tensor_codec import write_diagnostics
+from av_infer.tensor_codec import ros_text, write_diagnostics
 
 OK, WARN, ERROR, STALE = 0, 1, 2, 3
 LEVEL_NAMES = {OK: "OK", WARN: "WARN", ERROR: "ERROR", STALE: "STALE"}
@@ -75,8 +75,9 @@ def diagnostics_cdr(statuses: list[Status], stamp: tuple[int, int], frame_id: st
 
 
 def _text(text: str) -> str:
-    """``text`` as a ROS string can carry it (no NUL, no lone surrogate), escaped."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    """``text`` as a ROS string can carry it: ``ros_text`` (lone surrogates escaped) and a
+    NUL written as ``\\x00`` (a ROS string would end at it)."""
+    return ros_text(text).replace("\x00", "\\x00")
 
 
 @dataclass

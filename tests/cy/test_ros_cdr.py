@@ -36,6 +36,12 @@ texts = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters
                 max_size=12)
 
 
+def _plain(arrays: dict) -> bool:
+    """Every array one the byte writers take (native-order, C-contiguous, a wire dtype)."""
+    return all(isinstance(v, np.ndarray) and v.flags.c_contiguous and v.dtype.isnative
+               and v.dtype.num in codec._TYPE_CODES for v in arrays.values())
+
+
 def _header(sec: int, nanosec: int, frame: str) -> Header:
     h = Header(frame_id=frame)
     h.stamp.sec, h.stamp.nanosec = sec, nanosec
@@ -374,9 +380,7 @@ def test_infer_response_cdr_is_what_rclpy_reads_and_reads_back(
     an output the fast path cannot write leaves the message to the caller (None)."""
     raw = codec.infer_response_cdr((sec, nanosec), frame, rid, code, message, model, served,
                                    kappa, quality, timings, outs)
-    plain = all(isinstance(v, np.ndarray) and v.flags.c_contiguous and v.dtype.isnative
-                and v.dtype.num in codec._TYPE_CODES for v in outs.values())
-    if not plain:
+    if not _plain(outs):
         assert raw is None
         return
     back = deserialize_message(raw, InferResponse)
@@ -481,9 +485,7 @@ def test_infer_request_cdr_is_request_msg_on_the_wire(sec, nanosec, frame, rid, 
                                 stamp=(sec, nanosec), frame_id=frame, deadline_s=deadline,
                                 drop_late=drop, hard_deadline_s=hard, variant_group=group)
     raw = codec.infer_request_cdr(ctrl, ins)
-    plain = all(isinstance(v, np.ndarray) and v.flags.c_contiguous and v.dtype.isnative
-                and v.dtype.num in codec._TYPE_CODES for v in ins.values())
-    if not plain:
+    if not _plain(ins):
         assert raw is None
         return
     got = deserialize_message(raw, InferRequest)

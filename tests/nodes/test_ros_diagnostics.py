@@ -112,6 +112,20 @@ def _params(**kw):
     return p
 
 
+def test_statistics_flatten_to_dotted_keys_with_their_values_text():
+    """Nested statistics (dict subclasses too) become dotted keys; floats to 3 decimals
+    (non-finite as ``str``), lists as compact JSON, the rest ``str``."""
+    from collections import OrderedDict
+
+    stats = {"clients": {}, "cache": OrderedDict(hits=3, ratio=0.25, last={"ms": float("inf")}),
+             "queue": [1, 2], "flag": True}
+    head = diagnostic_statuses(stats, "cpu", object(), {})[0]
+    values = {kv.key: kv.value for kv in head.values}
+    assert (values["cache.hits"], values["cache.ratio"], values["cache.last.ms"]) == (
+        "3", "0.250", "inf")
+    assert (values["queue"], values["flag"]) == ("[1,2]", "True")
+
+
 def test_an_ort_api_fallback_makes_the_runtime_status_warn():
     def runtime_status(device_stats):
         sts = diagnostic_statuses({"clients": {}, "device": device_stats}, "cpu", object(), {})
