@@ -12,6 +12,8 @@ park").
 
     .venv/bin/python scripts/kill_mode_ab.py ocr_rec ocr_det 10 2 --policy reef_dkp \\
         --rounds 6 --seconds 5 --extra '{"park12": {"kill": false, "segment_ms": 12}}'
+    .venv/bin/python scripts/kill_mode_ab.py ocr_rec ocr_det 10 2 --skip park \
+        --extra '{"unmeasured": {"max_cut_cost": null}}'   # cuts measured or not
 """
 
 from __future__ import annotations
@@ -34,12 +36,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--extra", default="{}", help="JSON: more av_infer variants")
+    ap.add_argument("--skip", action="append", default=[], metavar="NAME",
+                    help="leave out a built-in variant (kill, park)")
     a = ap.parse_args()
     cfg = P.PeerConfig(rt_model=a.rt_model, be_model=a.be_model, rt_rate=a.rt_hz,
                        be_clients=a.be_clients, policy=a.policy, progress=False)
     rt, be = P.resolve_model(a.rt_model, None), P.resolve_model(a.be_model, None)
     variants = {"ort_threads": None, "kill": {"kill": True}, "park": {"kill": False},
                 **json.loads(a.extra)}
+    for k in a.skip:
+        if k not in ("kill", "park"):
+            ap.error(f"--skip takes kill or park, not {k!r}")
+        variants.pop(k)
     names = list(variants)
     raw = {k: P._Raw() for k in names}
     per: dict[str, list] = {k: [] for k in names}

@@ -13,7 +13,8 @@ Two engines, one lane loop (``engine=``):
   one segment, run by ONNX Runtime on the task's arena without the GIL. Raising a lane's
   flag also **kills** the segment it is running (``RunOptions.terminate``: ORT stops between
   two of its kernels), unless its estimated remaining time is below ``kill_below_ms``
-  ("auto", the default: ORT's measured cost of a killed run, within 0.2-1 ms); a
+  ("auto", the default: ORT's measured cost of a killed run, within 0.2-1 ms; a run past
+  its estimate by as much has an unknown remainder and is killed); a
   killed launch completes as evicted and restore-from-c re-runs it from its start (segments
   are idempotent); with ``kill=False`` it is *parked* instead (kept, at nice 19 until it
   ends: the OS's own preemption, no work lost). RT models (``whole=True``) are one
@@ -81,11 +82,13 @@ from av_infer.kernels.ort_segments import (
     ORT_APIS,
     SegmentRunner,
     is_segment_plan,
+    measure_cut_cost,
     measure_kill_cost,
     resolve_api,
 )
 from av_infer.latency import LatencyRecorder, summarize_ms
 from av_infer.model.plan import Plan
+from av_infer.model.segments import DEFAULT_MAX_CUT_COST
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +129,8 @@ class CpuDevice(Device):
                  threads: int = 1, segment_ms: float = 4.0, kill: bool = True,
                  kill_below_ms: float | str = "auto", be_nice: int = 10,
                  rt_priority: str = "off", rt_parallel: int | None = None,
-                 ort_api: str | None = None) -> None:
+                 ort_api: str | None = None,
+                 max_cut_cost: float | None = DEFAULT_MAX_CUT_COST) -> None:
         """``engine``: "ort" (ONNX Runtime segments) or "numpy" (the reference kernels).
         ``ort_api``: how the ort engine calls ONNX Runtime, "auto" (the C API where the
         wheel's libonnxruntime loads, else the Python binding, saying why: log and
@@ -134,8 +138,14 @@ class CpuDevice(Device):
         "python"; None: ``AV_INFER_ORT_API`` or "auto" (``kernels.ort_segments``).
         ``threads``: ORT intra-op threads per session (fixed: deterministic results).
         ``segment_ms``: target segment duration of models that are cut (BE models).
+        ``max_cut_cost``: what the cuts may add to a cut model's run (a fraction, default
+        0.05), measured at load on this CPU (``ort_segments.measure_cut_cost``); a model
+        whose cuts at ``segment_ms`` cost more is cut into fewer segments, none longer than
+        4 x ``segment_ms`` (``model.segments.compile_segments``). None: cut at
+        ``segment_ms`` without measuring (the plan then depends on the profile only).
         ``kill``/``kill_below_ms``: kill the running segment on preemption unless less than
-        ``kill_below_ms`` of it is estimated to remain; "auto": what a killed run costs its
+        ``kill_below_ms`` of it is estimated to remain (a run past its estimate by as much
+        is killed: ``LaneEngine.worth_killing``); "auto": what a killed run costs its
         thread after ORT stops, measured at start (``ort_segments.measure_kill_cost``; 0.3
         ms on a slow 2-core VM), within 0.2-1 ms: a segment with less left finishes sooner
         than a kill stops it, and keeps its work. ``kill=False`` *parks* it instead: the
@@ -171,6 +181,11 @@ class CpuDevice(Device):
                 f"kill_below_ms must be 'auto' or a number >= 0, got {kill_below_ms!r}")
         if not segment_ms > 0:
             raise InvalidParameterError(f"segment_ms must be > 0, got {segment_ms!r}")
+        if max_cut_cost is not None and (isinstance(max_cut_cost, bool)
+                                         or not isinstance(max_cut_cost, (int, float))
+                                         or not 0 <= max_cut_cost <= 1):
+            raise InvalidParameterError(
+                f"max_cut_cost must be None or a number in 0..1, got {max_cut_cost!r}")
         api_asked = ort_api if ort_api is not None else os.environ.get("AV_INFER_ORT_API",
                                                                           "auto")
         if api_asked not in ORT_APIS:
@@ -192,6 +207,7 @@ class CpuDevice(Device):
         self.engine = engine
         self.threads = threads
         self.segment_ms = float(segment_ms)
+        self.max_cut_cost = None if max_cut_cost is None else float(max_cut_cost)
         #: the request path's state and hot methods (devices/cpu_lanes.py): the tasks, the
         #: lanes, the completion callback, the stopping flag, the fault injector and the
         #: kill settings are the engine's, read and written here through properties
@@ -310,14 +326,26 @@ class CpuDevice(Device):
             return super().compile(source, input_shapes, name, whole)
         from av_infer.model.segments import compile_segments
 
-        return compile_segments(source, input_shapes, name=name,
-                                segment_ms=None if whole else self.segment_ms)
+        if whole:
+            return compile_segments(source, input_shapes, name=name, segment_ms=None)
+        measure = None
+        if self.max_cut_cost is not None:
+            def measure(cut: Plan, one: Plan) -> float:
+                return measure_cut_cost(cut, one, self.threads, self.ort_api or "auto")
+        return compile_segments(source, input_shapes, name=name, segment_ms=self.segment_ms,
+                                cut_cost=measure,
+                                max_cut_cost=self.max_cut_cost or 0.0)
 
     def compile_key(self, whole: bool = False) -> dict[str, Any]:
-        """The ORT engine cuts by time profiled on this CPU at ``segment_ms``."""
+        """The ORT engine cuts by time profiled on this CPU at ``segment_ms`` (and by the
+        cost of its cuts measured here, under ``max_cut_cost``)."""
         if self.engine == "numpy":
             return {"engine": "numpy"}
-        return {"engine": self.engine, "segment_ms": None if whole else float(self.segment_ms),
+        if whole:
+            return {"engine": self.engine, "segment_ms": None,
+                    "cpu": f"{platform.machine()} {cpu_model()}"}
+        return {"engine": self.engine, "segment_ms": float(self.segment_ms),
+                "max_cut_cost": self.max_cut_cost,
                 "cpu": f"{platform.machine()} {cpu_model()}"}
 
     def load_plan(self, plan: Plan) -> _Model:
@@ -455,6 +483,7 @@ class CpuDevice(Device):
             "ort_api_reason": self.ort_api_reason,
             "threads_per_session": self.threads,
             "segment_ms": self.segment_ms,
+            "max_cut_cost": self.max_cut_cost,
             "kill": self.kill,
             "kill_below_ms": self.kill_below_s * 1e3,
             "kill_below": self.kill_below_source,

@@ -35,8 +35,8 @@ from av_infer.kernels.cpu_base import ArenaIO, aligned_empty, tensor_view
 from av_infer.model.plan import Plan
 from av_infer.model.segments import SEGMENT_KIND, SegmentProgram, ort_options
 
-__all__ = ["ORT_APIS", "SegmentRunner", "is_kill", "is_segment_plan", "measure_kill_cost",
-           "resolve_api"]
+__all__ = ["ORT_APIS", "SegmentRunner", "is_kill", "is_segment_plan", "measure_cut_cost",
+           "measure_kill_cost", "resolve_api"]
 
 _KILL_TEXT = "terminate flag"
 
@@ -98,6 +98,53 @@ def measure_kill_cost(threads: int = 1, runs: int = 7, api: str = "auto") -> flo
                 raise
         times.append(time.thread_time() - t0)
     return float(np.median(times))
+
+
+def measure_cut_cost(cut: Plan, whole: Plan, threads: int = 1, api: str = "auto",
+                     budget_s: float = 1.0, min_rounds: int = 3, max_rounds: int = 9) -> float:
+    """How much longer ``cut`` runs than ``whole`` (the same model in one segment), as a
+    fraction: the median over rounds of (cut's time / whole's time) - 1, each round one run
+    of each in alternating order, time as this thread's CPU time (another process's load
+    is not the plans' cost), both on fresh arenas bound like the device binds them, with
+    the same inputs (random, seeded). Rounds: at least ``min_rounds``, then more while the
+    measuring has taken less than ``budget_s``, at most ``max_rounds``. Used by the cpu
+    device at load (``compile_segments(cut_cost=...)``): a few runs of the model, on the
+    machine and API that will run it."""
+    import time
+
+    from av_infer.model.check import random_inputs
+
+    spec = {n: (whole.tensors[n].shape, whole.tensors[n].dtype) for n in whole.inputs}
+    feeds = random_inputs(spec, seed=0)
+    runs = []
+    for plan in (cut, whole):
+        r = SegmentRunner(plan, threads=threads, api=api)
+        arena = r.new_arena()
+        fns = r.bind(arena)
+        r.write_inputs(arena, feeds)
+        runs.append((fns, r.run_options(), arena))  # the arena lives while fns run
+
+    def once(k: int) -> float:
+        fns, ro, _ = runs[k]
+        t0 = time.thread_time()
+        for f in fns:
+            f(ro)
+        return time.thread_time() - t0
+
+    once(0), once(1)  # warm: first runs allocate
+    ratios: list[float] = []
+    start = time.perf_counter()
+    while len(ratios) < max_rounds and (len(ratios) < min_rounds
+                                        or time.perf_counter() - start < budget_s):
+        if len(ratios) % 2:
+            w = once(1)
+            c = once(0)
+        else:
+            c = once(0)
+            w = once(1)
+        if w > 0:
+            ratios.append(c / w)
+    return float(np.median(ratios)) - 1.0 if ratios else 0.0
 
 
 class _Engine:

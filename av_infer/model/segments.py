@@ -15,7 +15,9 @@ re-lay out convolutions inside each segment; cutting the raw export instead make
 outputs segment inputs and costs +46..94 % for two segments. Per-node costs come from ORT's
 own profiler on that model; cuts go near equal shares of the total cost, at the position of
 the window that moves the fewest bytes between segments. Models shorter than about 1.5
-``segment_ms`` run whole (one segment: full ORT speed, no cut at all).
+``segment_ms`` run whole (one segment: full ORT speed, no cut at all). What the cuts cost is
+measured where the caller can run the plan (``cut_cost``): a model whose cuts cost more
+than ``max_cut_cost`` of its run is cut into fewer, longer segments.
 
 Guarantees: every tensor that crosses a cut has its own arena region (no reuse), a segment
 writes only its outputs and never its inputs, so re-running a segment, or running it after
@@ -26,10 +28,12 @@ dtypes in the plan are the ones ORT produced on a probe run, not guesses.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -39,7 +43,8 @@ from av_infer.errors import ModelLoadError, UnsupportedModelError
 from av_infer.model.onnx_import import bind_inputs, load_model
 from av_infer.model.plan import Buffer, Geometry, Kernel, Plan, Tensor
 
-__all__ = ["SEGMENT_KIND", "SegmentProgram", "compile_segments", "ort_options"]
+__all__ = ["DEFAULT_MAX_CUT_COST", "SEGMENT_KIND", "SegmentProgram", "compile_segments",
+           "fewer_segments", "ort_options"]
 
 #: Kernel kind of a segment launch.
 SEGMENT_KIND = "ort_segment"
@@ -48,6 +53,11 @@ UNLIMITED_GUARD = 1 << 30
 #: Default target duration of one segment (ms) for models that are cut: the experiments
 #: measured +3 % over the whole model at ~5 ms, +7 % at ~2 ms per segment.
 DEFAULT_SEGMENT_MS = 4.0
+#: Default ``max_cut_cost`` of :func:`compile_segments`: the cuts may make a model's run this
+#: much longer (a fraction) before it is cut into fewer segments (when the caller measures)
+DEFAULT_MAX_CUT_COST = 0.05
+#: ``max_segment_ms`` of :func:`compile_segments` when not given: this many ``segment_ms``
+MAX_SEGMENT_FACTOR = 4.0
 _ALIGN = 64
 
 
@@ -237,15 +247,38 @@ def compile_segments(
     segment_ms: float | None = DEFAULT_SEGMENT_MS,
     profile_runs: int = 3,
     max_segments: int = 16,
+    cut_cost: Callable[[Plan, Plan], float] | None = None,
+    max_cut_cost: float = DEFAULT_MAX_CUT_COST,
+    max_segment_ms: float | None = None,
 ) -> Plan:
     """Compile ``source`` into a segment plan (``plan.segments`` holds the programs).
 
     ``segment_ms``: target duration of one segment on this CPU at one thread; ``None`` or
     ``0`` runs the model whole. ``max_segments`` caps the cuts of long models (a kill makes
     long segments cheap to preempt; only the work a kill throws away grows with them).
+
+    ``cut_cost``: how much longer the cut plan runs than the same model whole, as a fraction
+    (``cut_cost(cut, whole)``: 0.12 for 12 % more), measured by the caller on the executor
+    that will run it (``kernels.ort_segments.measure_cut_cost``; the executor lives above
+    this module). Each cut costs a model-dependent share of its time (on a 2-core VM 1.4-2.2 %
+    per cut of the PaddleOCR detector and recogniser, 2-5 % of the sub-millisecond scaled
+    zoo models; docs/cpu_engine.md "What a cut costs"), so a fixed ``segment_ms`` over-cuts
+    some models. When the cuts measured at
+    ``segment_ms`` cost more than ``max_cut_cost``, the model is cut again into as many
+    segments as that budget pays for at the measured cost per cut, but never into segments
+    longer than ``max_segment_ms`` (default 4 x ``segment_ms``: the work a kill throws away,
+    and how often a segment is hit by an RT arrival before it completes, grow with the
+    length). ``stats``: ``cut_cost`` (measured at the first cut; None when not measured),
+    ``segments_target`` (the count ``segment_ms`` asked for), ``max_cut_cost``.
+
     Raises ModelLoadError / UnsupportedModelError / UnboundDimensionError (what ORT or the
-    input binding refused, with its message).
+    input binding refused, with its message); ValueError for a ``max_cut_cost`` below 0 or a
+    ``max_segment_ms`` not above 0.
     """
+    if not max_cut_cost >= 0:
+        raise ValueError(f"max_cut_cost must be >= 0, got {max_cut_cost!r}")
+    if max_segment_ms is not None and not max_segment_ms > 0:
+        raise ValueError(f"max_segment_ms must be > 0, got {max_segment_ms!r}")
     model = load_model(source)
     if name is None and isinstance(source, (str, os.PathLike)):
         name = os.path.splitext(os.path.basename(os.fspath(source)))[0]
@@ -288,23 +321,61 @@ def compile_segments(
     for o in graph_outputs:
         last_use[o] = len(nodes)
 
-    def nbytes(t: str) -> float:
-        if t not in shapes:
-            return float("inf")
-        shp, dt = shapes[t]
-        return float(int(np.prod(shp, dtype=np.int64)) * np.dtype(dt).itemsize)
-
     diff = np.zeros(len(nodes) + 2)
     for t, p in produced_at.items():
         lu = last_use.get(t, -2)
         if lu > p:  # crosses every cut k with p < k <= lu
-            diff[p + 1] += nbytes(t)
-            diff[min(lu, len(nodes)) + 1] -= nbytes(t)
+            diff[p + 1] += _nbytes(shapes, t)
+            diff[min(lu, len(nodes)) + 1] -= _nbytes(shapes, t)
     cross = list(np.cumsum(diff)[: len(nodes)])
     cross[0] = float("inf")
     n_seg = 1
     if want_profile and total_ms >= 1.5 * float(segment_ms):
         n_seg = min(max(1, int(round(total_ms / float(segment_ms)))), int(max_segments))
+
+    info: dict[str, Any] = {"profiled_ms": round(total_ms, 3), "segment_ms": segment_ms or 0.0,
+                            "segments_target": n_seg, "cut_cost": None,
+                            "max_cut_cost": float(max_cut_cost)}
+
+    def cut(n: int) -> Plan:
+        return _cut_plan(basic, name, nodes, shapes, costs, cross, last_use, n, info)
+
+    plan = cut(n_seg)
+    n_made = len(plan.segments)
+    if cut_cost is None or n_made < 2:
+        return plan
+    info["cut_cost"] = round(float(cut_cost(plan, cut(1))), 4)
+    n_new = fewer_segments(n_made, info["cut_cost"], max_cut_cost, total_ms,
+                           max_segment_ms if max_segment_ms is not None
+                           else MAX_SEGMENT_FACTOR * float(segment_ms))
+    if n_new < n_made:
+        return cut(n_new)
+    plan.stats["cut_cost"] = info["cut_cost"]
+    return plan
+
+
+def fewer_segments(n: int, cost: float, budget: float, total_ms: float,
+                   max_segment_ms: float) -> int:
+    """How many segments a model cut into ``n`` whose cuts measured ``cost`` (a fraction of
+    its whole run) should have to keep them within ``budget``: the cuts the budget pays for
+    at the measured cost per cut, plus one; at least enough that no segment exceeds
+    ``max_segment_ms`` of the model's ``total_ms``; never more than ``n``."""
+    if n < 2 or cost <= budget:
+        return n
+    per_cut = cost / (n - 1)  # > budget / (n - 1): the budget pays for fewer than n - 1
+    afford = 1 + int(budget / per_cut) if per_cut > 0 else n  # (0: ``cost`` underflowed)
+    floor = max(1, math.ceil(total_ms / max_segment_ms - 1e-9)) if max_segment_ms > 0 else n
+    return max(1, min(n, max(afford, floor)))
+
+
+def _cut_plan(basic: onnx.ModelProto, name: str, nodes: list, shapes: dict,
+              costs: list[float], cross: list[float], last_use: dict[str, int],
+              n_seg: int, stats: dict[str, Any]) -> Plan:
+    """The plan of ``basic`` cut into (at most) ``n_seg`` segments (``_choose_cuts``)."""
+    g = basic.graph
+    inits = {i.name for i in g.initializer}
+    graph_inputs = [i.name for i in g.input]
+    graph_outputs = [o.name for o in g.output]
     cuts = _choose_cuts(costs, cross, n_seg)
     bounds = [0, *cuts, len(nodes)]
 
@@ -360,16 +431,23 @@ def compile_segments(
     kernels = [
         Kernel(i, SEGMENT_KIND, f"{name}/seg{i}", p.inputs, p.outputs,
                {"segment": i, "nodes": [bounds[i], bounds[i + 1]], "est_ms": p.est_ms},
-               one, 0, int(sum(nbytes(t) for t in (*p.inputs, *p.outputs))))
+               one, 0, int(sum(_nbytes(shapes, t) for t in (*p.inputs, *p.outputs))))
         for i, p in enumerate(programs)
     ]
     plan = Plan(name, kernels, tensors, buffers, list(graph_inputs), list(graph_outputs),
                 {}, off, UNLIMITED_GUARD,
                 {"engine": "ort", "segments": len(programs), "onnx_nodes": len(nodes),
-                 "profiled_ms": round(total_ms, 3), "segment_ms": segment_ms or 0.0,
-                 "crossing_bytes": [int(cross[c]) for c in cuts]},
+                 **stats, "crossing_bytes": [int(cross[c]) for c in cuts]},
                 segments=programs)
     return plan
+
+
+def _nbytes(shapes: Mapping[str, tuple[tuple[int, ...], str]], t: str) -> float:
+    """Bytes of tensor ``t`` (inf for one the probe did not see: never cut there)."""
+    if t not in shapes:
+        return float("inf")
+    shp, dt = shapes[t]
+    return float(int(np.prod(shp, dtype=np.int64)) * np.dtype(dt).itemsize)
 
 
 def _itemsize(elem_type: int) -> int:

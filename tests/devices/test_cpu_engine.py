@@ -490,12 +490,34 @@ def test_exported_paddleocr_models_match_ort(name):
                                   {"segment_ms": 0}, {"kill_below_ms": -1},
                                   {"kill_below_ms": "soon"}, {"kill_below_ms": True},
                                   {"rt_parallel": 0}, {"rt_parallel": 65},
-                                  {"rt_parallel": True}, {"rt_parallel": 1.5}])
+                                  {"rt_parallel": True}, {"rt_parallel": 1.5},
+                                  {"max_cut_cost": -0.01}, {"max_cut_cost": 1.5},
+                                  {"max_cut_cost": True}, {"max_cut_cost": "5%"}])
 def test_bad_cpu_device_options_are_typed_errors(opts):
     from av_infer.errors import InvalidParameterError
 
     with pytest.raises(InvalidParameterError):
         Runtime("cpu", device_options=opts)
+
+
+@pytest.mark.parametrize("max_cut_cost", [0.05, None])
+def test_the_device_measures_what_its_cuts_cost_unless_told_not_to(max_cut_cost):
+    """With ``max_cut_cost`` the cut plan carries the cost measured on this device (and is
+    cut again when over it); None cuts by the profile alone. Either way the plan runs and
+    agrees with ORT, and the setting is in the compile key and the telemetry."""
+    dev = CpuDevice(segment_ms=0.05, max_cut_cost=max_cut_cost)
+    path = zoo.path("densenet201", "scaled")
+    plan = dev.compile(str(path), name="d")
+    assert dev.compile_key()["max_cut_cost"] == max_cut_cost
+    assert dev.telemetry()["max_cut_cost"] == max_cut_cost
+    assert "max_cut_cost" not in dev.compile_key(whole=True)
+    assert len(plan.segments) >= 2  # 4 x 0.05 ms segments at most: still cut
+    if max_cut_cost is None:
+        assert plan.stats["cut_cost"] is None
+    else:
+        assert isinstance(plan.stats["cut_cost"], float)
+    x = zoo.sample_inputs("densenet201", "scaled", seed=4)
+    assert _allclose(SegmentRunner(plan).run(x), _ort(path, x))
 
 
 def test_kill_below_auto_is_the_measured_kill_cost_with_a_floor_and_shown():

@@ -53,6 +53,11 @@ def test_the_engine_owns_the_request_path_state() -> None:
         dev.kill, dev.kill_below_s = False, 2e-3
         assert eng.kill is False and eng.kill_below_s == 2e-3
         assert not dev._worth_killing(1.5e-3) and dev._worth_killing(0.0)
+        # 3 ms estimated, kill_below 2 ms: 2.5 ms left is worth it, 1.5 ms left not, 1 ms
+        # past the estimate not (about done), 2.5 ms past it is (the estimate no longer
+        # says what is left)
+        assert dev._worth_killing(3e-3, 0.5e-3) and not dev._worth_killing(3e-3, 1.5e-3)
+        assert not dev._worth_killing(3e-3, 4e-3) and dev._worth_killing(3e-3, 5.5e-3)
         assert dev._on_complete is None and not dev._stopping
         seen = []
         dev.start(seen.append)
