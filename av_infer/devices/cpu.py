@@ -88,7 +88,6 @@ from av_infer.kernels.ort_segments import (
 )
 from av_infer.latency import LatencyRecorder, summarize_ms
 from av_infer.model.plan import Plan
-from av_infer.model.segments import DEFAULT_MAX_CUT_COST
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +129,7 @@ class CpuDevice(Device):
                  kill_below_ms: float | str = "auto", be_nice: int = 10,
                  rt_priority: str = "off", rt_parallel: int | None = None,
                  ort_api: str | None = None,
-                 max_cut_cost: float | None = DEFAULT_MAX_CUT_COST) -> None:
+                 max_cut_cost: float | None = None) -> None:
         """``engine``: "ort" (ONNX Runtime segments) or "numpy" (the reference kernels).
         ``ort_api``: how the ort engine calls ONNX Runtime, "auto" (the C API where the
         wheel's libonnxruntime loads, else the Python binding, saying why: log and
@@ -138,11 +137,15 @@ class CpuDevice(Device):
         "python"; None: ``AV_INFER_ORT_API`` or "auto" (``kernels.ort_segments``).
         ``threads``: ORT intra-op threads per session (fixed: deterministic results).
         ``segment_ms``: target segment duration of models that are cut (BE models).
-        ``max_cut_cost``: what the cuts may add to a cut model's run (a fraction, default
-        0.05), measured at load on this CPU (``ort_segments.measure_cut_cost``); a model
-        whose cuts at ``segment_ms`` cost more is cut into fewer segments, none longer than
-        4 x ``segment_ms`` (``model.segments.compile_segments``). None: cut at
-        ``segment_ms`` without measuring (the plan then depends on the profile only).
+        ``max_cut_cost``: what the cuts may add to a cut model's run (a fraction; 0.05,
+        ``model.segments.DEFAULT_MAX_CUT_COST``, is the measured setting), measured at load
+        on this CPU (``ort_segments.measure_cut_cost``); a model whose cuts at
+        ``segment_ms`` cost more is cut into fewer segments, none longer than 2 x
+        ``segment_ms`` (``model.segments.compile_segments``). None (the default): cut at
+        ``segment_ms`` without measuring. Opt-in because it pays under ``reef_dkp`` (one
+        BE lane gives way to RT: BE +0.02-0.10 of ORT threads' on the detector rows) and not
+        under ``reef`` at 30 Hz (every BE lane killed per RT arrival: BE equal, preemption
+        p99 8 ms against 5; docs/cpu_engine.md "What a cut costs").
         ``kill``/``kill_below_ms``: kill the running segment on preemption unless less than
         ``kill_below_ms`` of it is estimated to remain (a run past its estimate by as much
         is killed: ``LaneEngine.worth_killing``); "auto": what a killed run costs its

@@ -56,8 +56,13 @@ DEFAULT_SEGMENT_MS = 4.0
 #: Default ``max_cut_cost`` of :func:`compile_segments`: the cuts may make a model's run this
 #: much longer (a fraction) before it is cut into fewer segments (when the caller measures)
 DEFAULT_MAX_CUT_COST = 0.05
-#: ``max_segment_ms`` of :func:`compile_segments` when not given: this many ``segment_ms``
-MAX_SEGMENT_FACTOR = 4.0
+#: ``max_segment_ms`` of :func:`compile_segments` when not given: this many ``segment_ms``.
+#: A cut costs a share ``p`` of the run, a kill throws away half a segment on average, so
+#: with ``k`` kills a second of a model of ``T`` seconds the overhead ``(n - 1) p + k T / 2n``
+#: is least at ``n = sqrt(k T / 2p)``: for the PaddleOCR detector (T ~30 ms, p ~1.75 %) 3 to
+#: 5 segments at 10-30 kills/s, i.e. ~6-10 ms each. At 4x (16 ms) `reef` at 30 Hz lost BE
+#: (0.69 against 0.73 of ORT threads, docs/cpu_engine.md "What a cut costs").
+MAX_SEGMENT_FACTOR = 2.0
 _ALIGN = 64
 
 
@@ -266,7 +271,7 @@ def compile_segments(
     some models. When the cuts measured at
     ``segment_ms`` cost more than ``max_cut_cost``, the model is cut again into as many
     segments as that budget pays for at the measured cost per cut, but never into segments
-    longer than ``max_segment_ms`` (default 4 x ``segment_ms``: the work a kill throws away,
+    longer than ``max_segment_ms`` (default 2 x ``segment_ms``: the work a kill throws away,
     and how often a segment is hit by an RT arrival before it completes, grow with the
     length). ``stats``: ``cut_cost`` (measured at the first cut; None when not measured),
     ``segments_target`` (the count ``segment_ms`` asked for), ``max_cut_cost``.
