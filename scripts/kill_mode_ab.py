@@ -12,8 +12,8 @@ park").
 
     .venv/bin/python scripts/kill_mode_ab.py ocr_rec ocr_det 10 2 --policy reef_dkp \\
         --rounds 6 --seconds 5 --extra '{"park12": {"kill": false, "segment_ms": 12}}'
-    .venv/bin/python scripts/kill_mode_ab.py ocr_rec ocr_det 10 2 --skip park \
-        --extra '{"unmeasured": {"max_cut_cost": null}}'   # cuts measured or not
+    .venv/bin/python scripts/kill_mode_ab.py ocr_rec ocr_det 10 2 --skip park \\
+        --extra '{"measured": {"max_cut_cost": 0.05}}'   # cuts measured (opt-in) or not
 """
 
 from __future__ import annotations

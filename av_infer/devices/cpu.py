@@ -331,25 +331,25 @@ class CpuDevice(Device):
 
         if whole:
             return compile_segments(source, input_shapes, name=name, segment_ms=None)
-        measure = None
-        if self.max_cut_cost is not None:
-            def measure(cut: Plan, one: Plan) -> float:
-                return measure_cut_cost(cut, one, self.threads, self.ort_api or "auto")
+        if self.max_cut_cost is None:
+            return compile_segments(source, input_shapes, name=name, segment_ms=self.segment_ms)
         return compile_segments(source, input_shapes, name=name, segment_ms=self.segment_ms,
-                                cut_cost=measure,
-                                max_cut_cost=self.max_cut_cost or 0.0)
+                                cut_cost=self._cut_cost, max_cut_cost=self.max_cut_cost)
+
+    def _cut_cost(self, cut: Plan, whole: Plan) -> float:
+        """``compile_segments``'s ``cut_cost``: measured on this device's threads and API."""
+        return measure_cut_cost(cut, whole, self.threads, self.ort_api or "auto")
 
     def compile_key(self, whole: bool = False) -> dict[str, Any]:
         """The ORT engine cuts by time profiled on this CPU at ``segment_ms`` (and by the
         cost of its cuts measured here, under ``max_cut_cost``)."""
         if self.engine == "numpy":
             return {"engine": "numpy"}
-        if whole:
-            return {"engine": self.engine, "segment_ms": None,
-                    "cpu": f"{platform.machine()} {cpu_model()}"}
-        return {"engine": self.engine, "segment_ms": float(self.segment_ms),
-                "max_cut_cost": self.max_cut_cost,
-                "cpu": f"{platform.machine()} {cpu_model()}"}
+        key = {"engine": self.engine, "segment_ms": None if whole else float(self.segment_ms),
+               "cpu": f"{platform.machine()} {cpu_model()}"}
+        if not whole:
+            key["max_cut_cost"] = self.max_cut_cost
+        return key
 
     def load_plan(self, plan: Plan) -> _Model:
         if self.faults is not None:

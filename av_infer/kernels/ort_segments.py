@@ -136,14 +136,9 @@ def measure_cut_cost(cut: Plan, whole: Plan, threads: int = 1, api: str = "auto"
     start = time.perf_counter()
     while len(ratios) < max_rounds and (len(ratios) < min_rounds
                                         or time.perf_counter() - start < budget_s):
-        if len(ratios) % 2:
-            w = once(1)
-            c = once(0)
-        else:
-            c = once(0)
-            w = once(1)
-        if w > 0:
-            ratios.append(c / w)
+        t = {k: once(k) for k in ((1, 0) if len(ratios) % 2 else (0, 1))}
+        if t[1] > 0:
+            ratios.append(t[0] / t[1])
     return float(np.median(ratios)) - 1.0 if ratios else 0.0
 
 

@@ -273,8 +273,9 @@ def compile_segments(
     segments as that budget pays for at the measured cost per cut, but never into segments
     longer than ``max_segment_ms`` (default 2 x ``segment_ms``: the work a kill throws away,
     and how often a segment is hit by an RT arrival before it completes, grow with the
-    length). ``stats``: ``cut_cost`` (measured at the first cut; None when not measured),
-    ``segments_target`` (the count ``segment_ms`` asked for), ``max_cut_cost``.
+    length). ``stats``: ``segments_target`` (the count ``segment_ms`` asked for),
+    ``cut_cost`` (measured at the first cut) and ``max_cut_cost``, these two None without
+    ``cut_cost``.
 
     Raises ModelLoadError / UnsupportedModelError / UnboundDimensionError (what ORT or the
     input binding refused, with its message); ValueError for a ``max_cut_cost`` below 0 or a
@@ -340,7 +341,7 @@ def compile_segments(
 
     info: dict[str, Any] = {"profiled_ms": round(total_ms, 3), "segment_ms": segment_ms or 0.0,
                             "segments_target": n_seg, "cut_cost": None,
-                            "max_cut_cost": float(max_cut_cost)}
+                            "max_cut_cost": None if cut_cost is None else float(max_cut_cost)}
 
     def cut(n: int) -> Plan:
         return _cut_plan(basic, name, nodes, shapes, costs, cross, last_use, n, info)
